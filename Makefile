@@ -1,0 +1,29 @@
+# Set-up and entry points. `make serve` and `make test` work from a fresh clone.
+PYTHON ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+# torch is pinned here, installed before the project: on these machines this
+# takes the CPU build that lies on disk; a looser requirement would pull a
+# multi-GB CUDA build. Override with `make install TORCH_SPEC=...`.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: install serve test clean-venv
+
+install: $(STAMP)
+
+# Re-installs only when pyproject.toml changed (the project itself is editable).
+$(STAMP): pyproject.toml
+	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q "$(TORCH_SPEC)"
+	$(VPY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+serve: install
+	$(VENV)/bin/radixserve serve $(SERVE_ARGS)
+
+test: install
+	$(VPY) -m pytest $(PYTEST_ARGS)
+
+clean-venv:
+	rm -rf $(VENV)

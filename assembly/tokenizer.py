@@ -1,0 +1,26 @@
+"""The model's tokenizer (a `tokenizers` tokenizer.json) and its special ids."""
+
+from pathlib import Path
+
+from tokenizers import Tokenizer as HFTokenizer
+
+
+
+class Tokenizer:
+    def __init__(self, model_dir: Path):
+        path = Path(model_dir) / "tokenizer.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: missing")
+        self._tokenizer = HFTokenizer.from_file(str(path))
+        self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`; special-token strings in it become their ids, and
+        nothing (no BOS) is added: chat templates write their own."""
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tokenizer.token_to_id(token)

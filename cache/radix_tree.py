@@ -1,0 +1,274 @@
+"""Radix tree of cached KV prefixes at page granularity (SGLang's RadixAttention, paged).
+
+Invariants:
+  - The root holds no pages. Every other node holds a run of >= 1 full pages:
+    len(token_ids) == num_pages * page_size, one page id and one page hash per page.
+  - Children are keyed by (extra_key, tokens of their first page), so siblings never share a
+    first page and a prefix has at most one path. Folding extra_key into every key keeps
+    tenants apart: sequences with different keys never share a node (None is a key too).
+  - Only full pages are cached. Sequences that diverge inside a page get different pages.
+  - lock_ref(node) >= lock_ref(child): lock/unlock walk the whole path to the root.
+  - last_access_time(node) >= last_access_time(child), and likewise hit_count: every
+    match/insert stamps its whole path. So a parent never outranks its children for eviction.
+  - The tree holds exactly one allocator reference on each page it caches: taken in insert,
+    given back in evict and reset.
+
+Splits: match_prefix and insert split a node at a page boundary when the path they follow
+ends inside the node's run, so the node they stop at ends exactly where the match ends (the
+``last_node`` to lock). A split changes no cached content and no page count. The lower part
+stays the same TreeNode object, so handles given out earlier stay valid; the new upper node
+copies its lock_ref, last_access_time and hit_count, so locks taken before the split stay
+balanced and the ordering invariants above still hold.
+
+Not thread-safe: the engine loop is its only user.
+"""
+
+import heapq
+import itertools
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
+
+from cache.eviction import EvictionPolicy, LRUPolicy
+from cache.page_allocator import PageAllocator
+from cache.page_hash import ROOT_PAGE_HASH, hash_pages
+from cache.tree_node import TreeNode
+
+
+class MatchResult(NamedTuple):
+    page_ids: list[int]  # (num_tokens // page_size,) pages holding the matched prefix, in order
+    num_tokens: int  # len(page_ids) * page_size
+    last_node: TreeNode  # deepest node of the match (the root when nothing matched); lock it
+
+
+class RadixTree:
+    def __init__(
+        self,
+        page_size: int,
+        allocator: PageAllocator,
+        eviction_policy: EvictionPolicy | None = None,
+    ):
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        self.page_size = page_size
+        self.eviction_policy = eviction_policy if eviction_policy is not None else LRUPolicy()
+        self._allocator = allocator
+        self._root = _new_root()
+        self._clock = 0  # counts match/insert calls; the "time" of last_access_time
+        self._num_locked_pages = 0  # pages in nodes with lock_ref > 0
+        self._num_evictable_pages = 0  # pages in nodes with lock_ref == 0
+
+    @property
+    def root(self) -> TreeNode:
+        """The root node, for inspection (tests, debugging). Do not mutate."""
+        return self._root
+
+    @property
+    def num_cached_pages(self) -> int:
+        return self._num_locked_pages + self._num_evictable_pages
+
+    @property
+    def num_evictable_pages(self) -> int:
+        """Pages in unlocked nodes; evict() can free all of them (leaves first)."""
+        return self._num_evictable_pages
+
+    @property
+    def num_locked_pages(self) -> int:
+        return self._num_locked_pages
+
+    def match_prefix(self, token_ids: Sequence[int], extra_key: str | None = None) -> MatchResult:
+        """Longest cached prefix of ``token_ids`` made of full pages.
+
+        Changes no cached content, but stamps the matched path's access time and hit count,
+        and may split the last node (see the module docstring). Takes no lock and no page
+        reference: lock(result.last_node) before anything may evict.
+        """
+        num_pages = len(token_ids) // self.page_size
+        last_node, page_ids = self._descend(token_ids, num_pages, extra_key)
+        self._touch(last_node, is_hit=True)
+        return MatchResult(page_ids, len(page_ids) * self.page_size, last_node)
+
+    def insert(
+        self, token_ids: Sequence[int], page_ids: Sequence[int], extra_key: str | None = None
+    ) -> int:
+        """Cache the full pages of ``token_ids``, held in ``page_ids`` (extra ids ignored).
+
+        Returns the number of tokens that were already cached (a multiple of page_size). The
+        tree retains each page it adds. It does not retain the caller's ids for pages it
+        already had: the caller still releases those, which frees the duplicates.
+        """
+        page_size = self.page_size
+        num_pages = len(token_ids) // page_size
+        if len(page_ids) < num_pages:
+            raise ValueError(f"{num_pages} full pages of tokens but only {len(page_ids)} page ids")
+        node, cached_page_ids = self._descend(token_ids, num_pages, extra_key)
+        num_cached_pages = len(cached_page_ids)
+        if num_cached_pages < num_pages:
+            new_page_ids = list(page_ids[num_cached_pages:num_pages])
+            self._allocator.retain(new_page_ids)  # first, so a bad id leaves the tree as it was
+            new_token_ids = tuple(token_ids[num_cached_pages * page_size : num_pages * page_size])
+            node = self._add_child(node, new_token_ids, new_page_ids, extra_key)
+        self._touch(node, is_hit=False)
+        return num_cached_pages * page_size
+
+    def lock(self, node: TreeNode) -> None:
+        """Pin ``node`` and its ancestors: lock_ref += 1 on each. Locked nodes are never evicted."""
+        self._check_in_tree(node)
+        while node is not self._root:
+            if node.lock_ref == 0:
+                self._num_evictable_pages -= node.num_pages
+                self._num_locked_pages += node.num_pages
+            node.lock_ref += 1
+            node = node.parent
+
+    def unlock(self, node: TreeNode) -> None:
+        """Undo one lock(node). Raises, changing nothing, if ``node`` is not locked."""
+        self._check_in_tree(node)
+        if node is not self._root and node.lock_ref == 0:
+            raise ValueError(f"unlock of {node}, which is not locked")
+        while node is not self._root:
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self._num_locked_pages -= node.num_pages
+                self._num_evictable_pages += node.num_pages
+            node = node.parent
+
+    def evict(self, num_pages: int) -> int:
+        """Remove unlocked leaves, lowest eviction priority first, releasing their pages,
+        until at least ``num_pages`` pages were released or nothing is evictable. A parent
+        left childless and unlocked joins the candidates. Returns the pages released."""
+        tie_breaker = itertools.count()  # heap entries never compare nodes
+        heap = [
+            (self.eviction_policy.priority(leaf), next(tie_breaker), leaf)
+            for leaf in self._iter_nodes()
+            if leaf.is_leaf and leaf.lock_ref == 0 and leaf is not self._root
+        ]
+        heapq.heapify(heap)
+        num_released_pages = 0
+        while num_released_pages < num_pages and heap:
+            _, _, leaf = heapq.heappop(heap)
+            parent = leaf.parent
+            num_released_pages += leaf.num_pages
+            self._remove_leaf(leaf)
+            if parent is not self._root and parent.is_leaf and parent.lock_ref == 0:
+                heapq.heappush(
+                    heap, (self.eviction_policy.priority(parent), next(tie_breaker), parent)
+                )
+        return num_released_pages
+
+    def page_hashes(self, node: TreeNode) -> list[bytes]:
+        """Chained hash of every page on the root -> node path, root side first."""
+        self._check_in_tree(node)
+        runs = []
+        while node is not self._root:
+            runs.append(node.page_hashes)
+            node = node.parent
+        return [page_hash for run in reversed(runs) for page_hash in run]
+
+    def reset(self) -> None:
+        """Drop every cached prefix, releasing the tree's page references. Nothing may be locked."""
+        if self._num_locked_pages:
+            raise ValueError(f"reset with {self._num_locked_pages} locked pages")
+        for node in list(self._iter_nodes()):
+            if node is not self._root:
+                self._allocator.release(node.page_ids)
+                node.parent = None
+        self._root = _new_root()
+        self._num_evictable_pages = 0
+
+    def _descend(
+        self, token_ids: Sequence[int], num_pages: int, extra_key: str | None
+    ) -> tuple[TreeNode, list[int]]:
+        """Follow the longest cached run of the first ``num_pages`` pages of ``token_ids``.
+
+        Returns the node where the run ends and its page ids; splits a node the run ends inside.
+        """
+        page_size = self.page_size
+        tokens = tuple(token_ids[: num_pages * page_size])
+        node, matched_page_ids = self._root, []
+        while len(matched_page_ids) < num_pages:
+            start = len(matched_page_ids) * page_size
+            child = node.children.get((extra_key, tokens[start : start + page_size]))
+            if child is None:
+                break
+            # The key matched the first page; count how many more of the child's pages match.
+            num_comparable_pages = min(child.num_pages, num_pages - len(matched_page_ids))
+            num_shared_pages = 1
+            while num_shared_pages < num_comparable_pages:
+                offset = num_shared_pages * page_size
+                child_page = child.token_ids[offset : offset + page_size]
+                if tokens[start + offset : start + offset + page_size] != child_page:
+                    break
+                num_shared_pages += 1
+            is_split = num_shared_pages < child.num_pages
+            if is_split:
+                child = self._split(child, num_shared_pages)
+            matched_page_ids.extend(child.page_ids)
+            node = child
+            if is_split:
+                break
+        return node, matched_page_ids
+
+    def _split(self, node: TreeNode, num_upper_pages: int) -> TreeNode:
+        """Cut ``node`` after its first ``num_upper_pages`` pages; returns the new upper node."""
+        num_upper_tokens = num_upper_pages * self.page_size
+        upper = TreeNode(
+            parent=node.parent,
+            token_ids=node.token_ids[:num_upper_tokens],
+            page_ids=node.page_ids[:num_upper_pages],
+            page_hashes=node.page_hashes[:num_upper_pages],
+            extra_key=node.extra_key,
+            lock_ref=0,
+            last_access_time=node.last_access_time,
+            hit_count=node.hit_count,
+        )
+        node.parent.children[self._key_of(node)] = upper
+        node.token_ids = node.token_ids[num_upper_tokens:]
+        node.page_ids = node.page_ids[num_upper_pages:]
+        node.page_hashes = node.page_hashes[num_upper_pages:]
+        node.parent = upper
+        upper.children[self._key_of(node)] = node
+        return upper
+
+    def _add_child(
+        self, parent: TreeNode, token_ids: tuple[int, ...], page_ids: list[int], extra_key: str | None
+    ) -> TreeNode:
+        parent_hash = parent.page_hashes[-1] if parent.page_hashes else ROOT_PAGE_HASH
+        page_hashes = hash_pages(parent_hash, token_ids, self.page_size, extra_key)
+        child = TreeNode(parent, token_ids, page_ids, page_hashes, extra_key)
+        parent.children[self._key_of(child)] = child
+        self._num_evictable_pages += child.num_pages
+        return child
+
+    def _remove_leaf(self, leaf: TreeNode) -> None:
+        self._allocator.release(leaf.page_ids)
+        del leaf.parent.children[self._key_of(leaf)]
+        leaf.parent = None
+        self._num_evictable_pages -= leaf.num_pages
+
+    def _touch(self, node: TreeNode, is_hit: bool) -> None:
+        """Stamp the path root -> node with a new clock tick (and a hit, for matches)."""
+        self._clock += 1
+        while node is not self._root:
+            node.last_access_time = self._clock
+            if is_hit:
+                node.hit_count += 1
+            node = node.parent
+
+    def _key_of(self, node: TreeNode) -> tuple[str | None, tuple[int, ...]]:
+        return (node.extra_key, node.token_ids[: self.page_size])
+
+    def _check_in_tree(self, node: TreeNode) -> None:
+        if node is not self._root and node.parent is None:
+            raise ValueError(f"{node} is no longer in the tree (evicted or reset)")
+
+    def _iter_nodes(self) -> Iterator[TreeNode]:
+        """Every node, the root included, parents before children."""
+        stack = [self._root]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+
+def _new_root() -> TreeNode:
+    return TreeNode(parent=None, token_ids=(), page_ids=[], page_hashes=[], extra_key=None)

@@ -1,0 +1,160 @@
+"""The engine loop in its own thread, and the asyncio handle the server uses.
+
+Commands (add, abort) go in through a thread-safe queue; outputs come back to
+each request's asyncio queue with `loop.call_soon_threadsafe`. torch releases
+the GIL inside its ops, so the server's event loop stays responsive while a
+step runs.
+"""
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from engine.engine_config import EngineConfig
+from engine.errors import RequestError
+from engine.llm_engine import LLMEngine
+from engine.metrics import EngineStats
+from engine.request import RequestOutput
+from engine.sampling_params import SamplingParams
+
+logger = logging.getLogger("radixserve.engine")
+
+
+@dataclass(frozen=True)
+class _Add:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    cache_salt: str | None
+    loop: asyncio.AbstractEventLoop
+    outputs: asyncio.Queue
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._commands: queue.Queue = queue.Queue()
+        # request_id -> (loop, asyncio.Queue); touched by the engine thread only.
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._stats = engine.stats()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="radixserve-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> "AsyncEngine":
+        return cls(LLMEngine(config))
+
+    # ---- asyncio side ---------------------------------------------------
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Yields one RequestOutput per generated token; the last one carries
+        finish_reason. Raises RequestError if the engine refuses the request.
+        Leaving the iteration early (client gone) aborts the request."""
+        outputs: asyncio.Queue = asyncio.Queue()
+        self._commands.put(_Add(request_id, prompt_token_ids, params, cache_salt, asyncio.get_running_loop(), outputs))
+        finished = False
+        try:
+            while True:
+                item = await outputs.get()
+                if isinstance(item, Exception):
+                    finished = True
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    finished = True
+                    return
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(_Abort(request_id))
+
+    def stats(self) -> EngineStats:
+        """The snapshot taken after the latest step (never blocks on the engine)."""
+        return self._stats
+
+    @property
+    def metrics(self):
+        return self.engine.metrics
+
+    def shutdown(self) -> None:
+        self._stopping.set()
+        self._commands.put(None)
+        self._thread.join(timeout=30)
+
+    # ---- engine thread --------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            # Block while idle; drain without blocking while there is work.
+            self._handle(self._commands.get() if not self.engine.has_unfinished() else None)
+            self._drain_commands()
+            if self._stopping.is_set():
+                break
+            try:
+                outputs = self.engine.step()
+            except Exception:  # a fault must not kill the loop: fail the running requests
+                logger.exception("engine step failed; failing its requests")
+                self._fail_all("internal engine error")
+                continue
+            for output in outputs:
+                self._deliver(output)
+            self._stats = self.engine.stats()
+
+    def _drain_commands(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            self._handle(command)
+
+    def _handle(self, command) -> None:
+        if isinstance(command, _Add):
+            try:
+                self.engine.add_request(command.request_id, command.prompt_token_ids, command.params, command.cache_salt)
+            except RequestError as error:
+                command.loop.call_soon_threadsafe(command.outputs.put_nowait, error)
+                return
+            self._streams[command.request_id] = (command.loop, command.outputs)
+        elif isinstance(command, _Abort):
+            self.engine.abort(command.request_id)
+            self._streams.pop(command.request_id, None)
+        self._stats = self.engine.stats()
+
+    def _deliver(self, output: RequestOutput) -> None:
+        stream = self._streams.get(output.request_id)
+        if stream is None:
+            return
+        loop, outputs = stream
+        if output.finish_reason is not None:
+            del self._streams[output.request_id]
+        try:
+            loop.call_soon_threadsafe(outputs.put_nowait, output)
+        except RuntimeError:  # the client's event loop is closed
+            self.engine.abort(output.request_id)
+
+    def _fail_all(self, message: str) -> None:
+        for request_id, (loop, outputs) in list(self._streams.items()):
+            self.engine.abort(request_id)
+            try:
+                loop.call_soon_threadsafe(outputs.put_nowait, RuntimeError(message))
+            except RuntimeError:
+                pass
+        self._streams.clear()

@@ -1,0 +1,84 @@
+"""Engine settings, validated once."""
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def parse_kv_cache_memory(text: str) -> tuple[int | None, float | None]:
+    """'2GiB', '500MB', '1073741824' -> (bytes, None); '0.3' -> (None, fraction of free memory)."""
+    value = text.strip().lower()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-z]*)", value)
+    if not match or match.group(2) not in _SIZE_UNITS:
+        raise ValueError(f"--kv-cache-memory: expected bytes like '2GiB' or a fraction like '0.3', got {text!r}")
+    number = float(match.group(1))
+    if match.group(2) == "" and number < 1:
+        if number <= 0:
+            raise ValueError(f"--kv-cache-memory fraction must be in (0, 1), got {text!r}")
+        return None, number
+    return int(number * _SIZE_UNITS[match.group(2)]), None
+
+
+def available_memory_bytes(device: torch.device) -> int:
+    """Memory the KV pool may take a fraction of: free GPU memory, or MemAvailable."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    if name != "cpu" and not name.startswith("cuda"):
+        raise ValueError(f"--device must be auto, cpu or cuda, got {name!r}")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    if name not in dtypes:
+        raise ValueError(f"--dtype must be auto, float32 or bfloat16, got {name!r}")
+    return dtypes[name]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_dir: Path
+    device: str = "auto"
+    dtype: str = "auto"
+    page_size: int = 16
+    kv_cache_bytes: int | None = None  # exact pool size in bytes; else a fraction:
+    kv_cache_fraction: float = 0.25  # of available memory at start-up
+    max_num_batched_tokens: int = 2048  # the per-step token budget (decodes + prefill chunks)
+    max_num_seqs: int = 64  # requests admitted (prefilling or running) at once
+    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    schedule: str = "fcfs"  # or "lpm": longest cached prefix first
+    enable_prefix_cache: bool = True
+
+    def __post_init__(self):
+        if self.page_size <= 0 or self.page_size & (self.page_size - 1):
+            raise ValueError(f"page_size must be a power of two, got {self.page_size}")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
+            raise ValueError(f"kv_cache_bytes must be positive, got {self.kv_cache_bytes}")
+        if not 0 < self.kv_cache_fraction < 1:
+            raise ValueError(f"kv_cache_fraction must be in (0, 1), got {self.kv_cache_fraction}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.schedule not in ("fcfs", "lpm"):
+            raise ValueError(f"schedule must be 'fcfs' or 'lpm', got {self.schedule!r}")

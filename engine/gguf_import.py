@@ -1,0 +1,293 @@
+"""Converting a GGUF file into the HF-style model directory the engine loads.
+
+Out come config.json, generation_config.json, model.safetensors (float32,
+dequantized, HF tensor names), tokenizer.json and tokenizer_config.json.
+Supported: llama (SmolLM, Llama 2/3 sizes, Mistral, which llama.cpp also calls
+llama) and qwen2. Everything else is refused with the file and the
+architecture named.
+
+The safetensors file is written tensor by tensor: its header needs only the
+shapes, which the GGUF states up front, so each tensor is dequantized, written
+and dropped, and peak memory stays near one tensor plus the reader's mmap.
+"""
+
+import json
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+from gguf import GGUFReader, GGUFValueType
+from gguf.quants import dequantize
+from tqdm import tqdm
+
+from engine.errors import ModelFormatError
+from engine.gguf_tokenizer import build_tokenizer, special_token_str
+
+GGUF_MAGIC = b"GGUF"
+# general.architecture -> (HF architectures entry, HF model_type)
+SUPPORTED_ARCHITECTURES = {
+    "llama": ("LlamaForCausalLM", "llama"),
+    "qwen2": ("Qwen2ForCausalLM", "qwen2"),
+}
+# GGUF per-layer tensor name -> HF name under model.layers.N.
+_LAYER_TENSOR_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_TOP_TENSOR_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+
+
+class TensorSpec(NamedTuple):
+    """One tensor of the output: its HF name and shape, and the GGUF tensor it comes from."""
+
+    hf_name: str
+    shape: tuple[int, ...]  # row-major, as HF stores it
+    gguf_index: int
+
+
+def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = True) -> Path:
+    """Convert `gguf_path` into the model directory `out_dir` (created if missing).
+
+    Writes straight into `out_dir`: callers wanting all-or-nothing write into a
+    temporary directory and rename it (model_store does). Raises
+    ModelFormatError for a corrupt or truncated file or an unsupported model.
+    """
+    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    reader = open_gguf(gguf_path)
+    metadata = read_metadata(reader)
+    architecture = metadata.get("general.architecture")
+    if architecture not in SUPPORTED_ARCHITECTURES:
+        raise ModelFormatError(
+            gguf_path,
+            f"architecture {architecture!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})",
+        )
+    config = build_config(metadata, [t.name for t in reader.tensors], gguf_path)
+    tokenizer = build_tokenizer(metadata, gguf_path)
+    specs = tensor_specs(reader, config, gguf_path)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_safetensors(out_dir / "model.safetensors", specs, _hf_arrays(reader, specs, config, progress))
+    tokenizer.save(str(out_dir / "tokenizer.json"))
+    _write_json(out_dir / "config.json", config)
+    _write_json(out_dir / "generation_config.json", _generation_config(config))
+    _write_json(out_dir / "tokenizer_config.json", _tokenizer_config(metadata, tokenizer, config))
+    return out_dir
+
+
+def open_gguf(gguf_path: Path) -> GGUFReader:
+    """A reader over `gguf_path` whose every tensor is backed by complete data."""
+    try:
+        with open(gguf_path, "rb") as f:
+            magic = f.read(len(GGUF_MAGIC))
+    except OSError as error:
+        raise ModelFormatError(gguf_path, f"cannot read: {error.strerror or error}") from None
+    if magic != GGUF_MAGIC:
+        raise ModelFormatError(gguf_path, "not a GGUF file (bad magic bytes)")
+    try:
+        reader = GGUFReader(gguf_path)
+    except (ValueError, KeyError, IndexError, struct.error, UnicodeDecodeError) as error:
+        # the reader fails on a cut file with numpy's words (reshape / dtype sizes)
+        raise ModelFormatError(gguf_path, f"truncated or corrupt GGUF file ({error})") from None
+    for tensor in reader.tensors:
+        if tensor.data.nbytes != tensor.n_bytes:
+            raise ModelFormatError(gguf_path, f"truncated GGUF file: tensor {tensor.name} is incomplete")
+    return reader
+
+
+def read_metadata(reader: GGUFReader) -> dict[str, Any]:
+    """The file's key/value pairs as plain Python values (str, int, float, bool, lists)."""
+    metadata = {}
+    for key, field in reader.fields.items():
+        if not field.types or key.startswith("GGUF."):
+            continue
+        if field.types[0] == GGUFValueType.ARRAY and field.types[-1] == GGUFValueType.STRING:
+            # contents() decodes strings one numpy view at a time; this is the same, faster
+            metadata[key] = [bytes(field.parts[i]).decode("utf-8") for i in field.data]
+        else:
+            metadata[key] = field.contents()
+    return metadata
+
+
+def build_config(metadata: dict[str, Any], tensor_names: list[str], gguf_path: Path) -> dict[str, Any]:
+    """The HF config.json dict of the model `metadata` describes."""
+    architecture = metadata["general.architecture"]
+    hf_architecture, model_type = SUPPORTED_ARCHITECTURES[architecture]
+
+    def arch_key(name: str, default: Any = ModelFormatError) -> Any:
+        key = f"{architecture}.{name}"
+        if key in metadata:
+            return metadata[key]
+        if default is ModelFormatError:
+            raise ModelFormatError(gguf_path, f"metadata key {key} is missing")
+        return default
+
+    if "rope_freqs.weight" in tensor_names:
+        # Llama 3.1-style per-frequency rope factors have no faithful HF config form here
+        raise ModelFormatError(gguf_path, "per-frequency rope scaling (rope_freqs.weight) is not supported")
+    num_heads = arch_key("attention.head_count")
+    hidden_size = arch_key("embedding_length")
+    config = {
+        "architectures": [hf_architecture],
+        "model_type": model_type,
+        "vocab_size": arch_key("vocab_size", len(metadata["tokenizer.ggml.tokens"])),
+        "hidden_size": hidden_size,
+        "intermediate_size": arch_key("feed_forward_length"),
+        "num_hidden_layers": arch_key("block_count"),
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": arch_key("attention.head_count_kv", num_heads),
+        "head_dim": arch_key("attention.key_length", hidden_size // num_heads),
+        "rms_norm_eps": _float32_shortest(arch_key("attention.layer_norm_rms_epsilon")),
+        "rope_theta": _float32_shortest(arch_key("rope.freq_base", 10000.0)),
+        "max_position_embeddings": arch_key("context_length"),
+        # llama.cpp writes no output.weight when the head shares the embedding matrix
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "attention_bias": "blk.0.attn_q.bias" in tensor_names,
+        "hidden_act": "silu",
+        "bos_token_id": metadata.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": metadata.get("tokenizer.ggml.eos_token_id"),
+        "pad_token_id": metadata.get("tokenizer.ggml.padding_token_id"),
+        "torch_dtype": "float32",
+    }
+    scaling_type = arch_key("rope.scaling.type", None)
+    if scaling_type not in (None, "none"):
+        config["rope_scaling"] = {
+            "rope_type": scaling_type,
+            "factor": _float32_shortest(arch_key("rope.scaling.factor")),
+            "original_max_position_embeddings": arch_key(
+                "rope.scaling.original_context_length", config["max_position_embeddings"]
+            ),
+        }
+    return config
+
+
+def tensor_specs(reader: GGUFReader, config: dict[str, Any], gguf_path: Path) -> list[TensorSpec]:
+    """HF name and shape of every tensor to write, in the file's order."""
+    specs = []
+    for index, tensor in enumerate(reader.tensors):
+        hf_name = _hf_tensor_name(tensor.name)
+        if hf_name is None:
+            raise ModelFormatError(gguf_path, f"unexpected tensor {tensor.name} for a {config['model_type']} model")
+        # GGUF lists dimensions fastest-first; HF wants them row-major
+        shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+        specs.append(TensorSpec(hf_name, shape, index))
+    missing = [name for name in ("model.embed_tokens.weight", "model.norm.weight") if name not in {s.hf_name for s in specs}]
+    if missing:
+        raise ModelFormatError(gguf_path, f"missing tensors: {', '.join(missing)}")
+    return specs
+
+
+def _hf_tensor_name(gguf_name: str) -> str | None:
+    stem, _, suffix = gguf_name.rpartition(".")  # suffix: weight / bias
+    parts = stem.split(".")
+    if len(parts) == 1 and stem in _TOP_TENSOR_NAMES:
+        return f"{_TOP_TENSOR_NAMES[stem]}.{suffix}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_TENSOR_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_TENSOR_NAMES[parts[2]]}.{suffix}"
+    return None
+
+
+def _hf_arrays(reader: GGUFReader, specs: list[TensorSpec], config: dict[str, Any], progress: bool) -> Iterator[np.ndarray]:
+    """Each spec's tensor, dequantized to float32 and in HF layout, one at a time."""
+    for spec in tqdm(specs, desc="converting GGUF tensors", unit="tensor", disable=not progress):
+        tensor = reader.tensors[spec.gguf_index]
+        array = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False).reshape(spec.shape)
+        if config["model_type"] == "llama":
+            # llama.cpp permutes q/k rows for its interleaved rope; HF rotates halves
+            if ".self_attn.q_proj." in spec.hf_name:
+                array = _unpermute_rope_rows(array, config["num_attention_heads"])
+            elif ".self_attn.k_proj." in spec.hf_name:
+                array = _unpermute_rope_rows(array, config["num_key_value_heads"])
+        yield array
+
+
+def _unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo convert_hf_to_gguf.py's `permute`: per head, rows (pair, 2) -> (2, pair).
+
+    weight: (num_heads * head_dim, ...) or a bias (num_heads * head_dim,).
+    """
+    head_dim = weight.shape[0] // num_heads
+    rows = weight.reshape(num_heads, head_dim // 2, 2, *weight.shape[1:])
+    return rows.swapaxes(1, 2).reshape(weight.shape)
+
+
+def _float32_shortest(value: float) -> float:
+    """The shortest decimal with the same float32 value: GGUF stores 1e-5 as 9.99999974e-06."""
+    return float(str(np.float32(value)))
+
+
+def _generation_config(config: dict[str, Any]) -> dict[str, Any]:
+    keys = ("bos_token_id", "eos_token_id", "pad_token_id")
+    return {key: config[key] for key in keys if config.get(key) is not None}
+
+
+def _tokenizer_config(metadata: dict[str, Any], tokenizer, config: dict[str, Any]) -> dict[str, Any]:
+    """tokenizer_config.json: special tokens, chat template and length, in transformers' spelling."""
+    added = tokenizer.get_added_tokens_decoder()
+    tokenizer_config: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "add_bos_token": bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
+        "add_eos_token": bool(metadata.get("tokenizer.ggml.add_eos_token", False)),
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": config["max_position_embeddings"],
+        "added_tokens_decoder": {
+            str(token_id): {
+                "content": token.content,
+                "lstrip": token.lstrip,
+                "normalized": token.normalized,
+                "rstrip": token.rstrip,
+                "single_word": token.single_word,
+                "special": token.special,
+            }
+            for token_id, token in sorted(added.items())
+        },
+    }
+    for name, key in (("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unknown"), ("pad_token", "padding")):
+        tokenizer_config[name] = special_token_str(metadata, key)
+    if "tokenizer.chat_template" in metadata:
+        tokenizer_config["chat_template"] = metadata["tokenizer.chat_template"]
+    return tokenizer_config
+
+
+def _write_json(path: Path, value: dict[str, Any]) -> None:
+    path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+# --- safetensors, written one tensor at a time -------------------------------------------------
+# Layout: 8-byte little-endian header length, JSON header {name: {dtype, shape, data_offsets}},
+# then each tensor's raw little-endian bytes, back to back, in header order.
+
+_HEADER_ALIGN_BYTES = 8  # the data section starts 8-byte aligned, as safetensors itself writes it
+_F32_BYTES = 4
+
+
+def write_safetensors(path: Path, specs: list[TensorSpec], arrays: Iterator[np.ndarray]) -> None:
+    """Write float32 `arrays` (yielded lazily, in the order of `specs`) to `path`."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for spec in specs:
+        num_bytes = int(np.prod(spec.shape, dtype=np.int64)) * _F32_BYTES
+        header[spec.hf_name] = {"dtype": "F32", "shape": list(spec.shape), "data_offsets": [offset, offset + num_bytes]}
+        offset += num_bytes
+    header_bytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    header_bytes += b" " * (-(8 + len(header_bytes)) % _HEADER_ALIGN_BYTES)
+
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header_bytes)))
+        f.write(header_bytes)
+        for spec, array in zip(specs, arrays, strict=True):
+            if tuple(array.shape) != spec.shape:
+                raise ValueError(f"tensor {spec.hf_name}: got shape {array.shape}, header says {spec.shape}")
+            f.write(np.ascontiguousarray(array, dtype="<f4").data)

@@ -1,0 +1,195 @@
+"""The synchronous engine: add requests, call `step()` until they are done.
+
+One step reads like the loop it is: schedule, run, commit, sample, postprocess.
+Not thread-safe: `AsyncEngine` owns it from a single thread.
+"""
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from cache.kv_pool import KVPool, KVPoolShape
+from engine.engine_config import EngineConfig, available_memory_bytes, resolve_device, resolve_dtype
+from engine.errors import RequestError
+from engine.metrics import EngineMetrics, EngineStats
+from engine.model_runner import ModelRunner
+from engine.request import FinishReason, Request, RequestOutput, RequestStatus
+from engine.sampler import Sampler, make_sampling_state
+from engine.sampling_params import SamplingParams
+from engine.scheduler import ScheduledChunk, Scheduler
+from engine.weights import load_model
+
+
+def _generation_eos_ids(model_dir: Path) -> tuple[int, ...]:
+    path = model_dir / "generation_config.json"
+    if not path.is_file():
+        return ()
+    eos = json.loads(path.read_text()).get("eos_token_id")
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, list) else (int(eos),)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        model_dir = Path(config.model_dir)
+        self.model = load_model(model_dir, self.device, self.dtype)
+        model_config = self.model.config
+        self.vocab_size = model_config.vocab_size
+        self.eos_token_ids = frozenset(model_config.eos_token_ids + _generation_eos_ids(model_dir))
+        self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
+                                 model_config.max_position_embeddings)
+
+        shape = KVPoolShape(model_config.num_layers, model_config.num_kv_heads, model_config.head_dim,
+                            config.page_size, self.dtype)
+        pool_bytes = config.kv_cache_bytes or int(config.kv_cache_fraction * available_memory_bytes(self.device))
+        num_pages = shape.num_pages_for(pool_bytes)
+        if num_pages < 1:
+            raise ValueError(f"a KV cache of {pool_bytes} bytes holds no page of {shape.bytes_per_page} bytes")
+        self.kv_pool = KVPool(shape, num_pages, self.device)
+        self.scheduler = Scheduler(config, num_pages, self.max_model_len)
+        self.runner = ModelRunner(self.model, self.kv_pool, self.device)
+        self.sampler = Sampler()
+        self.metrics = EngineMetrics()
+
+    # ---- requests -------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        cache_salt: str | None = None,
+    ) -> Request:
+        """Queue a request; raises RequestError when it can never be served."""
+        bad = next((t for t in prompt_token_ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise RequestError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+        if self.scheduler.find(request_id) is not None:
+            raise RequestError(f"request id {request_id!r} is already in use")
+        state = make_sampling_state(params, list(prompt_token_ids), self.device)
+        request = Request(request_id, list(prompt_token_ids), state, cache_salt)
+        self.scheduler.add(request)
+        return request
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a request now; its pages go back before the next step."""
+        request = self.scheduler.find(request_id)
+        if request is None:
+            return False
+        self.scheduler.finish(request, FinishReason.ABORT)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- one step -------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        chunks = self.scheduler.schedule()
+        if not chunks:
+            return []
+        started = time.perf_counter()
+        logits, sampled_chunks = self.runner.run(chunks)
+        self.scheduler.commit(chunks)
+        outputs = self._postprocess(logits, sampled_chunks) if sampled_chunks else []
+        self._account_step(chunks, time.perf_counter() - started)
+        return outputs
+
+    def _postprocess(self, logits: torch.Tensor, chunks: list[ScheduledChunk]) -> list[RequestOutput]:
+        requests = [chunk.request for chunk in chunks]
+        sample = self.sampler(logits, [request.sampling for request in requests])
+        now = time.perf_counter()
+        outputs = []
+        for row, request in enumerate(requests):
+            token_id = sample.token_ids[row]
+            request.output_token_ids.append(token_id)
+            self._observe_token(request, now)
+            reason = self._finish_reason(request, token_id)
+            if reason is not None:
+                self.scheduler.finish(request, reason)
+                request.timings.finished = now
+                self.metrics.observe("e2e_latency", now - request.timings.arrival)
+                self.metrics.num_finished_requests += 1
+            wants_logprobs = request.sampling.params.logprobs is not None
+            outputs.append(
+                RequestOutput(
+                    request_id=request.request_id,
+                    new_token_ids=[token_id],
+                    logprobs=[sample.logprobs[row]] if wants_logprobs and sample.logprobs else None,
+                    top_logprobs=[sample.top_logprobs[row]] if wants_logprobs and sample.top_logprobs else None,
+                    finish_reason=reason,
+                    num_prompt_tokens=len(request.prompt_token_ids),
+                    num_cached_tokens=request.num_cached_tokens,
+                    num_output_tokens=len(request.output_token_ids),
+                )
+            )
+        return outputs
+
+    def _finish_reason(self, request: Request, token_id: int) -> FinishReason | None:
+        params = request.sampling.params
+        if token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.eos_token_ids):
+            return FinishReason.STOP
+        if len(request.output_token_ids) >= params.max_tokens:
+            return FinishReason.LENGTH
+        return None
+
+    def _observe_token(self, request: Request, now: float) -> None:
+        timings = request.timings
+        if timings.first_token is None:
+            timings.first_token = now
+            self.metrics.observe("time_to_first_token", now - timings.arrival)
+            if timings.first_scheduled is not None:
+                self.metrics.observe("queue_time", timings.first_scheduled - timings.arrival)
+        else:
+            self.metrics.observe("inter_token_latency", now - timings.last_token)
+        timings.last_token = now
+
+    def _account_step(self, chunks: list[ScheduledChunk], seconds: float) -> None:
+        num_decode = sum(1 for c in chunks if c.request.status is RequestStatus.RUNNING and c.num_tokens == 1
+                         and c.start >= len(c.request.prompt_token_ids))
+        num_tokens = sum(c.num_tokens for c in chunks)
+        metrics = self.metrics
+        metrics.num_decode_tokens += num_decode
+        metrics.num_prefill_tokens += num_tokens - num_decode
+        if num_decode == len(chunks):
+            metrics.decode_seconds += seconds
+        else:
+            metrics.prefill_seconds += seconds
+
+    # ---- introspection --------------------------------------------------
+
+    def stats(self) -> EngineStats:
+        scheduler = self.scheduler
+        allocator, tree = scheduler.allocator, scheduler.tree
+        in_use = set()
+        for request in scheduler.admitted:
+            in_use.update(request.page_ids)
+        num_free = allocator.num_free_pages
+        return EngineStats(
+            num_running=scheduler.num_running,
+            num_waiting=scheduler.num_waiting,
+            num_pages=allocator.num_pages,
+            num_free_pages=num_free,
+            num_cached_pages=tree.num_cached_pages,
+            num_held_pages=allocator.num_pages - num_free - tree.num_cached_pages,
+            num_pages_in_use=len(in_use),
+            num_prefix_query_tokens=scheduler.num_prefix_query_tokens,
+            num_prefix_hit_tokens=scheduler.num_prefix_hit_tokens,
+        )
+
+    # ---- offline use (tests, benchmarks) --------------------------------
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[list[int]]:
+        """Run prompts to completion together; returns each one's output ids."""
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        requests = [self.add_request(f"offline-{i}-{id(prompts)}", p, sp)
+                    for i, (p, sp) in enumerate(zip(prompts, params_list))]
+        while self.has_unfinished():
+            self.step()
+        return [list(r.output_token_ids) for r in requests]

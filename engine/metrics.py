@@ -1,0 +1,67 @@
+"""Engine-side counters and latency samples, read by the server's /metrics.
+
+Latencies are kept as running sums plus a bounded window of recent samples
+(for percentiles), so memory stays flat however long the engine runs.
+"""
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+WINDOW = 10_000  # recent samples kept per latency series
+
+
+@dataclass
+class LatencySeries:
+    count: int = 0
+    total_seconds: float = 0.0
+    recent: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+
+    def observe(self, seconds: float) -> None:
+        self.count += 1
+        self.total_seconds += seconds
+        self.recent.append(seconds)
+
+    def percentile(self, q: float) -> float | None:
+        if not self.recent:
+            return None
+        ordered = sorted(self.recent)
+        return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+@dataclass
+class EngineMetrics:
+    time_to_first_token: LatencySeries = field(default_factory=LatencySeries)
+    inter_token_latency: LatencySeries = field(default_factory=LatencySeries)
+    queue_time: LatencySeries = field(default_factory=LatencySeries)
+    e2e_latency: LatencySeries = field(default_factory=LatencySeries)
+    prefill_seconds: float = 0.0  # wall time of steps that ran any prefill chunk
+    decode_seconds: float = 0.0  # wall time of decode-only steps
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    num_finished_requests: int = 0
+    # Observers registered by the server (e.g. Prometheus histograms), called
+    # from the engine thread with (series_name, seconds).
+    listeners: list = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def observe(self, series: str, seconds: float) -> None:
+        with self.lock:
+            getattr(self, series).observe(seconds)
+        for listener in self.listeners:
+            listener(series, seconds)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of the engine's state, safe to read from any thread."""
+
+    num_running: int
+    num_waiting: int
+    num_pages: int
+    num_free_pages: int
+    num_cached_pages: int  # pages the prefix tree holds
+    num_held_pages: int  # pages referenced by running requests only (not in the tree)
+    num_pages_in_use: int  # pages running requests use (their own + tree pages they lock)
+    num_prefix_query_tokens: int
+    num_prefix_hit_tokens: int

@@ -1,0 +1,130 @@
+"""One Llama-family decoder over a paged KV cache.
+
+Covers Llama 2/3 (incl. llama3 RoPE scaling), SmolLM/SmolLM2, Mistral and Qwen2
+(q/k/v bias): GQA, tied or untied embeddings. Tokens of every sequence in a step
+are flattened into one (N,) batch; attention finds each sequence's rows through
+`AttentionInputs`. Projections are fused (q|k|v and gate|up) so a layer runs
+three GEMMs instead of seven; the loader concatenates the HF tensors.
+"""
+
+import torch
+from torch import Tensor, nn
+
+from engine.model_config import ModelConfig
+from kernels.activation import silu_and_mul
+from kernels.paged_attention import AttentionInputs, paged_attention, store_kv
+from kernels.rms_norm import rms_norm
+from kernels.rotary import RotaryEmbedding
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding):
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size = config.q_size
+        self.kv_size = config.kv_size
+        self.scale = config.head_dim**-0.5
+        self.qkv_proj = nn.Linear(
+            config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.has_qkv_bias
+        )
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.rotary = rotary
+
+    def forward(
+        self, x: Tensor, positions: Tensor, kv_cache: tuple[Tensor, Tensor], attn: AttentionInputs
+    ) -> Tensor:
+        num_tokens = x.shape[0]
+        qkv = self.qkv_proj(x)  # (N, q_size + 2 * kv_size)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)  # (N, H, D)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # (N, KVH, D)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary(q, k, positions)
+        k_cache, v_cache = kv_cache
+        store_kv(k_cache, v_cache, k, v, attn.slot_ids)
+        out = paged_attention(q, k_cache, v_cache, attn, self.scale)  # (N, H, D)
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, rotary)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, hidden, positions, kv_cache, attn):
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), positions, kv_cache, attn)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class LlamaForCausalLM(nn.Module):
+    """Parameters are created empty on `device`/`dtype`; `engine.weights` fills them."""
+
+    def __init__(self, config: ModelConfig, device: torch.device, dtype: torch.dtype):
+        super().__init__()
+        self.config = config
+        # RoPE tables stay float32 whatever the model dtype, as in HF.
+        self.rotary = RotaryEmbedding(
+            config.head_dim,
+            config.max_position_embeddings,
+            config.rope_theta,
+            config.rope_scaling,
+            device=device,
+        )
+        # Built on the meta device then materialised uninitialised: random
+        # init of 100M+ parameters would only be overwritten by the loader.
+        with torch.device("meta"):
+            self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+            self.layers = nn.ModuleList(
+                DecoderLayer(config, self.rotary) for _ in range(config.num_layers)
+            )
+            self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+            if not config.tie_word_embeddings:
+                self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.to(dtype).to_empty(device=device)
+        self.requires_grad_(False)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: Tensor,  # (N,) int64
+        positions: Tensor,  # (N,) int64
+        kv_caches: list[tuple[Tensor, Tensor]],  # per layer (num_pages, page_size, KVH, D) pair
+        attn: AttentionInputs,
+    ) -> Tensor:
+        hidden = self.embed_tokens(input_ids)  # (N, d)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            hidden = layer(hidden, positions, kv_cache, attn)
+        return self.norm(hidden)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: Tensor) -> Tensor:
+        """(M, d) -> (M, V) float32. Called on the rows that need logits only
+        (a prefill chunk's last token), which keeps the 49k-wide head off the
+        prefill's critical path."""
+        head = self.embed_tokens if self.config.tie_word_embeddings else self.lm_head
+        return torch.nn.functional.linear(hidden, head.weight).float()

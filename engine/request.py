@@ -1,0 +1,96 @@
+"""A request's life inside the engine: its tokens, its pages, its state.
+
+Page ownership (the invariant the scheduler keeps):
+- `page_ids[:num_tree_pages]` belong to the radix tree and are protected by the
+  lock this request holds on `tree_node`; the request holds no reference on them.
+- `page_ids[num_tree_pages:]` were allocated for this request; it holds one
+  reference on each and releases them exactly once, when it finishes, is
+  aborted or is preempted (some of them may also have been inserted into the
+  tree by then, which then holds its own reference).
+"""
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+from engine.sampler import SamplingState
+
+
+class RequestStatus(Enum):
+    WAITING = "waiting"  # queued, or preempted and waiting to be recomputed
+    PREFILLING = "prefilling"  # admitted, prompt partly in KV
+    RUNNING = "running"  # prompt in KV, decoding one token a step
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"  # a stop token (EOS or a requested one)
+    LENGTH = "length"  # max_tokens reached
+    ABORT = "abort"  # aborted by the client or refused
+
+
+@dataclass
+class Timings:
+    """Monotonic seconds (time.perf_counter) of the moments that latency metrics use."""
+
+    arrival: float = field(default_factory=time.perf_counter)
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    finished: float | None = None
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingState
+    cache_salt: str | None = None  # the radix tree's extra_key: tenants share KV only with the same salt
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: FinishReason | None = None
+    timings: Timings = field(default_factory=Timings)
+
+    # KV state, valid while admitted (PREFILLING or RUNNING).
+    page_ids: list[int] = field(default_factory=list)
+    num_tree_pages: int = 0  # leading pages owned by the tree (see module docstring)
+    tree_node: object | None = None  # locked radix-tree node, or None
+    num_computed_tokens: int = 0  # tokens of all_token_ids whose KV is in page_ids
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (first admission)
+    num_preemptions: int = 0
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.sampling.output_token_ids
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.sampling.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.sampling.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        """Tokens still to go through the model before the next token can be sampled."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in (RequestStatus.FINISHED, RequestStatus.ABORTED)
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What one engine step produced for one request."""
+
+    request_id: str
+    new_token_ids: list[int]
+    logprobs: list[float] | None  # chosen tokens' logprobs, when asked
+    top_logprobs: list[list[tuple[int, float]]] | None
+    finish_reason: FinishReason | None  # set on the request's last output
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_output_tokens: int
+    error: str | None = None  # set when the engine refused or failed the request

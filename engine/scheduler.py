@@ -1,0 +1,269 @@
+"""Which tokens run in the next step, and where their KV goes.
+
+Each step has a token budget. Running decodes go first (one token each, oldest
+first), then chunks of prefills that are under way, then new admissions from
+the waiting queue (FCFS, or longest cached prefix first). When the pool runs
+out of pages: evict unlocked cache, then preempt the newest admitted request
+(its computed pages go into the tree, so recomputing it later is mostly a
+cache hit). A request that cannot fit even alone is refused in `add`.
+
+Page ownership follows the rule in `engine/request.py`.
+"""
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from cache import PageAllocator, RadixTree
+from engine.engine_config import EngineConfig
+from engine.errors import RequestError
+from engine.request import FinishReason, Request, RequestStatus
+
+# Longest-prefix-first needs a match per waiting request each step; past this
+# many waiting it falls back to FCFS (as SGLang does).
+LPM_MAX_WAITING = 128
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    request: Request
+    start: int  # index in request.all_token_ids of the first token to compute
+    num_tokens: int
+
+    @property
+    def completes_request_tokens(self) -> bool:
+        """True when after this chunk every known token is computed, so the
+        chunk's last row gives the next token's logits."""
+        return self.start + self.num_tokens == self.request.num_tokens
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, num_pages: int, max_model_len: int):
+        self.page_size = config.page_size
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.max_num_seqs = config.max_num_seqs
+        self.schedule_policy = config.schedule
+        self.enable_prefix_cache = config.enable_prefix_cache
+        self.max_model_len = max_model_len
+        self.allocator = PageAllocator(num_pages)
+        self.tree = RadixTree(self.page_size, self.allocator)
+        self.waiting: deque[Request] = deque()
+        self.admitted: list[Request] = []  # prefilling or running, in admission order
+        # Counters for metrics: prompt tokens looked up in / found in the prefix cache.
+        self.num_prefix_query_tokens = 0
+        self.num_prefix_hit_tokens = 0
+        self.num_preemptions = 0
+        self.num_evicted_pages = 0
+
+    # ---- queue ----------------------------------------------------------
+
+    def add(self, request: Request) -> None:
+        """Queue a request, or raise RequestError if it can never be served."""
+        if not request.prompt_token_ids:
+            raise RequestError("the prompt is empty")
+        max_len = len(request.prompt_token_ids) + request.sampling.params.max_tokens
+        if max_len > self.max_model_len:
+            raise RequestError(
+                f"prompt ({len(request.prompt_token_ids)} tokens) + max_tokens "
+                f"({request.sampling.params.max_tokens}) = {max_len} exceeds the model's "
+                f"context length {self.max_model_len}"
+            )
+        if self._num_pages_for(max_len) > self.allocator.num_pages:
+            raise RequestError(
+                f"prompt + max_tokens = {max_len} tokens needs {self._num_pages_for(max_len)} KV "
+                f"pages but the whole pool has {self.allocator.num_pages}; lower max_tokens or "
+                f"give the server more --kv-cache-memory"
+            )
+        self.waiting.append(request)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.admitted)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.admitted)
+
+    def find(self, request_id: str) -> Request | None:
+        for request in (*self.admitted, *self.waiting):
+            if request.request_id == request_id:
+                return request
+        return None
+
+    # ---- one step -------------------------------------------------------
+
+    def schedule(self) -> list[ScheduledChunk]:
+        budget = self.max_num_batched_tokens
+        chunks: list[ScheduledChunk] = []
+        scheduled: set[int] = set()  # id() of requests with a chunk this step
+
+        # 1. Decodes, oldest first; each may preempt newer requests for a page.
+        for request in list(self.admitted):
+            if budget == 0:
+                break
+            if request.status is not RequestStatus.RUNNING or id(request) in scheduled:
+                continue
+            if request not in self.admitted:  # preempted for an older one just now
+                continue
+            if self._grow(request, 1, scheduled):
+                chunks.append(ScheduledChunk(request, request.num_computed_tokens, 1))
+                scheduled.add(id(request))
+                budget -= 1
+
+        # 2. Prefills under way, oldest first.
+        for request in list(self.admitted):
+            if budget == 0:
+                break
+            if request.status is not RequestStatus.PREFILLING or request not in self.admitted:
+                continue
+            num_tokens = min(request.num_uncomputed_tokens, budget)
+            if self._grow(request, num_tokens, scheduled):
+                chunks.append(ScheduledChunk(request, request.num_computed_tokens, num_tokens))
+                scheduled.add(id(request))
+                budget -= num_tokens
+
+        # 3. Admissions: only evicting cache, never preempting, to make room.
+        for request in self._admission_order():
+            if budget == 0 or len(self.admitted) >= self.max_num_seqs:
+                break
+            self._admit(request)
+            num_tokens = min(request.num_uncomputed_tokens, budget)
+            pages = self._allocate(self._num_new_pages(request, num_tokens))
+            if pages is None:
+                self._release(request, insert=False)
+                request.status = RequestStatus.WAITING
+                break  # head-of-line: later requests would not fit either
+            request.page_ids.extend(pages)
+            self._count_admission(request)
+            self.waiting.remove(request)
+            self.admitted.append(request)
+            chunks.append(ScheduledChunk(request, request.num_computed_tokens, num_tokens))
+            scheduled.add(id(request))
+            budget -= num_tokens
+        return chunks
+
+    def commit(self, chunks: list[ScheduledChunk]) -> None:
+        """After the forward pass: the chunks' KV is in pages."""
+        for chunk in chunks:
+            request = chunk.request
+            request.num_computed_tokens += chunk.num_tokens
+            if request.status is RequestStatus.PREFILLING and chunk.completes_request_tokens:
+                request.status = RequestStatus.RUNNING
+            if self.enable_prefix_cache and request.status is RequestStatus.PREFILLING:
+                # Share finished prefill pages at once with concurrent requests.
+                self._insert_computed(request)
+
+    def finish(self, request: Request, reason: FinishReason) -> None:
+        """Retire an admitted or waiting request; its pages go to the tree or back to the pool."""
+        if request in self.admitted:
+            self.admitted.remove(request)
+            self._release(request, insert=True)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        request.finish_reason = reason
+        request.status = RequestStatus.ABORTED if reason is FinishReason.ABORT else RequestStatus.FINISHED
+
+    # ---- pages ----------------------------------------------------------
+
+    def _num_pages_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page_size)
+
+    def _num_new_pages(self, request: Request, num_tokens: int) -> int:
+        needed = self._num_pages_for(request.num_computed_tokens + num_tokens)
+        return max(0, needed - len(request.page_ids))
+
+    def _allocate(self, num_pages: int) -> list[int] | None:
+        if num_pages == 0:
+            return []
+        shortfall = num_pages - self.allocator.num_free_pages
+        if shortfall > 0:
+            self.num_evicted_pages += self.tree.evict(shortfall)
+        if self.allocator.num_free_pages < num_pages:
+            return None
+        return self.allocator.allocate(num_pages)
+
+    def _grow(self, request: Request, num_tokens: int, scheduled: set[int]) -> bool:
+        """Give an admitted request pages for `num_tokens` more tokens,
+        preempting newer unscheduled requests if need be. False if the request
+        itself had to be preempted."""
+        num_pages = self._num_new_pages(request, num_tokens)
+        while (pages := self._allocate(num_pages)) is None:
+            victim = next((r for r in reversed(self.admitted) if id(r) not in scheduled), None)
+            if victim is None:
+                return False
+            self._preempt(victim)
+            if victim is request:
+                return False
+        request.page_ids.extend(pages)
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        self.admitted.remove(request)
+        self._release(request, insert=True)
+        request.status = RequestStatus.WAITING
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    # ---- prefix cache ---------------------------------------------------
+
+    def _admission_order(self) -> list[Request]:
+        waiting = list(self.waiting)
+        if self.schedule_policy != "lpm" or not self.enable_prefix_cache or len(waiting) > LPM_MAX_WAITING:
+            return waiting
+        hits = {id(r): self.tree.match_prefix(r.all_token_ids, r.cache_salt).num_tokens for r in waiting}
+        return sorted(waiting, key=lambda r: -hits[id(r)])  # stable: FCFS among equals
+
+    def _admit(self, request: Request) -> None:
+        """Match the cached prefix and lock it. At least one token is left to
+        compute: its logits give the next token."""
+        request.status = RequestStatus.PREFILLING
+        tokens = request.all_token_ids
+        if not self.enable_prefix_cache:
+            return
+        match = self.tree.match_prefix(tokens, request.cache_salt)
+        num_pages = min(len(match.page_ids), (len(tokens) - 1) // self.page_size)
+        self.tree.lock(match.last_node)
+        request.tree_node = match.last_node
+        request.page_ids = list(match.page_ids[:num_pages])
+        request.num_tree_pages = num_pages
+        request.num_computed_tokens = num_pages * self.page_size
+
+    def _count_admission(self, request: Request) -> None:
+        if request.timings.first_scheduled is not None:
+            return  # a preempted request coming back: counted the first time
+        request.timings.first_scheduled = time.perf_counter()
+        request.num_cached_tokens = min(request.num_computed_tokens, len(request.prompt_token_ids))
+        self.num_prefix_query_tokens += len(request.prompt_token_ids)
+        self.num_prefix_hit_tokens += request.num_cached_tokens
+
+    def _insert_computed(self, request: Request) -> None:
+        num_full_pages = request.num_computed_tokens // self.page_size
+        if num_full_pages == 0:
+            return
+        tokens = request.all_token_ids[: num_full_pages * self.page_size]
+        self.tree.insert(tokens, request.page_ids[:num_full_pages], request.cache_salt)
+        # Lock the longer path instead: nodes whose pages this request uses
+        # are not worth evicting (evicting them would free nothing).
+        match = self.tree.match_prefix(tokens, request.cache_salt)
+        self.tree.lock(match.last_node)
+        if request.tree_node is not None:
+            self.tree.unlock(request.tree_node)
+        request.tree_node = match.last_node
+
+    def _release(self, request: Request, insert: bool) -> None:
+        """Drop the request's KV state: insert its computed pages into the tree
+        (when asked and caching), unlock, release its own pages exactly once."""
+        if insert and self.enable_prefix_cache:
+            self._insert_computed(request)
+        if request.tree_node is not None:
+            self.tree.unlock(request.tree_node)
+        self.allocator.release(request.page_ids[request.num_tree_pages :])
+        request.page_ids = []
+        request.num_tree_pages = 0
+        request.tree_node = None
+        request.num_computed_tokens = 0
+

