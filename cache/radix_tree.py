@@ -217,7 +217,7 @@ class RadixTree:
             page_ids=node.page_ids[:num_upper_pages],
             page_hashes=node.page_hashes[:num_upper_pages],
             extra_key=node.extra_key,
-            lock_ref=0,
+            lock_ref=node.lock_ref,
             last_access_time=node.last_access_time,
             hit_count=node.hit_count,
         )
@@ -252,7 +252,7 @@ class RadixTree:
             node.last_access_time = self._clock
             if is_hit:
                 node.hit_count += 1
-            node = node.parent
+            break
 
     def _key_of(self, node: TreeNode) -> tuple[str | None, tuple[int, ...]]:
         return (node.extra_key, node.token_ids[: self.page_size])

@@ -25,6 +25,9 @@ from tqdm import tqdm
 from engine.errors import ModelFormatError
 from engine.gguf_tokenizer import build_tokenizer, special_token_str
 
+# Bumped when the converter's output changes, so models converted earlier are redone.
+CONVERTER_VERSION = 2
+
 GGUF_MAGIC = b"GGUF"
 # general.architecture -> (HF architectures entry, HF model_type)
 SUPPORTED_ARCHITECTURES = {
@@ -183,7 +186,8 @@ def tensor_specs(reader: GGUFReader, config: dict[str, Any], gguf_path: Path) ->
         # GGUF lists dimensions fastest-first; HF wants them row-major
         shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
         specs.append(TensorSpec(hf_name, shape, index))
-    missing = [name for name in ("model.embed_tokens.weight", "model.norm.weight") if name not in {s.hf_name for s in specs}]
+    hf_names = {spec.hf_name for spec in specs}
+    missing = [name for name in ("model.embed_tokens.weight", "model.norm.weight") if name not in hf_names]
     if missing:
         raise ModelFormatError(gguf_path, f"missing tensors: {', '.join(missing)}")
     return specs
@@ -199,7 +203,9 @@ def _hf_tensor_name(gguf_name: str) -> str | None:
     return None
 
 
-def _hf_arrays(reader: GGUFReader, specs: list[TensorSpec], config: dict[str, Any], progress: bool) -> Iterator[np.ndarray]:
+def _hf_arrays(
+    reader: GGUFReader, specs: list[TensorSpec], config: dict[str, Any], progress: bool
+) -> Iterator[np.ndarray]:
     """Each spec's tensor, dequantized to float32 and in HF layout, one at a time."""
     for spec in tqdm(specs, desc="converting GGUF tensors", unit="tensor", disable=not progress):
         tensor = reader.tensors[spec.gguf_index]

@@ -10,13 +10,12 @@ Only byte-level BPE vocabularies (`tokenizer.ggml.model == "gpt2"`: SmolLM,
 Llama 3, Qwen2, ...) are supported; sentencepiece ones (`"llama"`: Llama 2,
 Mistral v0.1) are refused rather than guessed at.
 
-Known divergence, kept on purpose to match transformers: for
-`tokenizer.ggml.pre == "smollm"` transformers uses the plain GPT-2 split,
-while SmolLM2's own tokenizer.json (and llama.cpp) first isolate every digit
-(`Digits(individual_digits=True)`). The two differ only where a run of two or
-more whitespace characters, or one space before a non-ASCII numeral, directly
-precedes a digit: "\\n\\n1." is [Ċ, Ċ, 1, .] here, [ĊĊ, 1, .] in SmolLM2.
-Turning on `_SMOLLM_DIGITS_FIRST` below gives SmolLM2's own behaviour.
+For `tokenizer.ggml.pre == "smollm"` digits are isolated first
+(`Digits(individual_digits=True)`), as SmolLM2's own tokenizer.json and llama.cpp do:
+that is how the model was trained. transformers (5.x) has no "smollm" entry and
+falls back to the plain GPT-2 split, which differs wherever two or more whitespace
+characters precede a digit ("\\n\\n1." is [ĊĊ, 1, .] here and in SmolLM2, [Ċ, Ċ, 1, .]
+in transformers' GGUF loading) and where a space precedes a non-ASCII numeral.
 """
 
 from collections.abc import Mapping, Sequence
@@ -56,8 +55,6 @@ _SPLIT_BY_PRE: dict[str, str | None] = {
     "qwen2": _QWEN2_SPLIT,
     "deepseek-r1-qwen": _QWEN2_SPLIT,
 }
-# True would split digits first for "smollm", as SmolLM2's tokenizer.json does (see above).
-_SMOLLM_DIGITS_FIRST = False
 
 
 def build_tokenizer(metadata: Mapping[str, Any], source: str | Path) -> Tokenizer:
@@ -129,7 +126,7 @@ def _byte_level_vocab(token_strs: Sequence[str]) -> dict[str, int]:
 
 
 def _pre_tokenizer(pre: str, add_prefix_space: bool) -> pre_tokenizers.PreTokenizer:
-    if pre == "smollm" and _SMOLLM_DIGITS_FIRST:
+    if pre == "smollm":
         return pre_tokenizers.Sequence(
             [
                 pre_tokenizers.Digits(individual_digits=True),

