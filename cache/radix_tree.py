@@ -129,7 +129,6 @@ class RadixTree:
             node.lock_ref -= 1
             if node.lock_ref == 0:
                 self._num_locked_pages -= node.num_pages
-                self._num_evictable_pages += node.num_pages
             node = node.parent
 
     def evict(self, num_pages: int) -> int:
@@ -252,7 +251,7 @@ class RadixTree:
             node.last_access_time = self._clock
             if is_hit:
                 node.hit_count += 1
-            break
+            node = node.parent
 
     def _key_of(self, node: TreeNode) -> tuple[str | None, tuple[int, ...]]:
         return (node.extra_key, node.token_ids[: self.page_size])

@@ -70,6 +70,7 @@ class LLMEngine:
         bad = next((t for t in prompt_token_ids if not 0 <= t < self.vocab_size), None)
         if bad is not None:
             raise RequestError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+        params.check_vocab_size(self.vocab_size)
         if self.scheduler.find(request_id) is not None:
             raise RequestError(f"request id {request_id!r} is already in use")
         state = make_sampling_state(params, list(prompt_token_ids), self.device)

@@ -65,11 +65,7 @@ class SampleOutput(NamedTuple):
 
 
 class Sampler:
-    """Per-request state lives in SamplingState; the sampler keeps only scratch
-    buffers, so one sampler serves one engine thread."""
-
-    def __init__(self):
-        self._buffers: dict[str, Tensor] = {}
+    """Stateless: all per-request state lives in SamplingState."""
 
     def __call__(self, logits: Tensor, states: Sequence[SamplingState]) -> SampleOutput:
         """logits (B, V), any float dtype; row b belongs to states[b]. logits are not modified."""
@@ -82,38 +78,13 @@ class Sampler:
         if not needs_processing and all(p.is_greedy for p in params):
             token_ids = logits.max(dim=-1).indices   # (B,); first max, like argmax but faster
         else:
-            x = self._buffer("logits", num_rows, vocab_size, logits.device).copy_(logits)
-            apply_logits_processors(x, states)
+            x = logits.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+            apply_logits_processors(x, states)       # x (B, V) float32, ours to overwrite
             apply_logit_bias(x, params)
             apply_penalties(x, states)
-            token_ids = self._choose_tokens(x, states)
+            token_ids = _choose_tokens(x, states)
         logprobs, top_logprobs = compute_logprobs(logits, token_ids, params)
         return SampleOutput(token_ids.tolist(), logprobs, top_logprobs)
-
-    def _choose_tokens(self, x: Tensor, states: Sequence[SamplingState]) -> Tensor:
-        """x (B, V) processed float32 logits, overwritten -> (B,) argmax or drawn ids."""
-        num_rows, vocab_size = x.shape
-        sampled = [row for row, s in enumerate(states) if not s.params.is_greedy]
-        if not sampled:
-            return x.max(dim=-1).indices
-        cumsum_out = self._buffer("cumsum", len(sampled), vocab_size, x.device)
-        if len(sampled) == num_rows:
-            return sample_rows(x, states, cumsum_out)
-        token_ids = x.max(dim=-1).indices                                     # (B,)
-        sampled_index = torch.tensor(sampled, device=x.device)
-        token_ids[sampled_index] = sample_rows(x[sampled_index], [states[r] for r in sampled],
-                                               cumsum_out)
-        return token_ids
-
-    def _buffer(self, name: str, num_rows: int, vocab_size: int, device: torch.device) -> Tensor:
-        """A reused (num_rows, V) float32 scratch tensor. On CPU, fresh 12 MB
-        tensors each step are returned to the OS and page-fault in again."""
-        buffer = self._buffers.get(name)
-        if (buffer is None or buffer.shape[0] < num_rows or buffer.shape[1] != vocab_size
-                or buffer.device != device):
-            buffer = torch.empty(num_rows, vocab_size, device=device)
-            self._buffers[name] = buffer
-        return buffer[:num_rows]
 
 
 def apply_logits_processors(x: Tensor, states: Sequence[SamplingState]) -> None:
@@ -195,11 +166,20 @@ def _output_ids(state: SamplingState, device: torch.device) -> Tensor:
     return ids
 
 
-def sample_rows(x: Tensor, states: Sequence[SamplingState], cumsum_out: Tensor) -> Tensor:
-    """x (R, V) processed logits of rows with temperature > 0, overwritten -> (R,) drawn ids.
+def _choose_tokens(x: Tensor, states: Sequence[SamplingState]) -> Tensor:
+    """x (B, V) processed float32 logits, overwritten -> (B,) argmax or drawn ids."""
+    sampled = [row for row, s in enumerate(states) if not s.params.is_greedy]
+    if len(sampled) == len(states):
+        return sample_rows(x, states)
+    token_ids = x.max(dim=-1).indices                                         # (B,)
+    if sampled:
+        index = torch.tensor(sampled, device=x.device)
+        token_ids[index] = sample_rows(x[index], [states[row] for row in sampled])
+    return token_ids
 
-    cumsum_out: (R, V) float32 scratch.
-    """
+
+def sample_rows(x: Tensor, states: Sequence[SamplingState]) -> Tensor:
+    """x (R, V) processed logits of rows with temperature > 0, overwritten -> (R,) drawn ids."""
     device = x.device
     params = [s.params for s in states]
     if any(p.temperature != 1.0 for p in params):
@@ -209,15 +189,14 @@ def sample_rows(x: Tensor, states: Sequence[SamplingState], cumsum_out: Tensor) 
     uniform = _uniforms([s.generator for s in states], device)               # (R,)
     is_filtered = [p.has_top_p or 0 < p.top_k < x.shape[1] for p in params]
     if not any(is_filtered):
-        return _draw_unfiltered(weights, uniform, params, cumsum_out)
+        return _draw_unfiltered(weights, uniform, params)
     if all(is_filtered):
-        return _draw_from_top(weights, uniform, params, cumsum_out)
+        return _draw_from_top(weights, uniform, params)
     token_ids = torch.empty(len(params), dtype=torch.long, device=device)
     for want, draw in ((True, _draw_from_top), (False, _draw_unfiltered)):
         rows = [row for row, f in enumerate(is_filtered) if f == want]
         index = torch.tensor(rows, device=device)
-        token_ids[index] = draw(weights[index], uniform[index], [params[r] for r in rows],
-                                cumsum_out[:len(rows)])
+        token_ids[index] = draw(weights[index], uniform[index], [params[r] for r in rows])
     return token_ids
 
 
@@ -231,19 +210,19 @@ def _uniforms(generators: Sequence[torch.Generator | None], device: torch.device
     return uniform
 
 
-def _draw_unfiltered(weights: Tensor, uniform: Tensor, params: Sequence[SamplingParams],
-                     cumsum_out: Tensor) -> Tensor:
+def _draw_unfiltered(weights: Tensor, uniform: Tensor, params: Sequence[SamplingParams]
+                     ) -> Tensor:
     """weights (R, V) >= 0 with row max 1 (min_p applies, top_k / top_p do not) -> (R,) ids."""
     if any(p.has_min_p for p in params):
         min_p = torch.tensor([p.min_p for p in params], device=weights.device).unsqueeze(1)
-        weights.masked_fill_(weights < min_p, 0.0)        # threshold min_p * max, max is 1
-    cumulative = torch.cumsum(weights, dim=-1, out=cumsum_out)               # (R, V)
+        weights.mul_(weights >= min_p)     # keep >= min_p * max (max is 1); 2x masked_fill_
+    cumulative = _cumsum(weights)                                             # (R, V)
     position = _search(cumulative, cumulative[:, -1], uniform)
     return position.clamp_(max=weights.shape[1] - 1)      # clamp: rows with every token banned
 
 
-def _draw_from_top(weights: Tensor, uniform: Tensor, params: Sequence[SamplingParams],
-                   cumsum_out: Tensor) -> Tensor:
+def _draw_from_top(weights: Tensor, uniform: Tensor, params: Sequence[SamplingParams]
+                   ) -> Tensor:
     """weights (R, V) >= 0 with row max 1, rows with top_k and/or top_p -> (R,) ids.
 
     A row keeps a prefix of its tokens ordered by (weight desc, id asc): at
@@ -260,15 +239,19 @@ def _draw_from_top(weights: Tensor, uniform: Tensor, params: Sequence[SamplingPa
     min_p = torch.tensor([p.min_p for p in params], device=device)            # (R,)
     # (R,) each row's mass, for top_p without top_k. Not weights.sum(): a reduction's order
     # (and so its rounding) changes with the number of rows; a row's cumsum does not.
-    total = (torch.cumsum(weights, dim=-1, out=cumsum_out)[:, -1].clone()
-             if any(p.has_top_p for p in params) else torch.ones(num_rows, device=device))
+    total = (_cumsum(weights)[:, -1] if any(p.has_top_p for p in params)
+             else torch.ones(num_rows, device=device))
+    # the first width holds every top_k (+1: a row settles only above the list's edge)
+    first_width = min(vocab_size, max([_CANDIDATE_WIDTHS[0]] + [
+        p.top_k + 1 for p in params if 0 < p.top_k < vocab_size]))
+    widths = [first_width] + [w for w in (*_CANDIDATE_WIDTHS[1:], vocab_size)
+                              if first_width < w <= vocab_size]
     token_ids = torch.empty(num_rows, dtype=torch.long, device=device)
     pending = torch.arange(num_rows, device=device)                           # (r,)
-    for width in (*_CANDIDATE_WIDTHS, vocab_size):
-        width = min(width, vocab_size)
+    for width in widths:
         values, ids = _largest(weights if len(pending) == num_rows else weights[pending], width)
         k, p, u = top_k[pending], top_p[pending], uniform[pending]
-        cumulative = values.cumsum(dim=-1)                                    # (r, W)
+        cumulative = _cumsum(values)                                          # (r, W)
         mass_before = torch.nn.functional.pad(cumulative[:, :-1], (1, 0))    # (r, W)
         kept_k = k.clamp(max=width)
         top_k_mass = torch.where((k <= width) & (k < vocab_size),   # no top_k: the total
@@ -304,6 +287,13 @@ def _largest(weights: Tensor, width: int) -> tuple[Tensor, Tensor]:
     return values.gather(1, by_value), ids.gather(1, by_value)
 
 
+def _cumsum(values: Tensor) -> Tensor:
+    """Row-wise cumulative sum, rounded the same whatever the number of rows. CPU scans
+    each row in sequence (in double); CUDA scans a lone row with another kernel than a
+    batch, so there it runs in float64, where the two differ by ~1e-16 only."""
+    return values.cumsum(dim=-1, dtype=torch.float64 if values.is_cuda else None)
+
+
 def _search(cumulative: Tensor, mass: Tensor, uniform: Tensor) -> Tensor:
     """cumulative (R, W) nondecreasing, mass (R,), uniform (R,) -> (R,) first position whose
     cumulative exceeds uniform * mass: a position of nonzero weight, drawn by weight."""
@@ -328,5 +318,6 @@ def compute_logprobs(logits: Tensor, token_ids: Tensor, params: Sequence[Samplin
     chosen_by_row, top_by_row = [math.nan] * len(params), [[] for _ in params]
     for i, row in enumerate(rows):
         k = params[row].logprobs
-        chosen_by_row[row], top_by_row[row] = chosen[i], list(zip(top_ids[i][:k], top_values[i][:k]))
+        chosen_by_row[row] = chosen[i]
+        top_by_row[row] = list(zip(top_ids[i][:k], top_values[i][:k]))
     return chosen_by_row, top_by_row

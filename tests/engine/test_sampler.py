@@ -52,6 +52,20 @@ def test_greedy_rows_in_a_mixed_batch_are_argmax():
     assert out.token_ids[1::2] == logits[1::2].argmax(-1).tolist()
 
 
+def test_greedy_ties_take_the_first_max():
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [5.0, 5.0, 5.0, 5.0]])
+    assert sample(logits, states_for(2, temperature=0)).token_ids == [1, 0]
+    states = states_for(2, temperature=0, logit_bias={3: -1.0})   # the processed path
+    assert sample(logits, states).token_ids == [1, 0]
+
+
+def test_top_k_at_least_the_vocabulary_is_no_filter():
+    torch.manual_seed(5)
+    logits = torch.tensor([1.0, 0.0, -1.0, 2.0, 0.5])
+    out = sample(repeat_row(logits, 40_000), states_for(40_000, top_k=5, top_p=0.999999))
+    assert chi_square(out.token_ids, logits.softmax(-1)) < CHI2_LIMIT[4]
+
+
 def test_empty_batch():
     assert sample(torch.zeros(0, 10), []).token_ids == []
 
@@ -136,8 +150,7 @@ def test_top_k_top_p_draw_matches_a_full_sort(scale, filters):
     weights = (logits - logits.amax(-1, keepdim=True)).exp()
     params = SamplingParams(**filters)
     for uniform in torch.linspace(0, 0.999, 40).tolist():
-        drawn = _draw_from_top(weights.clone(), torch.full((6,), uniform), [params] * 6,
-                               torch.empty(6, 3000))
+        drawn = _draw_from_top(weights.clone(), torch.full((6,), uniform), [params] * 6)
         expected = [reference_draw(weights[row], uniform, params) for row in range(6)]
         assert drawn.tolist() == expected
 
@@ -153,10 +166,12 @@ def test_same_seed_gives_same_tokens():
     assert [sample(row.unsqueeze(0), [other]).token_ids[0] for row in logits] != runs[0]
 
 
-def test_seeded_row_is_the_same_alone_or_batched():
+@pytest.mark.parametrize("params", [dict(top_k=200, top_p=0.95, min_p=0.01), dict(top_p=0.9),
+                                    dict(temperature=0.7), dict(min_p=0.05, temperature=1.3)])
+def test_seeded_row_is_the_same_alone_or_batched(params):
     g = torch.Generator().manual_seed(6)
-    steps, vocab_size, params = 30, 2000, dict(seed=77, top_k=200, top_p=0.95, min_p=0.01)
-    row_logits = torch.randn(steps, vocab_size, generator=g)
+    steps, vocab_size, params = 12, 5000, dict(seed=77, **params)
+    row_logits = (torch.randn(steps, vocab_size, generator=g) * 8).round() / 4   # with ties
     alone = make_sampling_state(SamplingParams(**params), [], "cpu")
     batched = make_sampling_state(SamplingParams(**params), [], "cpu")
     neighbours = [SamplingParams(), SamplingParams(temperature=0), SamplingParams(seed=5),

@@ -1,0 +1,82 @@
+"""The engine thread and its asyncio handle."""
+
+import asyncio
+import time
+
+import pytest
+import torch
+import transformers
+
+from engine.async_engine import AsyncEngine
+from engine.engine_config import EngineConfig
+from engine.errors import RequestError
+from engine.generate import greedy_generate
+from engine.sampling_params import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    path = tmp_path_factory.mktemp("tiny-llama")
+    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    handle = AsyncEngine.from_config(EngineConfig(model_dir=path, device="cpu", dtype="float32",
+                                                  kv_cache_bytes=16 << 20, max_num_batched_tokens=32))
+    yield handle
+    handle.shutdown()
+
+
+def _wait_idle(engine: AsyncEngine, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stats = engine.stats()
+        if stats.num_running == 0 and stats.num_waiting == 0:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"engine still busy: {engine.stats()}")
+
+
+def test_concurrent_streams_match_greedy_alone(engine):
+    prompts = [list(range(3 + i, 40 + 3 * i)) for i in range(6)]
+    expected = [greedy_generate(engine.engine.model, p, 8) for p in prompts]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+    async def collect(i):
+        tokens, reasons = [], []
+        async for output in engine.generate(f"stream-{i}", prompts[i], params):
+            tokens.extend(output.new_token_ids)
+            reasons.append(output.finish_reason)
+        return tokens, reasons
+
+    async def main():
+        return await asyncio.gather(*(collect(i) for i in range(len(prompts))))
+
+    results = asyncio.run(main())
+    for (tokens, reasons), want in zip(results, expected):
+        assert tokens == want
+        assert reasons[-1] == "length" and all(r is None for r in reasons[:-1])
+    _wait_idle(engine)
+
+
+def test_leaving_the_stream_aborts_and_frees_pages(engine):
+    params = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
+
+    async def main():
+        async for _ in engine.generate("cut", list(range(3, 100)), params):
+            break  # the client went away after the first token
+
+    asyncio.run(main())
+    _wait_idle(engine)
+    stats = engine.stats()
+    assert stats.num_free_pages + stats.num_cached_pages == stats.num_pages
+    assert stats.num_held_pages == 0
+
+
+def test_refused_request_raises_in_the_caller(engine):
+    async def main():
+        async for _ in engine.generate("oov", [1, 999], SamplingParams(max_tokens=2)):
+            pass
+
+    with pytest.raises(RequestError, match="vocabulary"):
+        asyncio.run(main())
