@@ -1,6 +1,7 @@
 """KV prefix cache bookkeeping: page allocator, radix tree of cached prefixes, eviction.
 
-Plain Python, no torch: the KV tensors live with the pool that uses these page ids.
+Plain Python, no torch. The KV tensors themselves are in cache.kv_pool, which is not
+imported here, so the bookkeeping imports (and is tested) without torch.
 """
 
 from cache.eviction import EvictionPolicy, LFUPolicy, LRUPolicy

@@ -59,7 +59,7 @@ class PageAllocator:
         return page_ids
 
     def retain(self, page_ids: Iterable[int]) -> None:
-        """Add one reference to each page (a page listed twice gets two). Pages must be allocated."""
+        """Add one reference to each page (listed twice: two). Each must be allocated."""
         num_refs_by_page = Counter(page_ids)
         for page_id in num_refs_by_page:
             if self.ref_count(page_id) == 0:

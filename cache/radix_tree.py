@@ -129,6 +129,7 @@ class RadixTree:
             node.lock_ref -= 1
             if node.lock_ref == 0:
                 self._num_locked_pages -= node.num_pages
+                self._num_evictable_pages += node.num_pages
             node = node.parent
 
     def evict(self, num_pages: int) -> int:
@@ -229,7 +230,11 @@ class RadixTree:
         return upper
 
     def _add_child(
-        self, parent: TreeNode, token_ids: tuple[int, ...], page_ids: list[int], extra_key: str | None
+        self,
+        parent: TreeNode,
+        token_ids: tuple[int, ...],
+        page_ids: list[int],
+        extra_key: str | None,
     ) -> TreeNode:
         parent_hash = parent.page_hashes[-1] if parent.page_hashes else ROOT_PAGE_HASH
         page_hashes = hash_pages(parent_hash, token_ids, self.page_size, extra_key)

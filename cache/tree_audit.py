@@ -39,7 +39,8 @@ def check_tree_invariants(tree: RadixTree) -> None:
         _require(len(node.page_hashes) == node.num_pages, f"{node} has a page without a hash")
         key = (node.extra_key, node.token_ids[:page_size])
         _require(parent.children.get(key) is node, f"{node} is not under its key in its parent")
-        _require(parent is tree.root or parent.extra_key == node.extra_key, "extra_key mixed on a path")
+        is_same_key = parent is tree.root or parent.extra_key == node.extra_key
+        _require(is_same_key, "extra_key mixed on a path")
         _require(node.lock_ref >= 0, f"{node} has a negative lock_ref")
         if parent is not tree.root:
             _require(parent.lock_ref >= node.lock_ref, f"{node} locked more than its parent")

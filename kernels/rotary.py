@@ -82,9 +82,18 @@ class RotaryEmbedding:
 
     def __call__(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """q (N, H, D), k (N, KVH, D), positions (N,) int64 -> rotated (q, k), same dtypes."""
-        cos = self.cos[positions].to(q.dtype)[:, None, :]  # (N, 1, D)
-        sin = self.sin[positions].to(q.dtype)[:, None, :]  # (N, 1, D)
+        cos, sin = self.cos_sin(positions, q.dtype)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+    def cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """(N, 1, D) cos and sin rows for `positions`: gathered once per forward
+        pass and shared by every layer."""
+        return self.cos[positions].to(dtype)[:, None, :], self.sin[positions].to(dtype)[:, None, :]
+
+    @staticmethod
+    def apply(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """x (N, h, D) rotated with rows from `cos_sin`; q and k heads may come in one x."""
+        return _rotate(x, cos, sin)
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

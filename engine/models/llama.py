@@ -28,7 +28,7 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding):
+    def __init__(self, config: ModelConfig):
         super().__init__()
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
@@ -40,18 +40,17 @@ class Attention(nn.Module):
             config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.has_qkv_bias
         )
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
-        self.rotary = rotary
 
     def forward(
-        self, x: Tensor, positions: Tensor, kv_cache: tuple[Tensor, Tensor], attn: AttentionInputs
+        self, x: Tensor, rope: tuple[Tensor, Tensor], kv_cache: tuple[Tensor, Tensor], attn: AttentionInputs
     ) -> Tensor:
         num_tokens = x.shape[0]
-        qkv = self.qkv_proj(x)  # (N, q_size + 2 * kv_size)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)  # (N, H, D)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # (N, KVH, D)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(q, k, positions)
+        num_heads, num_kv_heads = self.num_heads, self.num_kv_heads
+        qkv = self.qkv_proj(x).view(num_tokens, num_heads + 2 * num_kv_heads, self.head_dim)
+        # q and k heads are adjacent in the fused projection: one rotation for both.
+        qk = RotaryEmbedding.apply(qkv[:, : num_heads + num_kv_heads], *rope)  # (N, H + KVH, D)
+        q, k = qk[:, :num_heads], qk[:, num_heads:]  # (N, H, D), (N, KVH, D)
+        v = qkv[:, num_heads + num_kv_heads :]  # (N, KVH, D)
         k_cache, v_cache = kv_cache
         store_kv(k_cache, v_cache, k, v, attn.slot_ids)
         out = paged_attention(q, k_cache, v_cache, attn, self.scale)  # (N, H, D)
@@ -69,15 +68,15 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding):
+    def __init__(self, config: ModelConfig):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, rotary)
+        self.self_attn = Attention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, hidden, positions, kv_cache, attn):
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), positions, kv_cache, attn)
+    def forward(self, hidden, rope, kv_cache, attn):
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), rope, kv_cache, attn)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
@@ -100,7 +99,7 @@ class LlamaForCausalLM(nn.Module):
         with torch.device("meta"):
             self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
             self.layers = nn.ModuleList(
-                DecoderLayer(config, self.rotary) for _ in range(config.num_layers)
+                DecoderLayer(config) for _ in range(config.num_layers)
             )
             self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
             if not config.tie_word_embeddings:
@@ -117,8 +116,9 @@ class LlamaForCausalLM(nn.Module):
         attn: AttentionInputs,
     ) -> Tensor:
         hidden = self.embed_tokens(input_ids)  # (N, d)
+        rope = self.rotary.cos_sin(positions, hidden.dtype)  # (N, 1, D) each, shared by all layers
         for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden = layer(hidden, positions, kv_cache, attn)
+            hidden = layer(hidden, rope, kv_cache, attn)
         return self.norm(hidden)
 
     @torch.inference_mode()

@@ -157,12 +157,15 @@ def test_bad_unlock_and_stale_nodes_raise():
 
 def test_extra_keys_never_share_pages():
     tree, allocator = make_tree(page_size=2)
-    page_ids_by_key = {key: cache_tokens(tree, allocator, [1, 2, 3, 4], key)[0] for key in (None, "", "t")}
+    page_ids_by_key = {
+        key: cache_tokens(tree, allocator, [1, 2, 3, 4], key)[0] for key in (None, "", "t")
+    }
     assert tree.num_cached_pages == 6
     for key, page_ids in page_ids_by_key.items():
         match = tree.match_prefix([1, 2, 3, 4], key)
         assert match.page_ids == page_ids
-    hashes = {tuple(tree.page_hashes(tree.match_prefix([1, 2], key).last_node)) for key in page_ids_by_key}
+    last_nodes = [tree.match_prefix([1, 2], key).last_node for key in page_ids_by_key]
+    hashes = {tuple(tree.page_hashes(node)) for node in last_nodes}
     assert len(hashes) == 3
     assert tree.match_prefix([1, 2], "other").num_tokens == 0
     assert len(cached_prefix_pages(tree)) == 6
