@@ -14,6 +14,7 @@ from safetensors import SafetensorError, safe_open
 from engine.errors import ModelFormatError
 from engine.model_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM, Linear
+from kernels import packed_linear
 
 
 def safetensors_files(model_dir: Path) -> list[Path]:
@@ -109,8 +110,14 @@ def load_weights(model: LlamaForCausalLM, model_dir: Path) -> None:
         raise ModelFormatError(model_dir, f"missing tensors {missing[:3]}{more}")
 
 
-def load_model(model_dir: Path, device: torch.device, dtype: torch.dtype) -> LlamaForCausalLM:
+def load_model(
+    model_dir: Path, device: torch.device, dtype: torch.dtype, pack_weights: bool = True
+) -> LlamaForCausalLM:
+    """The model with its weights; on CPU in float32 the projections move to
+    oneDNN's prepacked layout unless `pack_weights` is False (the plain path)."""
     config = ModelConfig.from_model_dir(model_dir)
     model = LlamaForCausalLM(config, device, dtype)
     load_weights(model, Path(model_dir))
+    if pack_weights and packed_linear.is_available(device, dtype):
+        model.pack_weights()
     return model.eval()

@@ -3,6 +3,7 @@
     radixserve pull [NAME|PATH]          fetch / convert a model, print its directory
     radixserve generate PROMPT [...]     greedy answer to PROMPT (as a chat turn; --raw: plain continuation)
     radixserve chat PROMPT [...]         the same as generate, always through the chat template
+    radixserve serve [--model NAME|PATH] [...]   the OpenAI-compatible HTTP server
 
 Every error meant for a user (RadixserveError) is printed as one line,
 `radixserve: error: <message>`, with exit status 1; Ctrl-C exits with 130.
@@ -63,7 +64,40 @@ def _build_parser() -> argparse.ArgumentParser:
         if name == "generate":
             command.add_argument("--raw", action="store_true", help="continue PROMPT as plain text, no chat template")
         command.set_defaults(handler=_generate, chat=is_chat, raw=False)
+
+    _add_serve_parser(commands, DEFAULT_MODEL)
     return parser
+
+
+def _add_serve_parser(commands, default_model: str) -> None:
+    from server.settings import API_KEY_ENV_VAR, DEFAULT_HOST, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WAITING, DEFAULT_PORT
+
+    serve = commands.add_parser("serve", help="serve the OpenAI-compatible HTTP API",
+                                description="Serve a model over an OpenAI-compatible HTTP API.")
+    serve.add_argument("--model", default=default_model, metavar="NAME|PATH",
+                       help=f"model name or path, pulled if needed (default: {default_model})")
+    serve.add_argument("--served-model-name", metavar="NAME",
+                       help="the model name clients use (default: the model directory's name)")
+    serve.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default: {DEFAULT_HOST})")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default: {DEFAULT_PORT})")
+    serve.add_argument("--api-key", metavar="KEY",
+                       help=f"require 'Authorization: Bearer KEY' on /v1 routes (default: ${API_KEY_ENV_VAR})")
+    serve.add_argument("--kv-cache-memory", metavar="SIZE",
+                       help="KV cache size: bytes like '2GiB', or a fraction of free memory like '0.3'")
+    serve.add_argument("--max-num-seqs", type=_positive_int, help="requests running at once")
+    serve.add_argument("--max-num-batched-tokens", type=_positive_int, help="token budget of one engine step")
+    serve.add_argument("--max-model-len", type=_positive_int, help="context length (default: the model's)")
+    serve.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                       help="weight and activation dtype (default: auto)")
+    serve.add_argument("--device", default="auto", help="auto, cpu or cuda[:N] (default: auto)")
+    serve.add_argument("--schedule", default="fcfs", choices=("fcfs", "lpm"),
+                       help="admission order: first come first served, or longest cached prefix first")
+    serve.add_argument("--no-prefix-cache", action="store_true", help="do not reuse KV of shared prefixes")
+    serve.add_argument("--max-waiting", type=_positive_int, default=DEFAULT_MAX_WAITING,
+                       help=f"waiting requests at which new ones get 503 (default: {DEFAULT_MAX_WAITING})")
+    serve.add_argument("--max-body-bytes", type=_positive_int, default=DEFAULT_MAX_BODY_BYTES,
+                       help=f"largest request body accepted (default: {DEFAULT_MAX_BODY_BYTES})")
+    serve.set_defaults(handler=_serve)
 
 
 def _pull(args: argparse.Namespace) -> int:
@@ -81,6 +115,12 @@ def _generate(args: argparse.Namespace) -> int:
     chat = args.chat and not args.raw
     print(generate_text(model_dir, args.prompt, max_new_tokens=args.max_tokens, chat=chat, dtype=args.dtype))
     return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from server.serve_command import serve
+
+    return serve(args)
 
 
 def _positive_int(text: str) -> int:

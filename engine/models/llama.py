@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from engine.model_config import ModelConfig
 from kernels.activation import silu_and_mul
+from kernels.packed_linear import pack_weight, packed_linear
 from kernels.paged_attention import AttentionInputs, paged_attention, store_kv
 from kernels.rms_norm import rms_norm
 from kernels.rotary import RotaryEmbedding
@@ -21,18 +22,27 @@ class Linear(nn.Module):
     """y = x @ weight_t (+ bias), with the weight stored transposed, (in, out).
 
     Measured on the 2-core CPUs: a (1, in) x (in, out) product streams weights at
-    ~21 GB/s against ~12 GB/s for F.linear's (out, in) layout, and decode is
-    bound by that stream; larger batches run at par.
+    ~17-21 GB/s against ~12 GB/s for F.linear's (out, in) layout, and decode is
+    bound by that stream; larger batches run at par. `pack()` moves the weight
+    into oneDNN's prepacked layout, faster still (kernels/packed_linear.py).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool):
         super().__init__()
         self.weight_t = nn.Parameter(torch.empty(in_features, out_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.packed_weight: Tensor | None = None
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.packed_weight is not None:
+            return packed_linear(x, self.packed_weight, self.bias)
         y = torch.matmul(x, self.weight_t)
         return y + self.bias if self.bias is not None else y
+
+    def pack(self) -> None:
+        """Switch to the prepacked path; the plain weight is dropped (one copy kept)."""
+        self.packed_weight = pack_weight(self.weight_t.t())
+        self.weight_t = nn.Parameter(torch.empty(0), requires_grad=False)
 
 
 class RMSNorm(nn.Module):
@@ -123,6 +133,7 @@ class LlamaForCausalLM(nn.Module):
             if not config.tie_word_embeddings:
                 self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.to(dtype).to_empty(device=device)
+        self.packed_lm_head: Tensor | None = None  # set by pack_weights()
         self.requires_grad_(False)
 
     @torch.inference_mode()
@@ -144,5 +155,18 @@ class LlamaForCausalLM(nn.Module):
         """(M, d) -> (M, V) float32. Called on the rows that need logits only
         (a prefill chunk's last token), which keeps the 49k-wide head off the
         prefill's critical path."""
+        if self.packed_lm_head is not None:
+            return packed_linear(hidden, self.packed_lm_head, None).float()
         head = self.embed_tokens if self.config.tie_word_embeddings else self.lm_head
         return torch.nn.functional.linear(hidden, head.weight).float()
+
+    def pack_weights(self) -> None:
+        """Move every projection and the LM head to oneDNN's prepacked layout.
+        A tied head gets its own packed copy (the embedding table stays for lookups)."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.pack()
+        head = self.embed_tokens if self.config.tie_word_embeddings else self.lm_head
+        self.packed_lm_head = pack_weight(head.weight)
+        if not self.config.tie_word_embeddings:
+            self.lm_head.weight = nn.Parameter(torch.empty(0), requires_grad=False)

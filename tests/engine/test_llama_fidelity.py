@@ -102,6 +102,15 @@ def test_tiny_logits_match_transformers(tiny_model_dir, chunks):
     assert (ours - expected).abs().max().item() <= 1e-4
 
 
+def test_tiny_packed_and_plain_paths_agree(tiny_model_dir):
+    model_dir, _ = tiny_model_dir
+    token_ids = list(range(1, 30))
+    plain = _our_logits(load_model(model_dir, torch.device("cpu"), torch.float32, pack_weights=False), token_ids, [29])
+    packed_model = load_model(model_dir, torch.device("cpu"), torch.float32)
+    packed = _our_logits(packed_model, token_ids, [20, 9])
+    assert (packed - plain).abs().max().item() <= 1e-4
+
+
 def test_tiny_bf16_close_to_fp32(tiny_model_dir):
     model_dir, _ = tiny_model_dir
     token_ids = list(range(1, 30))

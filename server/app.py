@@ -1,0 +1,74 @@
+"""The Litestar application: `create_app(settings)` is the one place it is put together.
+
+Resources (engine thread, tokenizer, chat template, metrics) are opened in the
+lifespan and kept on `app.state`:
+    settings   ServerSettings
+    engine     AsyncEngine
+    service    CompletionService
+    metrics    ServerMetrics
+    logprobs   LogprobFormatter
+    started_at unix seconds the model became ready
+"""
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from litestar import Litestar, Router
+from litestar.datastructures import State
+
+from assembly.chat_template import ChatTemplate
+from assembly.tokenizer import Tokenizer
+from engine.async_engine import AsyncEngine
+from engine.engine_config import EngineConfig
+from server.access_log import AccessLogMiddleware
+from server.auth import require_api_key
+from server.completion_service import CompletionService
+from server.errors import EXCEPTION_HANDLERS
+from server.logprobs import LogprobFormatter
+from server.metrics import ServerMetrics
+from server.prompts import PromptBuilder
+from server.routes_chat import chat_completions
+from server.routes_completions import completions
+from server.routes_misc import get_model, health, list_models, metrics
+from server.settings import ServerSettings
+
+EngineFactory = Callable[[EngineConfig], AsyncEngine]
+
+
+def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEngine.from_config) -> Litestar:
+    """`engine_factory` builds the engine in the lifespan (tests pass a fake one)."""
+
+    @asynccontextmanager
+    async def open_resources(app: Litestar) -> AsyncIterator[None]:
+        model_dir = settings.engine.model_dir
+        tokenizer = Tokenizer(model_dir)
+        chat_template = ChatTemplate.from_model_dir(model_dir)
+        engine = await asyncio.to_thread(engine_factory, settings.engine)  # loads weights: seconds
+        server_metrics = ServerMetrics(engine)
+        try:
+            app.state.engine = engine
+            app.state.metrics = server_metrics
+            app.state.service = CompletionService(engine, PromptBuilder(tokenizer, chat_template), settings)
+            app.state.logprobs = LogprobFormatter(tokenizer)
+            app.state.started_at = int(time.time())
+            yield
+        finally:
+            server_metrics.close()
+            await asyncio.to_thread(engine.shutdown)
+
+    api = Router("/v1", route_handlers=[chat_completions, completions, list_models, get_model],
+                 guards=[require_api_key])
+    app = Litestar(
+        route_handlers=[api, health, metrics],
+        lifespan=[open_resources],
+        exception_handlers=EXCEPTION_HANDLERS,
+        request_max_body_size=settings.max_body_bytes,
+        state=State({"settings": settings}),
+        openapi_config=None,
+        logging_config=None,
+    )
+    # Outermost, so the access log sees every request, routed or not.
+    app.asgi_handler = AccessLogMiddleware(app.asgi_handler)
+    return app

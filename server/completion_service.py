@@ -1,0 +1,224 @@
+"""Runs a validated completion request on the engine and yields text deltas per choice.
+
+What the handlers call: `prepare_chat` / `prepare_completion` turn a request
+into a GenerationJob (prompt ids, SamplingParams, stop strings), `generate`
+drives AsyncEngine and yields ChoiceDelta, `complete` collects them.
+
+n > 1 choices share the prompt's KV pages: choice 0 runs alone until its first
+token, by which time its prompt's full pages are in the radix tree; only then
+are choices 1..n-1 submitted, and their admission matches those pages.
+
+Cancellation: every engine stream is closed on every way out (finish, stop
+string, error, the consumer closing this generator or its task being
+cancelled), and AsyncEngine aborts a stream closed before its end, so a
+client that goes away frees its pages within one engine step.
+"""
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass, field
+
+from assembly.detokenizer import IncrementalDetokenizer
+from assembly.stop_strings import StopStringMatcher
+from engine.async_engine import AsyncEngine
+from engine.request import RequestOutput
+from engine.sampling_params import SamplingParams
+from server.errors import APIError
+from server.prompts import PromptBuilder
+from server.sampling import choice_params, sampling_params
+from server.schemas import ChatCompletionRequest, CompletionRequest
+from server.settings import ServerSettings
+
+RETRY_AFTER_SECONDS = 1
+
+
+@dataclass(frozen=True)
+class GenerationJob:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    stop_strings: tuple[str, ...] = ()
+    num_choices: int = 1
+    cache_salt: str | None = None
+
+
+@dataclass(frozen=True)
+class ChoiceDelta:
+    """What one engine output added to one choice."""
+
+    index: int
+    text: str  # complete characters, stop strings removed; may be ""
+    token_ids: list[int]
+    logprobs: list[float] | None
+    top_logprobs: list[list[tuple[int, float]]] | None
+    finish_reason: str | None  # "stop" | "length" on the choice's last delta
+
+
+@dataclass
+class Usage:
+    """Filled in as outputs arrive; read by the response and the access log."""
+
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0  # of the prompt, served from the prefix cache (choice 0's admission)
+    num_completion_tokens_by_choice: dict[int, int] = field(default_factory=dict)
+    first_token_time: float | None = None  # time.perf_counter() of the first output
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return sum(self.num_completion_tokens_by_choice.values())
+
+    def record(self, index: int, output: RequestOutput) -> None:
+        if index == 0:
+            self.num_prompt_tokens = output.num_prompt_tokens
+            self.num_cached_tokens = output.num_cached_tokens
+        self.num_completion_tokens_by_choice[index] = output.num_output_tokens
+        if self.first_token_time is None:
+            self.first_token_time = time.perf_counter()
+
+
+@dataclass
+class ChoiceResult:
+    """A whole choice, for non-streamed responses."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    finish_reason: str | None = None
+
+    def add(self, delta: ChoiceDelta) -> None:
+        self.text += delta.text
+        self.token_ids.extend(delta.token_ids)
+        if delta.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + delta.logprobs
+            self.top_logprobs = (self.top_logprobs or []) + (delta.top_logprobs or [[] for _ in delta.logprobs])
+        self.finish_reason = delta.finish_reason or self.finish_reason
+
+
+class CompletionService:
+    def __init__(self, engine: AsyncEngine, prompts: PromptBuilder, settings: ServerSettings):
+        self.engine = engine
+        self.prompts = prompts
+        self.settings = settings
+        llm = engine.engine
+        # The longest prompt + output one request can have: the context, and the whole KV pool.
+        num_pool_tokens = engine.stats().num_pages * llm.config.page_size
+        self.max_num_request_tokens = min(llm.max_model_len, num_pool_tokens)
+
+    # ---- requests -> jobs ---------------------------------------------------
+
+    def prepare_chat(self, request: ChatCompletionRequest, request_id: str) -> GenerationJob:
+        self._check_model(request.model)
+        self._check_capacity()
+        prompt_ids = self.prompts.chat_prompt_ids(request)
+        # No max_tokens: as OpenAI, up to the end of the context.
+        max_new_tokens = request.max_new_tokens or max(1, self.max_num_request_tokens - len(prompt_ids))
+        return self._job(request, request_id, prompt_ids, max_new_tokens)
+
+    def prepare_completion(self, request: CompletionRequest, request_id: str) -> GenerationJob:
+        self._check_model(request.model)
+        self._check_capacity()
+        prompt_ids = self.prompts.completion_prompt_ids(request)
+        return self._job(request, request_id, prompt_ids, request.max_new_tokens)
+
+    def _job(self, request, request_id: str, prompt_ids: list[int], max_new_tokens: int) -> GenerationJob:
+        return GenerationJob(request_id=request_id, prompt_token_ids=prompt_ids,
+                             params=sampling_params(request, max_new_tokens),
+                             stop_strings=tuple(request.stop or ()), num_choices=request.n,
+                             cache_salt=request.cache_salt)
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.settings.served_model_name:
+            raise APIError(404, f"model {model!r} does not exist; this server serves "
+                                f"{self.settings.served_model_name!r}", param="model", code="model_not_found")
+
+    def _check_capacity(self) -> None:
+        num_waiting = self.engine.stats().num_waiting
+        if num_waiting >= self.settings.max_waiting:
+            raise APIError(503, f"the server is overloaded ({num_waiting} requests waiting); retry shortly",
+                           code="overloaded", headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+
+    # ---- running ------------------------------------------------------------
+
+    async def generate(self, job: GenerationJob, usage: Usage) -> AsyncIterator[ChoiceDelta]:
+        """Deltas of all choices, interleaved as they come. Raises RequestError if the engine
+        refuses the request (before any delta)."""
+        if job.num_choices == 1:
+            async with aclosing(self._run_choice(job, 0, usage)) as deltas:
+                async for delta in deltas:
+                    yield delta
+            return
+        async with aclosing(self._run_choices(job, usage)) as deltas:
+            async for delta in deltas:
+                yield delta
+
+    async def complete(self, job: GenerationJob, usage: Usage) -> list[ChoiceResult]:
+        results = [ChoiceResult(i) for i in range(job.num_choices)]
+        async with aclosing(self.generate(job, usage)) as deltas:
+            async for delta in deltas:
+                results[delta.index].add(delta)
+        return results
+
+    async def _run_choices(self, job: GenerationJob, usage: Usage) -> AsyncIterator[ChoiceDelta]:
+        """n > 1: one task per choice feeding a queue; choices 1.. start after choice 0's first output."""
+        deltas: asyncio.Queue = asyncio.Queue()
+        first_output = asyncio.Event()
+        done = object()
+
+        async def pump(index: int) -> None:
+            try:
+                if index > 0:
+                    await first_output.wait()
+                async with aclosing(self._run_choice(job, index, usage)) as choice:
+                    async for delta in choice:
+                        first_output.set()
+                        deltas.put_nowait(delta)
+            except Exception as error:  # handed to the consumer, which raises it
+                deltas.put_nowait(error)
+            finally:
+                first_output.set()  # choice 0 failed or ended: never leave the others waiting
+                deltas.put_nowait(done)
+
+        tasks = [asyncio.create_task(pump(i), name=f"{job.request_id}-{i}") for i in range(job.num_choices)]
+        try:
+            num_running = len(tasks)
+            while num_running:
+                item = await deltas.get()
+                if item is done:
+                    num_running -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield item
+        finally:
+            # Cancelling closes each choice's engine stream, which aborts it. Not awaited: this
+            # may run inside a cancelled scope (client gone), and the tasks end on their own.
+            for task in tasks:
+                task.cancel()
+
+    async def _run_choice(self, job: GenerationJob, index: int, usage: Usage) -> AsyncIterator[ChoiceDelta]:
+        detokenizer = IncrementalDetokenizer(self.prompts.tokenizer)
+        stops = StopStringMatcher(job.stop_strings)
+        engine_request_id = f"{job.request_id}-{index}"
+        outputs = self.engine.generate(engine_request_id, job.prompt_token_ids, choice_params(job.params, index),
+                                       job.cache_salt)
+        async with aclosing(outputs):
+            async for output in outputs:
+                if output.error is not None:
+                    raise RuntimeError(f"engine failed request {engine_request_id}: {output.error}")
+                usage.record(index, output)
+                text = detokenizer.push(output.new_token_ids)
+                is_last = output.finish_reason is not None
+                if is_last:
+                    text += detokenizer.flush()
+                text, is_stopped = stops.push(text)
+                if is_last and not is_stopped:
+                    text += stops.flush()
+                finish_reason = "stop" if is_stopped else (output.finish_reason.value if is_last else None)
+                yield ChoiceDelta(index, text, list(output.new_token_ids), output.logprobs,
+                                  output.top_logprobs, finish_reason)
+                if finish_reason is not None:
+                    return  # a stop string ends the choice here; closing the stream aborts it

@@ -1,0 +1,123 @@
+"""OpenAI error objects, and the exception handlers that turn every failure into one.
+
+Every error response has the shape
+    {"error": {"message": str, "type": str, "param": str | None, "code": str | None}}
+whether it came from our validation, the engine refusing a request, the chat
+template, or the framework itself (unknown route, wrong method, body too large).
+Bad input is always a 4xx; only a bug gives 500, logged with its traceback.
+"""
+
+import logging
+
+from litestar import Request, Response
+from litestar.exceptions import HTTPException
+from pydantic import ValidationError
+
+from assembly.chat_template import TemplateError
+from engine.errors import RequestError
+
+logger = logging.getLogger("radixserve.server")
+
+INVALID_REQUEST = "invalid_request_error"
+AUTHENTICATION = "authentication_error"
+NOT_FOUND = "not_found_error"
+SERVER_ERROR = "server_error"
+
+_TYPE_BY_STATUS = {401: AUTHENTICATION, 404: NOT_FOUND}
+_UNION_TAGS = {"str", "int", "float", "bool", "none"}
+
+
+class APIError(Exception):
+    """An error meant for the client, with its HTTP status."""
+
+    def __init__(self, status_code: int, message: str, *, type: str | None = None, param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.type = type or (_TYPE_BY_STATUS.get(status_code) or
+                             (SERVER_ERROR if status_code >= 500 else INVALID_REQUEST))
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+
+def invalid_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def _respond(error: APIError) -> Response:
+    return Response(error_body(error.message, error.type, error.param, error.code),
+                    status_code=error.status_code, headers=error.headers)
+
+
+def param_path(loc: tuple) -> str | None:
+    """pydantic's error location as a field path: ('messages', 0, 'role') -> 'messages[0].role'."""
+    path = ""
+    for part in loc:
+        if isinstance(part, str) and ("[" in part or part in _UNION_TAGS):
+            continue  # pydantic names the union member it tried; not a field
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path or None
+
+
+def from_validation_error(error: ValidationError) -> APIError:
+    first = error.errors(include_url=False)[0]
+    if first["type"] == "json_invalid":
+        return invalid_request(f"malformed JSON body: {first['msg']}", code="invalid_json")
+    param = param_path(first["loc"])
+    message = first["msg"]
+    if message.startswith("Value error, "):
+        message = message[len("Value error, "):]
+    where = f"{param}: " if param else "request body: "
+    return invalid_request(where + message, param=param)
+
+
+# ---- handlers -----------------------------------------------------------
+
+
+def _api_error(_: Request, error: APIError) -> Response:
+    return _respond(error)
+
+
+def _validation_error(_: Request, error: ValidationError) -> Response:
+    return _respond(from_validation_error(error))
+
+
+def _request_error(_: Request, error: RequestError) -> Response:
+    return _respond(invalid_request(str(error)))
+
+
+def _template_error(_: Request, error: TemplateError) -> Response:
+    return _respond(invalid_request(f"messages cannot be rendered: {error}", param="messages"))
+
+
+def _http_exception(_: Request, error: HTTPException) -> Response:
+    """Framework errors: 404 unknown route, 405 wrong method, 413 body too large, ..."""
+    status = error.status_code
+    message = error.detail or "error"
+    if status == 404:
+        message = "no such route"
+    elif status == 413:
+        message = "request body is larger than the server accepts"
+    headers = {k: v for k, v in (error.headers or {}).items()}
+    return _respond(APIError(status, message, headers=headers))
+
+
+def _internal_error(request: Request, error: Exception) -> Response:
+    logger.error("internal error in %s %s", request.method, request.url.path, exc_info=error)
+    return _respond(APIError(500, "internal server error", type=SERVER_ERROR))
+
+
+EXCEPTION_HANDLERS = {
+    APIError: _api_error,
+    ValidationError: _validation_error,
+    RequestError: _request_error,
+    TemplateError: _template_error,
+    HTTPException: _http_exception,
+    Exception: _internal_error,
+}

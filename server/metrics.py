@@ -1,0 +1,86 @@
+"""Prometheus metrics of one app, in its own registry (so a process can hold several apps).
+
+Latency histograms are fed by the engine thread through `EngineMetrics.listeners`
+(prometheus-client is thread-safe); gauges and prefix-cache counters are read from
+`engine.stats()` when /metrics is scraped.
+"""
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from engine.async_engine import AsyncEngine
+from engine.metrics import EngineStats
+
+PREFIX = "radixserve:"
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# Buckets as vLLM's: seconds.
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                 20.0, 40.0, 80.0)
+_ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+_E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0)
+
+# EngineMetrics series name -> (metric name, help, buckets)
+_HISTOGRAMS = {
+    "time_to_first_token": ("time_to_first_token_seconds", "Time from arrival to the first token.", _TTFT_BUCKETS),
+    "inter_token_latency": ("inter_token_latency_seconds", "Time between two tokens of a request.", _ITL_BUCKETS),
+    "e2e_latency": ("e2e_request_latency_seconds", "Time from arrival to the last token.", _E2E_BUCKETS),
+    "queue_time": ("request_queue_time_seconds", "Time from arrival to the first schedule.", _TTFT_BUCKETS),
+}
+
+
+def _kv_cache_usage(stats: EngineStats) -> float:
+    return stats.num_pages_in_use / stats.num_pages if stats.num_pages else 0.0
+
+
+# (family, name, help, value from EngineStats)
+_STATS_METRICS = (
+    (GaugeMetricFamily, "num_requests_running", "Requests admitted (prefilling or decoding).",
+     lambda s: s.num_running),
+    (GaugeMetricFamily, "num_requests_waiting", "Requests queued for admission.", lambda s: s.num_waiting),
+    (GaugeMetricFamily, "kv_cache_usage_perc", "Share of KV pages used by running requests (0..1).",
+     _kv_cache_usage),
+    (GaugeMetricFamily, "kv_cache_cached_pages", "KV pages the prefix tree holds.", lambda s: s.num_cached_pages),
+    (CounterMetricFamily, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+     lambda s: s.num_prefix_query_tokens),
+    (CounterMetricFamily, "prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+     lambda s: s.num_prefix_hit_tokens),
+)
+
+
+class _EngineStatsCollector(Collector):
+    """Gauges and counters read from the engine's latest stats snapshot at scrape time."""
+
+    def __init__(self, engine: AsyncEngine):
+        self._engine = engine
+
+    def describe(self):
+        return [family(PREFIX + name, doc) for family, name, doc, _ in _STATS_METRICS]
+
+    def collect(self):
+        stats = self._engine.stats()
+        return [family(PREFIX + name, doc, value=value(stats)) for family, name, doc, value in _STATS_METRICS]
+
+
+class ServerMetrics:
+    def __init__(self, engine: AsyncEngine):
+        self.registry = CollectorRegistry()
+        self._engine = engine
+        self._histograms = {series: Histogram(PREFIX + name, doc, buckets=buckets, registry=self.registry)
+                            for series, (name, doc, buckets) in _HISTOGRAMS.items()}
+        self.registry.register(_EngineStatsCollector(engine))
+        engine.metrics.listeners.append(self._observe)
+
+    def _observe(self, series: str, seconds: float) -> None:
+        """Called from the engine thread."""
+        histogram = self._histograms.get(series)
+        if histogram is not None:
+            histogram.observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def close(self) -> None:
+        if self._observe in self._engine.metrics.listeners:
+            self._engine.metrics.listeners.remove(self._observe)

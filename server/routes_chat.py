@@ -1,0 +1,18 @@
+"""POST /v1/chat/completions"""
+
+from litestar import Request, Response, post
+from litestar.datastructures import State
+
+from server.completion_response import answer
+from server.responses import ChatShapes, ResponseIdentity
+from server.schemas import ChatCompletionRequest
+
+
+@post("/chat/completions", status_code=200)
+async def chat_completions(request: Request, state: State) -> Response:
+    body = ChatCompletionRequest.model_validate_json(await request.body())
+    identity = ResponseIdentity.new("chatcmpl", state.settings.served_model_name)
+    job = state.service.prepare_chat(body, identity.id)
+    shapes = ChatShapes(identity, state.logprobs, include_usage=body.include_usage_chunk)
+    return await answer(request, state.service, job, shapes, stream=body.stream,
+                        include_usage=body.include_usage_chunk)

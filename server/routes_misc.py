@@ -1,0 +1,36 @@
+"""GET /v1/models, /v1/models/{model}, /health, /metrics"""
+
+from litestar import Response, get
+from litestar.datastructures import State
+
+from server.errors import APIError
+from server.metrics import CONTENT_TYPE
+
+
+def _model_card(state: State) -> dict:
+    return {"id": state.settings.served_model_name, "object": "model", "created": state.started_at,
+            "owned_by": "radixserve", "max_model_len": state.service.max_num_request_tokens}
+
+
+@get("/models")
+async def list_models(state: State) -> dict:
+    return {"object": "list", "data": [_model_card(state)]}
+
+
+@get("/models/{model_id:path}")
+async def get_model(state: State, model_id: str) -> dict:
+    model_id = model_id.lstrip("/")
+    if model_id != state.settings.served_model_name:
+        raise APIError(404, f"model {model_id!r} does not exist", param="model", code="model_not_found")
+    return _model_card(state)
+
+
+@get("/health")
+async def health() -> dict:
+    """200 once the lifespan has loaded the model (before that the server does not accept connections)."""
+    return {"status": "ok"}
+
+
+@get("/metrics")
+async def metrics(state: State) -> Response:
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE)

@@ -1,0 +1,31 @@
+"""A validated request's sampling fields -> the engine's SamplingParams.
+
+Fields the client left out keep SamplingParams' defaults (OpenAI's). The engine
+validates again and raises RequestError, which answers 400.
+"""
+
+from dataclasses import replace
+
+from engine.sampling_params import SamplingParams
+from server.schemas import ChatCompletionRequest, CompletionRequest
+
+_OPTIONAL_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                    "repetition_penalty", "seed")
+
+
+def sampling_params(request: ChatCompletionRequest | CompletionRequest, max_new_tokens: int) -> SamplingParams:
+    fields = {name: value for name in _OPTIONAL_FIELDS if (value := getattr(request, name)) is not None}
+    if request.logit_bias:
+        fields["logit_bias"] = {int(token_id): bias for token_id, bias in request.logit_bias.items()}
+    if request.stop_token_ids:
+        fields["stop_token_ids"] = tuple(request.stop_token_ids)
+    return SamplingParams(max_tokens=max_new_tokens, ignore_eos=request.ignore_eos,
+                          logprobs=request.num_top_logprobs, **fields)
+
+
+def choice_params(params: SamplingParams, index: int) -> SamplingParams:
+    """Choice `index` of n: a seeded request gives each choice its own (still reproducible) seed,
+    so n > 1 choices differ as they would without a seed."""
+    if params.seed is None or index == 0:
+        return params
+    return replace(params, seed=(params.seed + index) % 2**63)

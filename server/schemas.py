@@ -1,0 +1,171 @@
+"""Request bodies of the OpenAI-compatible routes, validated by pydantic.
+
+Strict types (a string is not a number, 1 is not `true`); ranges as OpenAI
+documents them, and as `SamplingParams` checks them again. Fields the API has
+but we do not use are ignored, except those whose effect a client would miss
+(`echo`, `suffix`, `best_of`, structured `response_format`): those are refused.
+Values are normalised here (content parts joined, prompts as str | ids) so the
+service sees one shape.
+"""
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from engine.sampling_params import MAX_ABS_LOGIT_BIAS, MAX_ABS_PENALTY, MAX_LOGPROBS, MAX_TEMPERATURE
+from server.settings import MAX_CHOICES
+
+MAX_STOP_STRINGS = 4
+
+
+def _content_text(value: Any) -> Any:
+    """A message's content as one string: a string, or a list of text parts joined."""
+    if value is None or isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise ValueError("content must be a string or a list of text parts")
+    texts = []
+    for i, part in enumerate(value):
+        if not isinstance(part, dict) or part.get("type") != "text":
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise ValueError(f"content part {i} is of type {kind!r}; only text parts are supported")
+        if not isinstance(part.get("text"), str):
+            raise ValueError(f"content part {i} needs a string 'text'")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _stop_list(value: Any) -> Any:
+    return [value] if isinstance(value, str) else value
+
+
+def _prompt(value: Any) -> Any:
+    """str | [str] | [int, ...] | [[int, ...]] -> str | list[int]; more than one prompt is refused."""
+    if isinstance(value, list) and value and isinstance(value[0], (str, list)):
+        if len(value) != 1:
+            raise ValueError("only one prompt per request is supported")
+        value = value[0]
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
+        return value
+    raise ValueError("prompt must be a string or a list of token ids (integers >= 0)")
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Annotated[str | None, BeforeValidator(_content_text)] = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant turn's calls, re-rendered by the template
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _needs_content(self):
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content")
+        return self
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class FunctionSpec(_Body):
+    name: Annotated[str, Field(min_length=1)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolSpec(_Body):
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class _SamplingFields(_Body):
+    """What chat and legacy completions share."""
+
+    model: str | None = None  # None: the served model
+    max_tokens: Annotated[int | None, Field(ge=1)] = None
+    temperature: Annotated[float | None, Field(ge=0, le=MAX_TEMPERATURE)] = None
+    top_p: Annotated[float | None, Field(gt=0, le=1)] = None
+    top_k: Annotated[int | None, Field(ge=-1)] = None
+    min_p: Annotated[float | None, Field(ge=0, le=1)] = None
+    presence_penalty: Annotated[float | None, Field(ge=-MAX_ABS_PENALTY, le=MAX_ABS_PENALTY)] = None
+    frequency_penalty: Annotated[float | None, Field(ge=-MAX_ABS_PENALTY, le=MAX_ABS_PENALTY)] = None
+    repetition_penalty: Annotated[float | None, Field(gt=0)] = None
+    logit_bias: dict[Annotated[str, Field(pattern=r"^\d+$")],
+                     Annotated[float, Field(ge=-MAX_ABS_LOGIT_BIAS, le=MAX_ABS_LOGIT_BIAS)]] | None = None
+    seed: int | None = None
+    stop: Annotated[list[Annotated[str, Field(min_length=1)]] | None,
+                    BeforeValidator(_stop_list), Field(max_length=MAX_STOP_STRINGS)] = None
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None  # extension, as vLLM
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    cache_salt: Annotated[str | None, Field(min_length=1)] = None  # extension: tenants share KV only with the same salt
+    ignore_eos: bool = False  # extension
+
+    @property
+    def include_usage_chunk(self) -> bool:
+        return self.stream and self.stream_options is not None and self.stream_options.include_usage
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[int | None, Field(ge=1)] = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int | None, Field(ge=0, le=MAX_LOGPROBS)] = None
+    tools: list[ToolSpec] | None = None  # rendered by the chat template; tool-call parsing comes later
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_need_logprobs(cls, value, info: ValidationInfo):
+        if value is not None and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: true")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_format_only(cls, value):
+        if value is not None and value.get("type") != "text":
+            raise ValueError("only {'type': 'text'} is supported yet")
+        return value
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def num_top_logprobs(self) -> int | None:
+        """The engine's `logprobs`: None (none), or top alternatives per token."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: Annotated[str | list[int], BeforeValidator(_prompt)]
+    logprobs: Annotated[int | None, Field(ge=0, le=MAX_LOGPROBS)] = None
+    echo: Literal[False] = False
+    suffix: None = None
+    best_of: int | None = None
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_is_n(cls, value, info: ValidationInfo):
+        if value is not None and value != info.data.get("n"):
+            raise ValueError("best_of other than n is not supported")
+        return value
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.max_tokens if self.max_tokens is not None else 16  # OpenAI's default for completions
+
+    @property
+    def num_top_logprobs(self) -> int | None:
+        return self.logprobs

@@ -1,0 +1,77 @@
+"""`radixserve serve`: pull the model if needed, build the app, run it under uvicorn."""
+
+import argparse
+import logging
+import sys
+
+import uvicorn
+
+from engine.engine_config import EngineConfig, parse_kv_cache_memory
+from engine.errors import RadixserveError
+from server.settings import ServerSettings, api_key_from_environment
+
+logger = logging.getLogger("radixserve.server")
+
+GRACEFUL_SHUTDOWN_SECONDS = 5  # streams still open after this are cut on Ctrl-C / SIGTERM
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, saying so once it listens (the model is loaded by then)."""
+
+    def __init__(self, config: uvicorn.Config, settings: ServerSettings):
+        super().__init__(config)
+        self.settings = settings
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            s = self.settings
+            logger.info("radixserve: serving %s on http://%s:%d", s.served_model_name, s.host, s.port)
+
+
+def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
+    """Raises RadixserveError (one line for the user) for a bad combination of values."""
+    try:
+        engine_fields = {}
+        if args.kv_cache_memory is not None:
+            num_bytes, fraction = parse_kv_cache_memory(args.kv_cache_memory)
+            engine_fields["kv_cache_bytes" if num_bytes is not None else "kv_cache_fraction"] = num_bytes or fraction
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            if getattr(args, name) is not None:
+                engine_fields[name] = getattr(args, name)
+        engine = EngineConfig(model_dir=model_dir, device=args.device, dtype=args.dtype, schedule=args.schedule,
+                              enable_prefix_cache=not args.no_prefix_cache, **engine_fields)
+        return ServerSettings(
+            engine=engine,
+            served_model_name=args.served_model_name or model_dir.name,
+            host=args.host,
+            port=args.port,
+            api_key=args.api_key if args.api_key is not None else api_key_from_environment(),
+            max_waiting=args.max_waiting,
+            max_body_bytes=args.max_body_bytes,
+        )
+    except ValueError as error:
+        raise RadixserveError(str(error)) from None
+
+
+def _configure_logging() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    root = logging.getLogger("radixserve")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    root.propagate = False
+
+
+def serve(args: argparse.Namespace) -> int:
+    from engine.model_store import pull
+    from server.app import create_app
+
+    model_dir = pull(args.model, progress=True)
+    settings = settings_from_args(args, model_dir)
+    _configure_logging()
+    config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, log_level="info",
+                            access_log=False, lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS)
+    server = _Server(config, settings)
+    server.run()
+    return 0 if server.started else 1

@@ -1,0 +1,42 @@
+"""The HTTP server's settings, validated once; the one place its environment variables are read."""
+
+import os
+from dataclasses import dataclass
+
+from engine.engine_config import EngineConfig
+
+API_KEY_ENV_VAR = "RADIXSERVE_API_KEY"
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+DEFAULT_MAX_WAITING = 256  # queued requests before new ones get 503
+DEFAULT_MAX_BODY_BYTES = 8 << 20
+MAX_CHOICES = 16  # the largest `n` a request may ask for
+
+
+def api_key_from_environment() -> str | None:
+    """`$RADIXSERVE_API_KEY`, or None when unset or empty."""
+    return os.environ.get(API_KEY_ENV_VAR) or None
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    engine: EngineConfig
+    served_model_name: str
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    api_key: str | None = None  # when set, /v1 routes need `Authorization: Bearer <key>`
+    max_waiting: int = DEFAULT_MAX_WAITING  # engine.stats().num_waiting at which requests get 503
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+    def __post_init__(self):
+        if not self.served_model_name:
+            raise ValueError("served model name must not be empty")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.max_waiting < 1:
+            raise ValueError(f"max waiting must be >= 1, got {self.max_waiting}")
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"max body bytes must be >= 1024, got {self.max_body_bytes}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("api key must not be blank")
