@@ -150,3 +150,18 @@ def _gguf_name(hf_name: str) -> str:
 def tiny_gguf():
     """`write_tiny_gguf` (see above): write a tiny llama/qwen2 GGUF, get its HF state dict back."""
     return write_tiny_gguf
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory) -> Path:
+    """A small random Llama (GQA 4/2 heads, 2 layers, vocab 256) saved by
+    transformers: fast engine tests whose outputs are deterministic."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    path = tmp_path_factory.mktemp("tiny-llama")
+    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    return path

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from engine.model_config import ModelConfig
 from kernels.activation import silu_and_mul
+from kernels.cpu_matvec import CpuMatvec
 from kernels.packed_linear import pack_weight, packed_linear
 from kernels.paged_attention import AttentionInputs, paged_attention, store_kv
 from kernels.rms_norm import rms_norm
@@ -32,16 +33,26 @@ class Linear(nn.Module):
         self.weight_t = nn.Parameter(torch.empty(in_features, out_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.packed_weight: Tensor | None = None
+        self.matvec: CpuMatvec | None = None
+        self.weight_rows: Tensor | None = None  # (out, in) copy for the matvec kernel
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.matvec is not None and x.shape[0] == 1:
+            y = self.matvec(x, self.weight_rows)
+            return y + self.bias if self.bias is not None else y
         if self.packed_weight is not None:
             return packed_linear(x, self.packed_weight, self.bias)
         y = torch.matmul(x, self.weight_t)
         return y + self.bias if self.bias is not None else y
 
-    def pack(self) -> None:
-        """Switch to the prepacked path; the plain weight is dropped (one copy kept)."""
-        self.packed_weight = pack_weight(self.weight_t.t())
+    def pack(self, matvec: "CpuMatvec | None" = None) -> None:
+        """Switch to the prepacked path; the plain weight is dropped. With a
+        `matvec` kernel a row-major copy is kept too, for single-row inputs."""
+        rows = self.weight_t.t().contiguous()  # (out, in)
+        if matvec is not None and matvec.fits(rows):
+            self.matvec = matvec
+            self.weight_rows = rows
+        self.packed_weight = pack_weight(rows)
         self.weight_t = nn.Parameter(torch.empty(0), requires_grad=False)
 
 
@@ -134,6 +145,7 @@ class LlamaForCausalLM(nn.Module):
                 self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.to(dtype).to_empty(device=device)
         self.packed_lm_head: Tensor | None = None  # set by pack_weights()
+        self.matvec: CpuMatvec | None = None
         self.requires_grad_(False)
 
     @torch.inference_mode()
@@ -155,18 +167,21 @@ class LlamaForCausalLM(nn.Module):
         """(M, d) -> (M, V) float32. Called on the rows that need logits only
         (a prefill chunk's last token), which keeps the 49k-wide head off the
         prefill's critical path."""
+        head = self.embed_tokens if self.config.tie_word_embeddings else self.lm_head
+        if self.matvec is not None and hidden.shape[0] == 1:
+            return self.matvec(hidden, head.weight)
         if self.packed_lm_head is not None:
             return packed_linear(hidden, self.packed_lm_head, None).float()
-        head = self.embed_tokens if self.config.tie_word_embeddings else self.lm_head
         return torch.nn.functional.linear(hidden, head.weight).float()
 
-    def pack_weights(self) -> None:
+    def pack_weights(self, matvec: "CpuMatvec | None" = None) -> None:
         """Move every projection and the LM head to oneDNN's prepacked layout.
         A tied head gets its own packed copy (the embedding table stays for lookups)."""
         for module in self.modules():
             if isinstance(module, Linear):
-                module.pack()
+                module.pack(matvec)
         head = self.embed_tokens if self.config.tie_word_embeddings else self.lm_head
+        self.matvec = matvec if matvec is not None and matvec.fits(head.weight) else None
         self.packed_lm_head = pack_weight(head.weight)
-        if not self.config.tie_word_embeddings:
+        if not self.config.tie_word_embeddings and self.matvec is None:
             self.lm_head.weight = nn.Parameter(torch.empty(0), requires_grad=False)

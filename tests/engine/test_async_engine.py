@@ -4,8 +4,6 @@ import asyncio
 import time
 
 import pytest
-import torch
-import transformers
 
 from engine.async_engine import AsyncEngine
 from engine.engine_config import EngineConfig
@@ -15,13 +13,8 @@ from engine.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
-    path = tmp_path_factory.mktemp("tiny-llama")
-    transformers.LlamaForCausalLM(config).save_pretrained(path)
-    handle = AsyncEngine.from_config(EngineConfig(model_dir=path, device="cpu", dtype="float32",
+def engine(tiny_llama_dir):
+    handle = AsyncEngine.from_config(EngineConfig(model_dir=tiny_llama_dir, device="cpu", dtype="float32",
                                                   kv_cache_bytes=16 << 20, max_num_batched_tokens=32))
     yield handle
     handle.shutdown()

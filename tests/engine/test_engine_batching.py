@@ -52,17 +52,9 @@ def _page_bytes(engine: LLMEngine) -> int:
     return engine.kv_pool.shape.bytes_per_page
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    import torch
-    import transformers
-
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
-    path = tmp_path_factory.mktemp("tiny-llama")
-    transformers.LlamaForCausalLM(config).save_pretrained(path)
-    return path
+@pytest.fixture
+def tiny_dir(tiny_llama_dir):
+    return tiny_llama_dir
 
 
 @pytest.mark.parametrize(
@@ -104,7 +96,11 @@ def test_smollm2_16_requests_batched_equal_alone(smollm2_dir):
     expected = _alone(probe, prompts, 10)
     for overrides in ({}, dict(max_num_batched_tokens=32),
                       dict(kv_cache_bytes=_page_bytes(probe) * 24, max_num_batched_tokens=64)):
-        _run_and_check(_engine(smollm2_dir, **overrides), prompts, expected, 10)
+        engine = _engine(smollm2_dir, **overrides)
+        _run_and_check(engine, prompts, expected, 10)
+        if "kv_cache_bytes" in overrides:  # the small pool really was short of pages
+            assert engine.scheduler.num_evicted_pages > 0
+            assert engine.scheduler.num_preemptions > 0
 
 
 def test_refuses_request_that_can_never_fit(tiny_dir):
