@@ -150,10 +150,11 @@ class Scheduler:
         for chunk in chunks:
             request = chunk.request
             request.num_computed_tokens += chunk.num_tokens
-            if request.status is RequestStatus.PREFILLING and chunk.completes_request_tokens:
+            is_prefill_chunk = request.status is RequestStatus.PREFILLING
+            if is_prefill_chunk and chunk.completes_request_tokens:
                 request.status = RequestStatus.RUNNING
-            if self.enable_prefix_cache and request.status is RequestStatus.PREFILLING:
-                # Share finished prefill pages at once with concurrent requests.
+            if self.enable_prefix_cache and is_prefill_chunk:
+                # Share finished prefill pages (the prompt's last chunk too) at once with concurrent requests.
                 self._insert_computed(request)
 
     def finish(self, request: Request, reason: FinishReason) -> None:

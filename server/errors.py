@@ -88,17 +88,26 @@ def _validation_error(_: Request, error: ValidationError) -> Response:
     return _respond(from_validation_error(error))
 
 
+# Fields the engine's RequestError messages start with ("top_p must be ...", "prompt (9001 tokens) + ...").
+_ENGINE_PARAMS = {"max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                  "repetition_penalty", "logit_bias", "seed", "stop_token_ids", "logprobs", "prompt"}
+
+
 def _request_error(_: Request, error: RequestError) -> Response:
-    return _respond(invalid_request(str(error)))
+    message = str(error)
+    first_word = message.split(" ", 1)[0].split("[", 1)[0]
+    return _respond(invalid_request(message, param=first_word if first_word in _ENGINE_PARAMS else None))
 
 
 def _template_error(_: Request, error: TemplateError) -> Response:
     return _respond(invalid_request(f"messages cannot be rendered: {error}", param="messages"))
 
 
-def _http_exception(_: Request, error: HTTPException) -> Response:
+def _http_exception(request: Request, error: HTTPException) -> Response:
     """Framework errors: 404 unknown route, 405 wrong method, 413 body too large, ..."""
     status = error.status_code
+    if status >= 500:
+        return _internal_error(request, error)
     message = error.detail or "error"
     if status == 404:
         message = "no such route"

@@ -2,6 +2,7 @@
 
 from litestar import Response, get
 from litestar.datastructures import State
+from litestar.params import FromPath
 
 from server.errors import APIError
 from server.metrics import CONTENT_TYPE
@@ -18,7 +19,7 @@ async def list_models(state: State) -> dict:
 
 
 @get("/models/{model_id:path}")
-async def get_model(state: State, model_id: str) -> dict:
+async def get_model(state: State, model_id: FromPath[str]) -> dict:
     model_id = model_id.lstrip("/")
     if model_id != state.settings.served_model_name:
         raise APIError(404, f"model {model_id!r} does not exist", param="model", code="model_not_found")

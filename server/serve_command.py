@@ -73,5 +73,11 @@ def serve(args: argparse.Namespace) -> int:
     config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, log_level="info",
                             access_log=False, lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS)
     server = _Server(config, settings)
-    server.run()
-    return 0 if server.started else 1
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown: a normal stop
+        pass
+    if not server.started:
+        return 1
+    logger.info("radixserve: stopped")
+    return 0

@@ -150,15 +150,19 @@ def test_home_comes_from_the_environment(monkeypatch, tmp_path):
     assert model_store.radixserve_home() == Path("~/.cache/radixserve").expanduser()
 
 
-def test_chat_subcommand_calls_generate_text(monkeypatch, tmp_path, capsys):
+def test_chat_and_generate_subcommands_call_generate_text(monkeypatch, tmp_path, capsys):
     calls = []
-    fake_generate = types.ModuleType("engine.generate")  # the real one loads a model
-    fake_generate.generate_text = lambda *a, **kw: calls.append((a, kw)) or "reply"
-    monkeypatch.setitem(sys.modules, "engine.generate", fake_generate)
+    fake_command = types.ModuleType("server.generate_command")  # the real one loads a model
+    fake_command.generate_text = lambda *a, **kw: calls.append((a, kw)) or "reply"
+    monkeypatch.setitem(sys.modules, "server.generate_command", fake_command)
     monkeypatch.setattr(model_store, "pull", lambda name, progress=True: tmp_path)
     assert cli.main(["chat", "hello", "--max-tokens", "5"]) == 0
-    assert capsys.readouterr().out == "reply\n"
-    assert calls == [((tmp_path, "hello"), {"max_new_tokens": 5, "chat": True, "dtype": "auto"})]
+    assert cli.main(["generate", "hello", "--max-tokens", "5", "--raw"]) == 0
+    assert capsys.readouterr().out == "reply\nreply\n"
+    assert calls == [
+        ((tmp_path, "hello"), {"max_new_tokens": 5, "chat": True, "dtype": "auto"}),
+        ((tmp_path, "hello"), {"max_new_tokens": 5, "chat": False, "dtype": "auto"}),
+    ]
 
 
 # --- the real command, in a subprocess ------------------------------------------------------

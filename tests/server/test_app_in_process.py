@@ -1,0 +1,168 @@
+"""The app in-process with a scripted fake engine: overload, internal errors, stop strings
+through the service, per-app metrics. Fast, and deterministic where a real model is not."""
+
+import asyncio
+import dataclasses
+import json
+from types import SimpleNamespace
+
+import pytest
+from litestar.testing import TestClient
+
+from assembly.tokenizer import Tokenizer
+from engine.engine_config import EngineConfig
+from engine.metrics import EngineMetrics, EngineStats
+from engine.request import FinishReason, RequestOutput
+from server.app import create_app
+from server.settings import ServerSettings
+
+MODEL = "fake-model"
+PROMPT = [{"role": "user", "content": "hi"}]
+
+
+class FakeEngine:
+    """AsyncEngine's surface, answering every request with `script` (token ids) and recording closes."""
+
+    def __init__(self, config: EngineConfig, script: list[int]):
+        self.engine = SimpleNamespace(max_model_len=2048, config=config, vocab_size=49152)
+        self.metrics = EngineMetrics()
+        self.script = script
+        self.num_waiting = 0
+        self.failure: Exception | None = None
+        self.closed_early: list[str] = []  # request ids whose stream was left before its end
+        self.is_shut_down = False
+
+    def stats(self) -> EngineStats:
+        return EngineStats(num_running=0, num_waiting=self.num_waiting, num_pages=128, num_free_pages=128,
+                           num_cached_pages=0, num_held_pages=0, num_pages_in_use=0, num_prefix_query_tokens=7,
+                           num_prefix_hit_tokens=3)
+
+    async def generate(self, request_id, prompt_token_ids, params, cache_salt=None):
+        if self.failure is not None:
+            raise self.failure
+        script = self.script[:params.max_tokens]
+        finished = False
+        try:
+            for i, token_id in enumerate(script):
+                await asyncio.sleep(0)
+                is_last = i == len(script) - 1
+                self.metrics.observe("time_to_first_token" if i == 0 else "inter_token_latency", 0.01)
+                yield RequestOutput(request_id, [token_id], None, None,
+                                    FinishReason.LENGTH if is_last else None, len(prompt_token_ids), 0, i + 1)
+            finished = True
+        finally:
+            if not finished:
+                self.closed_early.append(request_id)
+
+    def shutdown(self) -> None:
+        self.is_shut_down = True
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_dir):
+    return Tokenizer(smollm2_dir)
+
+
+@pytest.fixture
+def make_client(smollm2_dir, tokenizer):
+    """make_client(text, **settings) -> (TestClient, FakeEngine) whose engine 'generates' `text`."""
+    clients = []
+
+    def make(text: str = "Hello there, friend.", **settings_fields):
+        engines = []
+
+        def factory(config):
+            engines.append(FakeEngine(config, tokenizer.encode(text)))
+            return engines[-1]
+
+        settings = ServerSettings(engine=EngineConfig(model_dir=smollm2_dir), served_model_name=MODEL,
+                                  **settings_fields)
+        client = TestClient(create_app(settings, engine_factory=factory), raise_server_exceptions=False)
+        client.__enter__()  # runs the lifespan
+        clients.append(client)
+        return client, engines[0]
+
+    yield make
+    for client in clients:
+        client.__exit__(None, None, None)
+
+
+def _chat(client, **fields):
+    return client.post("/v1/chat/completions", json={"messages": PROMPT, **fields})
+
+
+def test_overload_answers_503_with_retry_after(make_client):
+    client, engine = make_client(max_waiting=2)
+    engine.num_waiting = 2
+    response = _chat(client)
+    assert response.status_code == 503 and response.headers["retry-after"] == "1"
+    assert response.json()["error"]["code"] == "overloaded"
+    engine.num_waiting = 1
+    assert _chat(client).status_code == 200
+
+
+def test_unexpected_exception_is_a_500_error_object_and_the_server_goes_on(make_client, caplog):
+    client, engine = make_client()
+    engine.failure = KeyError("boom")
+    with caplog.at_level("ERROR", logger="radixserve.server"):
+        response = _chat(client)
+    assert response.status_code == 500
+    assert response.json() == {"error": {"message": "internal server error", "type": "server_error",
+                                         "param": None, "code": None}}
+    assert any(record.exc_info for record in caplog.records)  # the traceback is logged
+    engine.failure = None
+    assert _chat(client).json()["choices"][0]["message"]["content"] == "Hello there, friend."
+
+
+def test_stop_string_across_tokens_ends_the_choice_and_aborts_the_engine_stream(make_client):
+    client, engine = make_client("The magic word is abracadabra, said the wizard to the crowd.")
+    body = _chat(client, stop=["cadab"]).json()
+    assert body["choices"][0]["message"]["content"] == "The magic word is abra"
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert len(engine.closed_early) == 1  # the engine stream was left early: aborted
+
+
+def test_streamed_emoji_and_cjk_come_out_whole(make_client):
+    text = "Emoji 😀👍🏽 and 日本語 — done"
+    client, engine = make_client(text)
+    with client.stream("POST", "/v1/chat/completions", json={"messages": PROMPT, "stream": True}) as response:
+        chunks = [json.loads(line[6:]) for line in response.iter_lines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+    deltas = [c["choices"][0]["delta"].get("content") for c in chunks]
+    assert "".join(d or "" for d in deltas) == text
+    assert not any("\ufffd" in (d or "") for d in deltas)
+
+
+def test_streamed_stop_string_is_not_emitted(make_client):
+    client, _ = make_client("one two three four five")
+    with client.stream("POST", "/v1/completions", json={"prompt": "x", "stream": True, "stop": " three",
+                                                         "max_tokens": 50}) as response:
+        chunks = [json.loads(line[6:]) for line in response.iter_lines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "one two"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_each_app_has_its_own_metrics_registry(make_client):
+    first, first_engine = make_client()
+    second, _ = make_client()
+    _chat(first)
+    text = first.get("/metrics").text
+    assert "radixserve:time_to_first_token_seconds_count 1.0" in text
+    assert "radixserve:prefix_cache_hits_total 3.0" in text
+    assert "radixserve:time_to_first_token_seconds_count 0.0" in second.get("/metrics").text
+    assert first_engine.metrics.listeners  # fed by the engine's listener hook
+
+
+def test_no_api_key_means_open_routes_and_shutdown_closes_the_engine(make_client):
+    client, engine = make_client()
+    assert client.get("/v1/models").json()["data"][0]["id"] == MODEL
+    client.__exit__(None, None, None)
+    assert engine.is_shut_down and not engine.metrics.listeners
+
+
+def test_settings_are_validated(smollm2_dir):
+    settings = ServerSettings(engine=EngineConfig(model_dir=smollm2_dir), served_model_name=MODEL)
+    for bad in ({"max_waiting": 0}, {"served_model_name": ""}, {"port": 70000}, {"api_key": " "}):
+        with pytest.raises(ValueError):
+            dataclasses.replace(settings, **bad)

@@ -1,0 +1,54 @@
+"""`radixserve serve` arguments -> settings, and its one-line errors (no server started)."""
+
+import pytest
+
+from engine.errors import RadixserveError
+from engine.model_store import DEFAULT_MODEL
+from server import cli
+from server.serve_command import settings_from_args
+
+
+def _args(*argv: str):
+    return cli._build_parser().parse_args(["serve", *argv])
+
+
+def test_defaults_and_the_api_key_from_the_environment(monkeypatch, smollm2_dir):
+    monkeypatch.setenv("RADIXSERVE_API_KEY", "from-env")
+    settings = settings_from_args(_args(), smollm2_dir)
+    assert settings.served_model_name == DEFAULT_MODEL == smollm2_dir.name
+    assert (settings.host, settings.port, settings.api_key) == ("127.0.0.1", 8000, "from-env")
+    assert settings.engine.enable_prefix_cache and settings.engine.schedule == "fcfs"
+    assert settings_from_args(_args("--api-key", "flag"), smollm2_dir).api_key == "flag"
+    monkeypatch.delenv("RADIXSERVE_API_KEY")
+    assert settings_from_args(_args(), smollm2_dir).api_key is None
+
+
+def test_engine_options_reach_the_engine_config(smollm2_dir):
+    settings = settings_from_args(_args("--kv-cache-memory", "256MiB", "--max-num-seqs", "8", "--dtype", "float32",
+                                        "--device", "cpu", "--no-prefix-cache", "--schedule", "lpm",
+                                        "--max-num-batched-tokens", "512", "--served-model-name", "smol",
+                                        "--max-waiting", "5", "--max-body-bytes", "4096"), smollm2_dir)
+    engine = settings.engine
+    assert (engine.kv_cache_bytes, engine.max_num_seqs, engine.dtype, engine.device) == (256 << 20, 8, "float32", "cpu")
+    assert (engine.enable_prefix_cache, engine.schedule, engine.max_num_batched_tokens) == (False, "lpm", 512)
+    assert (settings.served_model_name, settings.max_waiting, settings.max_body_bytes) == ("smol", 5, 4096)
+    assert settings_from_args(_args("--kv-cache-memory", "0.3"), smollm2_dir).engine.kv_cache_fraction == 0.3
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (("--kv-cache-memory", "lots"), "--kv-cache-memory"),
+    (("--max-body-bytes", "10"), "max body bytes"),
+    (("--port", "70000"), "port"),
+])
+def test_bad_values_are_one_line_errors(monkeypatch, capsys, smollm2_dir, argv, fragment):
+    import engine.model_store
+
+    monkeypatch.setattr(engine.model_store, "pull", lambda name, progress=True: smollm2_dir)
+    assert cli.main(["serve", *argv]) == cli.EXIT_ERROR
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("radixserve: error: ") and fragment in lines[0]
+
+
+def test_settings_errors_are_radixserve_errors(smollm2_dir):
+    with pytest.raises(RadixserveError):
+        settings_from_args(_args("--max-waiting", "1", "--api-key", "  "), smollm2_dir)
