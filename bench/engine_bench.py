@@ -52,9 +52,9 @@ def _time_request(engine: LLMEngine, prompt: list[int], max_tokens: int) -> tupl
     return first, time.perf_counter() - started
 
 
-def bench_radixserve(model_dir: Path, dtype: str, vocab_size: int) -> dict[str, float]:
+def bench_radixserve(model_dir: Path, dtype: str, vocab_size: int, device: str) -> dict[str, float]:
     rng = random.Random(0)
-    engine = LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype=dtype, kv_cache_bytes=2 << 30,
+    engine = LLMEngine(EngineConfig(model_dir=model_dir, device=device, dtype=dtype, kv_cache_bytes=2 << 30,
                                     max_num_batched_tokens=4096))
     results: dict[str, float] = {}
     _time_request(engine, _random_prompt(rng, 64, vocab_size), 2)  # warm-up
@@ -85,19 +85,22 @@ def _aggregate_decode(engine: LLMEngine, rng: random.Random, vocab_size: int) ->
     return produced / (time.perf_counter() - started)
 
 
-def bench_transformers(model_dir: Path, dtype: str, vocab_size: int) -> dict[str, float]:
+def bench_transformers(model_dir: Path, dtype: str, vocab_size: int, device: str) -> dict[str, float]:
     import transformers
 
     rng = random.Random(0)
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-    model = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch_dtype).eval()
+    model = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch_dtype).eval().to(device)
     results: dict[str, float] = {}
 
     def generate(ids: torch.Tensor, new_tokens: int) -> float:
+        ids = ids.to(device)
         started = time.perf_counter()
         with torch.no_grad():
             model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
                            min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
         return time.perf_counter() - started
 
     generate(torch.tensor([_random_prompt(rng, 64, vocab_size)]), 2)  # warm-up
@@ -150,19 +153,21 @@ def main() -> None:
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--skip-rss", action="store_true")
     parser.add_argument("--rss-requests", type=int, default=1000)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args()
     model_dir = pull(args.model)
+    print(f"model {model_dir}, device {args.device}, torch {torch.__version__}", flush=True)
     from engine.model_config import ModelConfig
 
     vocab_size = ModelConfig.from_model_dir(model_dir).vocab_size
     columns: dict[str, dict[str, float]] = {}
     for dtype in args.dtypes.split(","):
         print(f"radixserve {dtype} ...", flush=True)
-        columns[f"radixserve {dtype}"] = bench_radixserve(model_dir, dtype, vocab_size)
+        columns[f"radixserve {dtype}"] = bench_radixserve(model_dir, dtype, vocab_size, args.device)
         gc.collect()
         if not args.skip_hf:
             print(f"transformers {dtype} ...", flush=True)
-            columns[f"HF {dtype}"] = bench_transformers(model_dir, dtype, vocab_size)
+            columns[f"HF {dtype}"] = bench_transformers(model_dir, dtype, vocab_size, args.device)
             gc.collect()
     rows = next(iter(columns.values())).keys()
     names = list(columns)

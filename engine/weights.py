@@ -13,7 +13,7 @@ from safetensors import SafetensorError, safe_open
 
 from engine.errors import ModelFormatError
 from engine.model_config import ModelConfig
-from engine.models.llama import LlamaForCausalLM, Linear
+from engine.models.llama import LlamaForCausalLM
 from engine.model_store import radixserve_home
 from kernels import cpu_matvec, packed_linear
 
@@ -32,22 +32,14 @@ def safetensors_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def _parameter_slices(model: LlamaForCausalLM) -> tuple[dict[str, tuple[torch.Tensor, int, int]], set[int]]:
-    """HF tensor name -> (our parameter, first row, end row) it fills, and the ids
-    of transposed parameters: rows of an HF (out, in) projection weight are
-    columns of our `weight_t`."""
+def _parameter_slices(model: LlamaForCausalLM) -> dict[str, tuple[torch.Tensor, int, int]]:
+    """HF tensor name -> (our parameter, first row, end row) it fills."""
     config = model.config
     q, kv, inter = config.q_size, config.kv_size, config.intermediate_size
     slices: dict[str, tuple[torch.Tensor, int, int]] = {}
-    # Projection weights are kept (in, out); see engine.models.llama.Linear.
-    transposed = {id(m.weight_t) for m in model.modules() if isinstance(m, Linear)}
-
-    def _is_transposed(param: torch.Tensor) -> bool:
-        return id(param) in transposed
 
     def whole(name: str, param: torch.Tensor) -> None:
-        rows = param.shape[1] if _is_transposed(param) else param.shape[0]
-        slices[name] = (param, 0, rows)
+        slices[name] = (param, 0, param.shape[0])
 
     whole("model.embed_tokens.weight", model.embed_tokens.weight)
     whole("model.norm.weight", model.norm.weight)
@@ -57,16 +49,16 @@ def _parameter_slices(model: LlamaForCausalLM) -> tuple[dict[str, tuple[torch.Te
         prefix = f"model.layers.{i}."
         attn, mlp = layer.self_attn, layer.mlp
         for part, start, end in (("q", 0, q), ("k", q, q + kv), ("v", q + kv, q + 2 * kv)):
-            slices[f"{prefix}self_attn.{part}_proj.weight"] = (attn.qkv_proj.weight_t, start, end)
+            slices[f"{prefix}self_attn.{part}_proj.weight"] = (attn.qkv_proj.weight, start, end)
             if config.has_qkv_bias:
                 slices[f"{prefix}self_attn.{part}_proj.bias"] = (attn.qkv_proj.bias, start, end)
-        whole(f"{prefix}self_attn.o_proj.weight", attn.o_proj.weight_t)
-        slices[f"{prefix}mlp.gate_proj.weight"] = (mlp.gate_up_proj.weight_t, 0, inter)
-        slices[f"{prefix}mlp.up_proj.weight"] = (mlp.gate_up_proj.weight_t, inter, 2 * inter)
-        whole(f"{prefix}mlp.down_proj.weight", mlp.down_proj.weight_t)
+        whole(f"{prefix}self_attn.o_proj.weight", attn.o_proj.weight)
+        slices[f"{prefix}mlp.gate_proj.weight"] = (mlp.gate_up_proj.weight, 0, inter)
+        slices[f"{prefix}mlp.up_proj.weight"] = (mlp.gate_up_proj.weight, inter, 2 * inter)
+        whole(f"{prefix}mlp.down_proj.weight", mlp.down_proj.weight)
         whole(f"{prefix}input_layernorm.weight", layer.input_layernorm.weight)
         whole(f"{prefix}post_attention_layernorm.weight", layer.post_attention_layernorm.weight)
-    return slices, transposed
+    return slices
 
 
 # Tensors some checkpoints carry that the model has no use for.
@@ -75,7 +67,7 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 def load_weights(model: LlamaForCausalLM, model_dir: Path) -> None:
     """Fill every parameter of `model` from the safetensors files of `model_dir`."""
-    slices, transposed_ids = _parameter_slices(model)
+    slices = _parameter_slices(model)
     loaded: set[str] = set()
     for path in safetensors_files(model_dir):
         try:
@@ -89,17 +81,13 @@ def load_weights(model: LlamaForCausalLM, model_dir: Path) -> None:
                         raise ModelFormatError(path, f"unexpected tensor {name!r} for this architecture")
                     param, start, end = slices[name]
                     tensor = file.get_tensor(name)
-                    transposed = id(param) in transposed_ids
-                    expected = (end - start, param.shape[0]) if transposed else (end - start, *param.shape[1:])
+                    expected = (end - start, *param.shape[1:])
                     if tuple(tensor.shape) != expected:
                         raise ModelFormatError(
                             path,
                             f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {expected}",
                         )
-                    if transposed:
-                        param.data[:, start:end].copy_(tensor.t())
-                    else:
-                        param.data[start:end].copy_(tensor)
+                    param.data[start:end].copy_(tensor)
                     loaded.add(name)
         except SafetensorError as error:
             raise ModelFormatError(path, f"corrupt safetensors file ({error})") from None

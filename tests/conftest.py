@@ -1,6 +1,7 @@
 """Shared fixtures: the real default model (pulled once, cached under $RADIXSERVE_HOME)
 and a writer of tiny GGUF files for conversion tests."""
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -150,6 +151,16 @@ def _gguf_name(hf_name: str) -> str:
 def tiny_gguf():
     """`write_tiny_gguf` (see above): write a tiny llama/qwen2 GGUF, get its HF state dict back."""
     return write_tiny_gguf
+
+
+# Engine tests run on the CPU unless RADIXSERVE_TEST_DEVICE names another
+# device (e.g. cuda, on a machine with a GPU).
+TEST_DEVICE = os.environ.get("RADIXSERVE_TEST_DEVICE", "cpu")
+
+
+@pytest.fixture(scope="session")
+def engine_device() -> str:
+    return TEST_DEVICE
 
 
 @pytest.fixture(scope="session")

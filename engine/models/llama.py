@@ -20,40 +20,39 @@ from kernels.rotary import RotaryEmbedding
 
 
 class Linear(nn.Module):
-    """y = x @ weight_t (+ bias), with the weight stored transposed, (in, out).
+    """y = x @ weight^T (+ bias), weight (out, in) as HF stores it.
 
-    Measured on the 2-core CPUs: a (1, in) x (in, out) product streams weights at
-    ~17-21 GB/s against ~12 GB/s for F.linear's (out, in) layout, and decode is
-    bound by that stream; larger batches run at par. `pack()` moves the weight
-    into oneDNN's prepacked layout, faster still (kernels/packed_linear.py).
+    On CPU in float32 `pack()` moves the weight into oneDNN's prepacked layout
+    (kernels/packed_linear.py) and, given the AVX2 matvec kernel, keeps the
+    row-major weight for single-row inputs (kernels/cpu_matvec.py). Elsewhere
+    (CUDA, bfloat16) the plain F.linear runs: measured on these CPUs, bf16
+    x @ W^T runs ~8x faster in this layout than in the transposed one.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool):
         super().__init__()
-        self.weight_t = nn.Parameter(torch.empty(in_features, out_features))
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.packed_weight: Tensor | None = None
         self.matvec: CpuMatvec | None = None
-        self.weight_rows: Tensor | None = None  # (out, in) copy for the matvec kernel
 
     def forward(self, x: Tensor) -> Tensor:
         if self.matvec is not None and x.shape[0] == 1:
-            y = self.matvec(x, self.weight_rows)
+            y = self.matvec(x, self.weight)
             return y + self.bias if self.bias is not None else y
         if self.packed_weight is not None:
             return packed_linear(x, self.packed_weight, self.bias)
-        y = torch.matmul(x, self.weight_t)
-        return y + self.bias if self.bias is not None else y
+        return torch.nn.functional.linear(x, self.weight, self.bias)
 
     def pack(self, matvec: "CpuMatvec | None" = None) -> None:
-        """Switch to the prepacked path; the plain weight is dropped. With a
-        `matvec` kernel a row-major copy is kept too, for single-row inputs."""
-        rows = self.weight_t.t().contiguous()  # (out, in)
-        if matvec is not None and matvec.fits(rows):
+        """Switch to the prepacked path. With a `matvec` kernel the row-major
+        weight stays too (twice the memory), for single-row inputs; without,
+        it is dropped."""
+        self.packed_weight = pack_weight(self.weight)
+        if matvec is not None and matvec.fits(self.weight):
             self.matvec = matvec
-            self.weight_rows = rows
-        self.packed_weight = pack_weight(rows)
-        self.weight_t = nn.Parameter(torch.empty(0), requires_grad=False)
+        else:
+            self.weight = nn.Parameter(torch.empty(0), requires_grad=False)
 
 
 class RMSNorm(nn.Module):

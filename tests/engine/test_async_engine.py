@@ -13,8 +13,8 @@ from engine.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_llama_dir):
-    handle = AsyncEngine.from_config(EngineConfig(model_dir=tiny_llama_dir, device="cpu", dtype="float32",
+def engine(tiny_llama_dir, engine_device):
+    handle = AsyncEngine.from_config(EngineConfig(model_dir=tiny_llama_dir, device=engine_device, dtype="float32",
                                                   kv_cache_bytes=16 << 20, max_num_batched_tokens=32))
     yield handle
     handle.shutdown()

@@ -1,5 +1,6 @@
 """The batched engine gives each request exactly what it gets alone."""
 
+import os
 import random
 
 import pytest
@@ -10,6 +11,7 @@ from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 
 PAGE_SIZE = 16
+TEST_DEVICE = os.environ.get("RADIXSERVE_TEST_DEVICE", "cpu")  # see tests/conftest.py
 
 
 def _mixed_prompts(vocab_size: int, seed: int = 0) -> list[list[int]]:
@@ -24,7 +26,7 @@ def _mixed_prompts(vocab_size: int, seed: int = 0) -> list[list[int]]:
 
 
 def _engine(model_dir, **overrides) -> LLMEngine:
-    settings = dict(model_dir=model_dir, device="cpu", dtype="float32", page_size=PAGE_SIZE,
+    settings = dict(model_dir=model_dir, device=TEST_DEVICE, dtype="float32", page_size=PAGE_SIZE,
                     kv_cache_bytes=None, max_num_batched_tokens=2048, max_num_seqs=64)
     settings.update(overrides)
     if settings["kv_cache_bytes"] is None:

@@ -216,3 +216,50 @@ def test_console_script(tmp_path):
     result = subprocess.run([str(script), "pull", str(tmp_path / "absent")], capture_output=True, text=True,
                             env=dict(os.environ, RADIXSERVE_HOME=str(tmp_path)), timeout=120)
     _assert_one_line_error(result, "no such file or directory")
+
+
+def test_cli_unsupported_gguf_architecture(tmp_path):
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "neox.gguf"
+    writer = gguf.GGUFWriter(path, "gptneox")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    result = _run_cli("pull", str(path), home=tmp_path / "home")
+    _assert_one_line_error(result, str(path), "'gptneox' is not supported")
+    assert _leftovers(tmp_path / "home") == []
+
+
+def test_cli_truncated_safetensors(tmp_path, tiny_llama_dir):
+    model_dir = tmp_path / "cut-model"
+    shutil.copytree(tiny_llama_dir, model_dir)
+    (model_dir / "tokenizer.json").write_text(_TINY_TOKENIZER_JSON)
+    weights = model_dir / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    result = _run_cli("generate", "--raw", "--max-tokens", "2", "--model", str(model_dir), "hello", home=tmp_path / "home")
+    _assert_one_line_error(result, str(weights), "corrupt safetensors")
+
+
+@pytest.mark.model
+def test_cli_generate_answers_paris(smollm2_dir):
+    result = _run_cli("generate", "What is the capital of France?", "--max-tokens", "24",
+                      home=smollm2_dir.parent.parent)
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+
+
+# A minimal byte-level tokenizer.json: enough for the tiny model's directory to be valid.
+_TINY_TOKENIZER_JSON = json.dumps({
+    "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+    "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+    "post_processor": None, "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                                        "use_regex": True},
+    "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+              "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+              "vocab": {chr(c): i for i, c in enumerate(range(ord("a"), ord("z") + 1))}, "merges": []},
+})
