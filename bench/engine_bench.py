@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.engine_bench [--dtypes float32,bfloat16] [--skip-hf] [--skip-rss]
 
-Prints one table: cold prefill tok/s at 1k/2k/4k prompt tokens, TTFT of 32 new
+Prints one table (each timing the median of 3 runs): cold prefill tok/s at 1k/2k/4k prompt tokens, TTFT of 32 new
 tokens after a cached 2k prefix as a fraction of the cold 2k TTFT, batch-1 decode
 tok/s, aggregate decode tok/s at 16 concurrent sequences; then process RSS after
 1,000 mixed requests against RSS after the first 10. Every figure comes from the
@@ -23,12 +23,18 @@ from engine.model_store import pull
 from engine.sampling_params import SamplingParams
 
 PREFILL_LENGTHS = (1024, 2048, 4096)
+REPEATS = 3  # each timing is the median of this many runs (the machines are noisy)
 DECODE_TOKENS = 64
 NUM_CONCURRENT = 16
 
 
 def _random_prompt(rng: random.Random, length: int, vocab_size: int) -> list[int]:
     return [rng.randrange(100, vocab_size) for _ in range(length)]
+
+
+def _median(values) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
 
 
 def _rss_bytes() -> int:
@@ -59,14 +65,20 @@ def bench_radixserve(model_dir: Path, dtype: str, vocab_size: int, device: str) 
     results: dict[str, float] = {}
     _time_request(engine, _random_prompt(rng, 64, vocab_size), 2)  # warm-up
     for length in PREFILL_LENGTHS:
-        seconds, _ = _time_request(engine, _random_prompt(rng, length, vocab_size), 1)
+        seconds = _median(_time_request(engine, _random_prompt(rng, length, vocab_size), 1)[0] for _ in range(REPEATS))
         results[f"prefill tok/s @{length // 1024}k"] = length / seconds
-    prefix = _random_prompt(rng, 2048, vocab_size)
-    cold_ttft, _ = _time_request(engine, prefix + _random_prompt(rng, 32, vocab_size), 1)
-    warm_ttft, _ = _time_request(engine, prefix + _random_prompt(rng, 32, vocab_size), 1)
-    results["cached-2k TTFT / cold"] = warm_ttft / cold_ttft
-    first, total = _time_request(engine, _random_prompt(rng, 32, vocab_size), DECODE_TOKENS + 1)
-    results["decode tok/s @1"] = DECODE_TOKENS / (total - first)
+    ratios = []
+    for _ in range(REPEATS):
+        prefix = _random_prompt(rng, 2048, vocab_size)
+        cold_ttft, _ = _time_request(engine, prefix + _random_prompt(rng, 32, vocab_size), 1)
+        warm_ttft, _ = _time_request(engine, prefix + _random_prompt(rng, 32, vocab_size), 1)
+        ratios.append(warm_ttft / cold_ttft)
+    results["cached-2k TTFT / cold"] = _median(ratios)
+    decode_seconds = []
+    for _ in range(REPEATS):
+        first, total = _time_request(engine, _random_prompt(rng, 32, vocab_size), DECODE_TOKENS + 1)
+        decode_seconds.append(total - first)
+    results["decode tok/s @1"] = DECODE_TOKENS / _median(decode_seconds)
     results["decode tok/s @16"] = _aggregate_decode(engine, rng, vocab_size)
     return results
 
@@ -105,12 +117,13 @@ def bench_transformers(model_dir: Path, dtype: str, vocab_size: int, device: str
 
     generate(torch.tensor([_random_prompt(rng, 64, vocab_size)]), 2)  # warm-up
     for length in PREFILL_LENGTHS:
-        seconds = generate(torch.tensor([_random_prompt(rng, length, vocab_size)]), 1)
+        seconds = _median(generate(torch.tensor([_random_prompt(rng, length, vocab_size)]), 1) for _ in range(REPEATS))
         results[f"prefill tok/s @{length // 1024}k"] = length / seconds
     results["cached-2k TTFT / cold"] = float("nan")  # no prefix cache across generate calls
     prompt = torch.tensor([_random_prompt(rng, 32, vocab_size)])
-    one = generate(prompt, 1)
-    results["decode tok/s @1"] = DECODE_TOKENS / (generate(prompt, DECODE_TOKENS + 1) - one)
+    one = _median(generate(prompt, 1) for _ in range(REPEATS))
+    results["decode tok/s @1"] = DECODE_TOKENS / (_median(generate(prompt, DECODE_TOKENS + 1)
+                                                          for _ in range(REPEATS)) - one)
     batch = torch.tensor([_random_prompt(rng, 32, vocab_size) for _ in range(NUM_CONCURRENT)])
     one = generate(batch, 1)
     results["decode tok/s @16"] = NUM_CONCURRENT * DECODE_TOKENS / (generate(batch, DECODE_TOKENS + 1) - one)
@@ -152,6 +165,7 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--skip-rss", action="store_true")
+    parser.add_argument("--only-rss", action="store_true", help="only the RSS check")
     parser.add_argument("--rss-requests", type=int, default=1000)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args()
@@ -161,7 +175,7 @@ def main() -> None:
 
     vocab_size = ModelConfig.from_model_dir(model_dir).vocab_size
     columns: dict[str, dict[str, float]] = {}
-    for dtype in args.dtypes.split(","):
+    for dtype in [] if args.only_rss else args.dtypes.split(","):
         print(f"radixserve {dtype} ...", flush=True)
         columns[f"radixserve {dtype}"] = bench_radixserve(model_dir, dtype, vocab_size, args.device)
         gc.collect()
@@ -169,11 +183,12 @@ def main() -> None:
             print(f"transformers {dtype} ...", flush=True)
             columns[f"HF {dtype}"] = bench_transformers(model_dir, dtype, vocab_size, args.device)
             gc.collect()
-    rows = next(iter(columns.values())).keys()
     names = list(columns)
-    print()
-    print("| metric | " + " | ".join(names) + " |")
-    print("|---|" + "---|" * len(names))
+    rows = next(iter(columns.values())).keys() if columns else []
+    if columns:
+        print()
+        print("| metric | " + " | ".join(names) + " |")
+        print("|---|" + "---|" * len(names))
     for row in rows:
         print(f"| {row} | " + " | ".join(f"{columns[n][row]:.3f}" if "/" in row and "tok/s" not in row
                                          else f"{columns[n][row]:.1f}" for n in names) + " |")

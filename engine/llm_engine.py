@@ -13,6 +13,7 @@ import torch
 from cache.kv_pool import KVPool, KVPoolShape
 from engine.engine_config import EngineConfig, available_memory_bytes, resolve_device, resolve_dtype
 from engine.errors import RequestError
+from engine.heap import release_free_heap
 from engine.metrics import EngineMetrics, EngineStats
 from engine.model_runner import ModelRunner
 from engine.request import FinishReason, Request, RequestOutput, RequestStatus
@@ -20,6 +21,10 @@ from engine.sampler import Sampler, make_sampling_state
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledChunk, Scheduler
 from engine.weights import load_model
+
+
+# Busy engines trim the heap this often too (engine/heap.py), not only when idle.
+HEAP_TRIM_EVERY_STEPS = 512
 
 
 def _generation_eos_ids(model_dir: Path) -> tuple[int, ...]:
@@ -56,6 +61,7 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.kv_pool, self.device)
         self.sampler = Sampler()
         self.metrics = EngineMetrics()
+        self.num_steps = 0
 
     # ---- requests -------------------------------------------------------
 
@@ -95,11 +101,14 @@ class LLMEngine:
         chunks = self.scheduler.schedule()
         if not chunks:
             return []
+        self.num_steps += 1
         started = time.perf_counter()
         logits, sampled_chunks = self.runner.run(chunks)
         self.scheduler.commit(chunks)
         outputs = self._postprocess(logits, sampled_chunks) if sampled_chunks else []
         self._account_step(chunks, time.perf_counter() - started)
+        if not self.has_unfinished() or self.num_steps % HEAP_TRIM_EVERY_STEPS == 0:
+            release_free_heap()
         return outputs
 
     def _postprocess(self, logits: torch.Tensor, chunks: list[ScheduledChunk]) -> list[RequestOutput]:
