@@ -176,3 +176,19 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("tiny-llama")
     transformers.LlamaForCausalLM(config).save_pretrained(path)
     return path
+
+
+@pytest.fixture
+def unsupported_gguf(tmp_path) -> Path:
+    """A minimal GGUF of an architecture the converter refuses (gptneox)."""
+    import gguf
+
+    path = tmp_path / "neox.gguf"
+    writer = gguf.GGUFWriter(path, "gptneox")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -3,7 +3,6 @@
 import json
 import os
 
-import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
@@ -129,17 +128,8 @@ def test_tiny_safetensors_header_is_aligned(tmp_path, tiny_gguf):
     assert data_end == len(raw) - 8 - header_len
 
 
-def test_unsupported_architecture_is_refused(tmp_path):
-    import gguf
-
-    path = tmp_path / "neox.gguf"
-    writer = gguf.GGUFWriter(path, "gptneox")
-    writer.add_block_count(1)
-    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+def test_unsupported_architecture_is_refused(tmp_path, unsupported_gguf):
+    path = unsupported_gguf
     with pytest.raises(ModelFormatError) as error:
         convert_gguf(path, tmp_path / "out", progress=False)
     assert str(path) in str(error.value) and "'gptneox' is not supported" in str(error.value)

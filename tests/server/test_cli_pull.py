@@ -218,18 +218,8 @@ def test_console_script(tmp_path):
     _assert_one_line_error(result, "no such file or directory")
 
 
-def test_cli_unsupported_gguf_architecture(tmp_path):
-    import gguf
-    import numpy as np
-
-    path = tmp_path / "neox.gguf"
-    writer = gguf.GGUFWriter(path, "gptneox")
-    writer.add_block_count(1)
-    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+def test_cli_unsupported_gguf_architecture(tmp_path, unsupported_gguf):
+    path = unsupported_gguf
     result = _run_cli("pull", str(path), home=tmp_path / "home")
     _assert_one_line_error(result, str(path), "'gptneox' is not supported")
     assert _leftovers(tmp_path / "home") == []
