@@ -14,6 +14,8 @@ plain path stays the reference: `is_available()` says whether this path can
 run, and tests compare the two.
 """
 
+import os
+
 import torch
 from torch import Tensor
 
@@ -32,8 +34,17 @@ def is_available(device: torch.device, dtype: torch.dtype) -> bool:
     )
 
 
+# oneDNN caches one primitive per GEMM shape, and the token count of a step is
+# part of the shape, so with its default capacity (1024) the cache kept growing
+# with every new prompt length: measured, half the RSS creep over 1,000 mixed
+# requests. 64 entries covered a serving mix at unchanged speed (measured).
+# oneDNN reads the variable once, at its first primitive; a user's value wins.
+PRIMITIVE_CACHE_CAPACITY = "64"
+
+
 def pack_weight(weight: Tensor) -> Tensor:
     """weight (out, in), as F.linear takes it -> an opaque oneDNN tensor."""
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", PRIMITIVE_CACHE_CAPACITY)
     return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_BATCH_HINT)
 
 
