@@ -41,9 +41,8 @@ def greedy_generate(
     page_ids = list(range(num_pages))
 
     def step(token_ids: list[int], start: int) -> torch.Tensor:
-        positions = list(range(start, start + len(token_ids)))
         attn = AttentionInputs.build(
-            slot_ids=positions,  # pages are in order, so slot == position
+            slot_ids=list(range(start, start + len(token_ids))),  # pages in order: slot == position
             query_lens=[len(token_ids)],
             context_lens=[start + len(token_ids)],
             page_ids_per_seq=[page_ids],
@@ -51,7 +50,7 @@ def greedy_generate(
         )
         hidden = model(
             torch.tensor(token_ids, device=device),
-            torch.tensor(positions, device=device),
+            attn.positions,
             pool.layers,
             attn,
         )

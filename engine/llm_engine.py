@@ -16,7 +16,7 @@ from engine.errors import RequestError
 from engine.heap import release_free_heap
 from engine.metrics import EngineMetrics, EngineStats
 from engine.model_runner import ModelRunner
-from engine.request import FinishReason, Request, RequestOutput, RequestStatus
+from engine.request import FinishReason, Request, RequestOutput
 from engine.sampler import Sampler, make_sampling_state
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledChunk, Scheduler
@@ -161,8 +161,8 @@ class LLMEngine:
         timings.last_token = now
 
     def _account_step(self, chunks: list[ScheduledChunk], seconds: float) -> None:
-        num_decode = sum(1 for c in chunks if c.request.status is RequestStatus.RUNNING and c.num_tokens == 1
-                         and c.start >= len(c.request.prompt_token_ids))
+        # A decode computes one token past the prompt (a recompute after preemption counts as prefill).
+        num_decode = sum(1 for c in chunks if c.num_tokens == 1 and c.start >= len(c.request.prompt_token_ids))
         num_tokens = sum(c.num_tokens for c in chunks)
         metrics = self.metrics
         metrics.num_decode_tokens += num_decode

@@ -24,7 +24,6 @@ class ModelRunner:
         """Returns (logits (M, V) float32 or None, the M chunks they belong to)."""
         page_size = self.page_size
         input_ids: list[int] = []
-        positions: list[int] = []
         slot_ids: list[int] = []
         query_lens: list[int] = []
         context_lens: list[int] = []
@@ -35,10 +34,8 @@ class ModelRunner:
             request = chunk.request
             end = chunk.start + chunk.num_tokens
             page_ids = request.page_ids
-            input_ids.extend(request.all_token_ids[chunk.start : end])
-            chunk_positions = range(chunk.start, end)
-            positions.extend(chunk_positions)
-            slot_ids.extend(page_ids[p // page_size] * page_size + p % page_size for p in chunk_positions)
+            input_ids.extend(request.token_ids_between(chunk.start, end))
+            slot_ids.extend(page_ids[p // page_size] * page_size + p % page_size for p in range(chunk.start, end))
             query_lens.append(chunk.num_tokens)
             context_lens.append(end)
             page_ids_per_seq.append(page_ids)
@@ -54,7 +51,7 @@ class ModelRunner:
         )
         hidden = self.model(
             torch.tensor(input_ids, device=self.device),
-            torch.tensor(positions, device=self.device),
+            attn.positions,
             self.kv_pool.layers,
             attn,
         )  # (N, d)

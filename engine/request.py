@@ -67,6 +67,16 @@ class Request:
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.sampling.output_token_ids
 
+    def token_ids_between(self, start: int, end: int) -> list[int]:
+        """all_token_ids[start:end] without building the whole concatenation
+        (the runner asks for one decode token of a long prompt every step)."""
+        prompt, output = self.prompt_token_ids, self.sampling.output_token_ids
+        if end <= len(prompt):
+            return prompt[start:end]
+        if start >= len(prompt):
+            return output[start - len(prompt) : end - len(prompt)]
+        return prompt[start:] + output[: end - len(prompt)]
+
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.sampling.output_token_ids)
