@@ -105,6 +105,7 @@ class AsyncEngine:
             # Block while idle; drain without blocking while there is work.
             self._handle(self._commands.get() if not self.engine.has_unfinished() else None)
             self._drain_commands()
+            self._stats = self.engine.stats()
             if self._stopping.is_set():
                 break
             try:
@@ -136,7 +137,6 @@ class AsyncEngine:
         elif isinstance(command, _Abort):
             self.engine.abort(command.request_id)
             self._streams.pop(command.request_id, None)
-        self._stats = self.engine.stats()
 
     def _deliver(self, output: RequestOutput) -> None:
         stream = self._streams.get(output.request_id)

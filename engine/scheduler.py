@@ -104,9 +104,7 @@ class Scheduler:
         for request in list(self.admitted):
             if budget == 0:
                 break
-            if request.status is not RequestStatus.RUNNING or id(request) in scheduled:
-                continue
-            if request not in self.admitted:  # preempted for an older one just now
+            if request.status is not RequestStatus.RUNNING:  # also skips one preempted just now
                 continue
             if self._grow(request, 1, scheduled):
                 chunks.append(ScheduledChunk(request, request.num_computed_tokens, 1))
@@ -117,7 +115,7 @@ class Scheduler:
         for request in list(self.admitted):
             if budget == 0:
                 break
-            if request.status is not RequestStatus.PREFILLING or request not in self.admitted:
+            if request.status is not RequestStatus.PREFILLING:  # also skips one preempted just now
                 continue
             num_tokens = min(request.num_uncomputed_tokens, budget)
             if self._grow(request, num_tokens, scheduled):
