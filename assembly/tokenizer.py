@@ -5,12 +5,12 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 
 
-
 class Tokenizer:
     def __init__(self, model_dir: Path):
         path = Path(model_dir) / "tokenizer.json"
         if not path.is_file():
             raise FileNotFoundError(f"{path}: missing")
+        self.path = path
         self._tokenizer = HFTokenizer.from_file(str(path))
         self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
 
@@ -24,3 +24,8 @@ class Tokenizer:
 
     def token_to_id(self, token: str) -> int | None:
         return self._tokenizer.token_to_id(token)
+
+    @property
+    def added_tokens(self) -> list[str]:
+        """The added tokens' strings (special or not): `encode` splits text at each of them first."""
+        return [token.content for token in self._tokenizer.get_added_tokens_decoder().values()]

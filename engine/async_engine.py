@@ -1,6 +1,6 @@
 """The engine loop in its own thread, and the asyncio handle the server uses.
 
-Commands (add, abort) go in through a thread-safe queue; outputs come back to
+Commands (add, abort, pin) go in through a thread-safe queue; outputs come back to
 each request's asyncio queue with `loop.call_soon_threadsafe`. torch releases
 the GIL inside its ops, so the server's event loop stays responsive while a
 step runs.
@@ -36,6 +36,13 @@ class _Add:
 @dataclass(frozen=True)
 class _Abort:
     request_id: str
+
+
+@dataclass(frozen=True)
+class _Pin:
+    token_ids: list[int]
+    cache_salt: str | None
+    seconds: float
 
 
 class AsyncEngine:
@@ -85,6 +92,10 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))
 
+    def pin(self, token_ids: list[int], cache_salt: str | None, seconds: float) -> None:
+        """Keep this prefix's cached pages from eviction for `seconds` (LLMEngine.pin_prefix)."""
+        self._commands.put(_Pin(list(token_ids), cache_salt, seconds))
+
     def stats(self) -> EngineStats:
         """The snapshot taken after the latest step (never blocks on the engine)."""
         return self._stats
@@ -102,8 +113,8 @@ class AsyncEngine:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
-            # Block while idle; drain without blocking while there is work.
-            self._handle(self._commands.get() if not self.engine.has_unfinished() else None)
+            # Block while idle (until the next pin expires, if any); drain without blocking while there is work.
+            self._handle(self._next_command() if not self.engine.has_unfinished() else None)
             self._drain_commands()
             self._stats = self.engine.stats()
             if self._stopping.is_set():
@@ -117,6 +128,12 @@ class AsyncEngine:
             for output in outputs:
                 self._deliver(output)
             self._stats = self.engine.stats()
+
+    def _next_command(self):
+        try:
+            return self._commands.get(timeout=self.engine.pins.seconds_to_next_expiry())
+        except queue.Empty:
+            return None
 
     def _drain_commands(self) -> None:
         while True:
@@ -137,6 +154,8 @@ class AsyncEngine:
         elif isinstance(command, _Abort):
             self.engine.abort(command.request_id)
             self._streams.pop(command.request_id, None)
+        elif isinstance(command, _Pin):
+            self.engine.pin_prefix(command.token_ids, command.cache_salt, command.seconds)
 
     def _deliver(self, output: RequestOutput) -> None:
         stream = self._streams.get(output.request_id)

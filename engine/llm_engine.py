@@ -16,6 +16,7 @@ from engine.errors import RequestError
 from engine.heap import release_free_heap
 from engine.metrics import EngineMetrics, EngineStats
 from engine.model_runner import ModelRunner
+from engine.prefix_pins import PrefixPins
 from engine.request import FinishReason, Request, RequestOutput
 from engine.sampler import Sampler, make_sampling_state
 from engine.sampling_params import SamplingParams
@@ -58,6 +59,7 @@ class LLMEngine:
             raise ValueError(f"a KV cache of {pool_bytes} bytes holds no page of {shape.bytes_per_page} bytes")
         self.kv_pool = KVPool(shape, num_pages, self.device)
         self.scheduler = Scheduler(config, num_pages, self.max_model_len)
+        self.pins = PrefixPins(self.scheduler.tree)
         self.runner = ModelRunner(self.model, self.kv_pool, self.device)
         self.sampler = Sampler()
         self.metrics = EngineMetrics()
@@ -95,9 +97,17 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def pin_prefix(self, token_ids: list[int], cache_salt: str | None, seconds: float) -> int:
+        """Keep the cached prefix of `token_ids` from eviction for `seconds` (e.g. a finished
+        tool-call turn, until the tool's result comes back). Returns the tokens pinned."""
+        if not self.scheduler.enable_prefix_cache:
+            return 0
+        return self.pins.pin(token_ids, cache_salt, seconds)
+
     # ---- one step -------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        self.pins.release_expired()
         chunks = self.scheduler.schedule()
         if not chunks:
             return []

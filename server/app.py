@@ -19,6 +19,10 @@ from litestar import Litestar, Router
 from litestar.datastructures import State
 
 from assembly.chat_template import ChatTemplate
+from assembly.constrained_output import GrammarCompiler
+from assembly.generated_turns import GeneratedTurns
+from assembly.prompt_builder import PromptBuilder
+from assembly.segment_tokenizer import SegmentTokenizer
 from assembly.tokenizer import Tokenizer
 from engine.async_engine import AsyncEngine
 from engine.engine_config import EngineConfig
@@ -28,7 +32,7 @@ from server.completion_service import CompletionService
 from server.errors import EXCEPTION_HANDLERS
 from server.logprobs import LogprobFormatter
 from server.metrics import ServerMetrics
-from server.prompts import PromptBuilder
+from server.prompts import RequestPrompts
 from server.routes_chat import chat_completions
 from server.routes_completions import completions
 from server.routes_misc import get_model, health, list_models, metrics
@@ -44,13 +48,17 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
     async def open_resources(app: Litestar) -> AsyncIterator[None]:
         model_dir = settings.engine.model_dir
         tokenizer = Tokenizer(model_dir)
-        chat_template = ChatTemplate.from_model_dir(model_dir)
+        chat_template = ChatTemplate.from_model_dir(model_dir, settings.chat_template_path)
         engine = await asyncio.to_thread(engine_factory, settings.engine)  # loads weights: seconds
         server_metrics = ServerMetrics(engine)
         try:
             app.state.engine = engine
             app.state.metrics = server_metrics
-            app.state.service = CompletionService(engine, PromptBuilder(tokenizer, chat_template), settings)
+            turns = GeneratedTurns()
+            prompts = RequestPrompts(PromptBuilder(SegmentTokenizer(tokenizer), chat_template, turns))
+            llm = engine.engine
+            grammars = GrammarCompiler(tokenizer.path, sorted(llm.eos_token_ids), llm.vocab_size)
+            app.state.service = CompletionService(engine, prompts, grammars, settings, turns)
             app.state.logprobs = LogprobFormatter(tokenizer)
             app.state.started_at = int(time.time())
             yield

@@ -70,7 +70,8 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _add_serve_parser(commands, default_model: str) -> None:
-    from server.settings import API_KEY_ENV_VAR, DEFAULT_HOST, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WAITING, DEFAULT_PORT
+    from server.settings import (API_KEY_ENV_VAR, DEFAULT_HOST, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WAITING,
+                                 DEFAULT_PORT, DEFAULT_TOOL_PIN_SECONDS)
 
     serve = commands.add_parser("serve", help="serve the OpenAI-compatible HTTP API",
                                 description="Serve a model over an OpenAI-compatible HTTP API.")
@@ -97,6 +98,11 @@ def _add_serve_parser(commands, default_model: str) -> None:
                        help=f"waiting requests at which new ones get 503 (default: {DEFAULT_MAX_WAITING})")
     serve.add_argument("--max-body-bytes", type=_positive_int, default=DEFAULT_MAX_BODY_BYTES,
                        help=f"largest request body accepted (default: {DEFAULT_MAX_BODY_BYTES})")
+    serve.add_argument("--chat-template", metavar="FILE",
+                       help="a Jinja chat template to use instead of the model's")
+    serve.add_argument("--tool-pin-seconds", type=float, default=DEFAULT_TOOL_PIN_SECONDS, metavar="S",
+                       help="keep a turn that ends in tool calls cached this long, for the tool's result "
+                       f"(0: off; default: {DEFAULT_TOOL_PIN_SECONDS:g})")
     serve.set_defaults(handler=_serve)
 
 

@@ -4,6 +4,14 @@ What the handlers call: `prepare_chat` / `prepare_completion` turn a request
 into a GenerationJob (prompt ids, SamplingParams, stop strings), `generate`
 drives AsyncEngine and yields ChoiceDelta, `complete` collects them.
 
+Chat turns: with tools (and tool_choice not none) the text is read for tool
+calls as it streams (assembly's ToolCallStreamParser); a forced call or a JSON
+response_format runs under a grammar (a logits processor per choice). Every
+finished chat turn's generated ids are remembered (GeneratedTurns), so when the
+client sends the turn back it is spliced into the next prompt verbatim; a turn
+that ends in tool calls has its prefix pinned in the cache for
+`tool_pin_seconds`, for the tool's result to find.
+
 n > 1 choices share the prompt's KV pages: choice 0 runs alone until its first
 token, by which time its prompt's full pages are in the radix tree; only then
 are choices 1..n-1 submitted, and their admission matches those pages.
@@ -18,17 +26,21 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from assembly.constrained_output import GrammarCompiler, GrammarError, json_grammar, tool_call_grammar
 from assembly.detokenizer import IncrementalDetokenizer
+from assembly.generated_turns import GeneratedTurns
 from assembly.stop_strings import StopStringMatcher
+from assembly.tool_call_stream import ToolCallDelta, ToolCallStreamParser
+from assembly.tool_calls import ToolCall
 from engine.async_engine import AsyncEngine
-from engine.request import RequestOutput
+from engine.request import FinishReason, RequestOutput
 from engine.sampling_params import SamplingParams
-from server.errors import APIError
-from server.prompts import PromptBuilder
+from server.errors import APIError, invalid_request
+from server.prompts import RequestPrompts
 from server.sampling import choice_params, sampling_params
-from server.schemas import ChatCompletionRequest, CompletionRequest
+from server.schemas import ChatCompletionRequest, CompletionRequest, NamedToolChoice
 from server.settings import ServerSettings
 
 RETRY_AFTER_SECONDS = 1
@@ -42,6 +54,9 @@ class GenerationJob:
     stop_strings: tuple[str, ...] = ()
     num_choices: int = 1
     cache_salt: str | None = None
+    grammar: str | None = None  # llguidance grammar the output must follow
+    parses_tool_calls: bool = False
+    is_chat: bool = False  # chat turns are remembered for splicing into the next prompt
 
 
 @dataclass(frozen=True)
@@ -49,11 +64,12 @@ class ChoiceDelta:
     """What one engine output added to one choice."""
 
     index: int
-    text: str  # complete characters, stop strings removed; may be ""
+    text: str  # complete characters, stop strings and tool calls removed; may be ""
     token_ids: list[int]
     logprobs: list[float] | None
     top_logprobs: list[list[tuple[int, float]]] | None
-    finish_reason: str | None  # "stop" | "length" on the choice's last delta
+    finish_reason: str | None  # "stop" | "length" | "tool_calls" on the choice's last delta
+    tool_calls: tuple[ToolCallDelta, ...] = ()
 
 
 @dataclass
@@ -88,6 +104,7 @@ class ChoiceResult:
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
     finish_reason: str | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
     def add(self, delta: ChoiceDelta) -> None:
         self.text += delta.text
@@ -96,13 +113,27 @@ class ChoiceResult:
             self.logprobs = (self.logprobs or []) + delta.logprobs
             self.top_logprobs = (self.top_logprobs or []) + (delta.top_logprobs or [[] for _ in delta.logprobs])
         self.finish_reason = delta.finish_reason or self.finish_reason
+        for call in delta.tool_calls:  # reassembled as a streaming client would
+            if call.id is not None:
+                self.tool_calls.append(ToolCall(call.id, call.name, call.arguments))
+            else:
+                last = self.tool_calls[call.index]
+                self.tool_calls[call.index] = replace(last, arguments=last.arguments + call.arguments)
+
+    @property
+    def content(self) -> str | None:
+        """The message's content: None for a turn of tool calls only."""
+        return None if self.tool_calls and not self.text.strip() else self.text
 
 
 class CompletionService:
-    def __init__(self, engine: AsyncEngine, prompts: PromptBuilder, settings: ServerSettings):
+    def __init__(self, engine: AsyncEngine, prompts: RequestPrompts, grammars: GrammarCompiler,
+                 settings: ServerSettings, turns: GeneratedTurns | None = None):
         self.engine = engine
         self.prompts = prompts
+        self.grammars = grammars
         self.settings = settings
+        self.turns = turns
         llm = engine.engine
         # The longest prompt + output one request can have: the context, and the whole KV pool.
         num_pool_tokens = engine.stats().num_pages * llm.config.page_size
@@ -116,7 +147,29 @@ class CompletionService:
         prompt_ids = self.prompts.chat_prompt_ids(request)
         # No max_tokens: as OpenAI, up to the end of the context.
         max_new_tokens = request.max_new_tokens or max(1, self.max_num_request_tokens - len(prompt_ids))
-        return self._job(request, request_id, prompt_ids, max_new_tokens)
+        job = self._job(request, request_id, prompt_ids, max_new_tokens)
+        return replace(job, grammar=self._chat_grammar(request), parses_tool_calls=request.parses_tool_calls,
+                       is_chat=True)
+
+    def _chat_grammar(self, request: ChatCompletionRequest) -> str | None:
+        """The grammar a forced tool call or a JSON response_format puts the output under."""
+        if request.forces_tool_call:
+            choice = request.tool_choice
+            functions = [tool.function for tool in request.tools]
+            if isinstance(choice, NamedToolChoice):
+                functions = [f for f in functions if f.name == choice.function.name]
+            tools = [{"name": f.name, "parameters": f.parameters} for f in functions]
+            lark, param = tool_call_grammar(tools, parallel=request.parallel_tool_calls and choice == "required"), "tools"
+        elif request.response_format is not None and request.response_format.type != "text":
+            spec = request.response_format.json_schema
+            lark, param = json_grammar(spec.schema_ if spec is not None else None), "response_format"
+        else:
+            return None
+        try:
+            return self.grammars.check(lark)
+        except GrammarError as error:
+            raise invalid_request(f"{param}: the schema cannot be used to constrain output: {error}",
+                                  param=param) from None
 
     def prepare_completion(self, request: CompletionRequest, request_id: str) -> GenerationJob:
         self._check_model(request.model)
@@ -202,14 +255,20 @@ class CompletionService:
     async def _run_choice(self, job: GenerationJob, index: int, usage: Usage) -> AsyncIterator[ChoiceDelta]:
         detokenizer = IncrementalDetokenizer(self.prompts.tokenizer)
         stops = StopStringMatcher(job.stop_strings)
+        tool_calls = ToolCallStreamParser() if job.parses_tool_calls else None
+        params = choice_params(job.params, index)
+        if job.grammar is not None:
+            params = replace(params, logits_processors=(self.grammars.processor(job.grammar),))
         engine_request_id = f"{job.request_id}-{index}"
-        outputs = self.engine.generate(engine_request_id, job.prompt_token_ids, choice_params(job.params, index),
-                                       job.cache_salt)
+        generated_ids: list[int] = []
+        content: list[str] = []
+        outputs = self.engine.generate(engine_request_id, job.prompt_token_ids, params, job.cache_salt)
         async with aclosing(outputs):
             async for output in outputs:
                 if output.error is not None:
                     raise RuntimeError(f"engine failed request {engine_request_id}: {output.error}")
                 usage.record(index, output)
+                generated_ids.extend(output.new_token_ids)
                 text = detokenizer.push(output.new_token_ids)
                 is_last = output.finish_reason is not None
                 if is_last:
@@ -218,7 +277,30 @@ class CompletionService:
                 if is_last and not is_stopped:
                     text += stops.flush()
                 finish_reason = "stop" if is_stopped else (output.finish_reason.value if is_last else None)
+                call_deltas: tuple[ToolCallDelta, ...] = ()
+                if tool_calls is not None:
+                    text, new_calls = tool_calls.push(text)
+                    if finish_reason is not None:
+                        tail, more_calls = tool_calls.finish()
+                        text, new_calls = text + tail, new_calls + more_calls
+                        if tool_calls.calls and finish_reason == "stop":
+                            finish_reason = "tool_calls"
+                    call_deltas = tuple(new_calls)
+                content.append(text)
                 yield ChoiceDelta(index, text, list(output.new_token_ids), output.logprobs,
-                                  output.top_logprobs, finish_reason)
+                                  output.top_logprobs, finish_reason, call_deltas)
                 if finish_reason is not None:
+                    if job.is_chat and not is_stopped:
+                        self._keep_turn(job, output.finish_reason, generated_ids, "".join(content),
+                                        tool_calls.calls if tool_calls is not None else [])
                     return  # a stop string ends the choice here; closing the stream aborts it
+
+    def _keep_turn(self, job: GenerationJob, reason: FinishReason, generated_ids: list[int], content: str,
+                   calls: list[ToolCall]) -> None:
+        """Remember a finished turn's ids for the next prompt; pin a tool-call turn's prefix."""
+        if self.turns is not None:
+            # A stop token is the end of the turn, which the template writes itself.
+            turn_ids = generated_ids[:-1] if reason is FinishReason.STOP else generated_ids
+            self.turns.remember(content if content.strip() or not calls else None, calls, turn_ids)
+        if calls and self.settings.tool_pin_seconds > 0:
+            self.engine.pin(job.prompt_token_ids + generated_ids, job.cache_salt, self.settings.tool_pin_seconds)

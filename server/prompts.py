@@ -1,7 +1,7 @@
-"""Validated requests -> prompt token ids (chat through the model's template)."""
+"""Validated requests -> prompt token ids (chat through assembly's prompt builder)."""
 
-from assembly.chat_template import ChatTemplate
-from assembly.tokenizer import Tokenizer
+from assembly.prompt_builder import PromptBuilder
+from assembly.segment_tokenizer import SegmentTokenizer
 from server.errors import invalid_request
 from server.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
 
@@ -9,30 +9,37 @@ from server.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
 _TEMPLATE_ROLE = {"developer": "system"}
 
 
-def _template_message(message: ChatMessage) -> dict:
-    rendered = {"role": _TEMPLATE_ROLE.get(message.role, message.role), "content": message.content or ""}
-    for key in ("name", "tool_calls", "tool_call_id"):
+def template_message(message: ChatMessage) -> dict:
+    """A message as templates (and GeneratedTurns) see it: OpenAI's shape, plain dicts."""
+    rendered = {"role": _TEMPLATE_ROLE.get(message.role, message.role), "content": message.content}
+    if message.content is None and message.role != "assistant":
+        rendered["content"] = ""
+    for key in ("name", "tool_call_id"):
         value = getattr(message, key)
         if value is not None:
             rendered[key] = value
+    if message.tool_calls:
+        rendered["tool_calls"] = [call.model_dump() for call in message.tool_calls]
     return rendered
 
 
-class PromptBuilder:
-    def __init__(self, tokenizer: Tokenizer, chat_template: ChatTemplate):
-        self.tokenizer = tokenizer
-        self.chat_template = chat_template
+class RequestPrompts:
+    def __init__(self, builder: PromptBuilder):
+        self.builder = builder
+        self.segments: SegmentTokenizer = builder.tokenizer
+        self.tokenizer = builder.tokenizer.tokenizer  # for decoding
 
     def chat_prompt_ids(self, request: ChatCompletionRequest) -> list[int]:
         """Raises TemplateError when the template refuses these messages."""
         tools = [tool.model_dump(exclude_none=True) for tool in request.tools] if request.tools else None
-        text = self.chat_template.render([_template_message(m) for m in request.messages],
-                                         add_generation_prompt=True, tools=tools)
-        return self._non_empty(self.tokenizer.encode(text), "messages")
+        documents = [d.model_dump(exclude_none=True) for d in request.documents] if request.documents else None
+        token_ids = self.builder.build([template_message(m) for m in request.messages], tools=tools,
+                                       documents=documents, template_kwargs=request.chat_template_kwargs)
+        return self._non_empty(token_ids, "messages")
 
     def completion_prompt_ids(self, request: CompletionRequest) -> list[int]:
         prompt = request.prompt
-        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        token_ids = self.segments.encode(prompt) if isinstance(prompt, str) else list(prompt)
         return self._non_empty(token_ids, "prompt")
 
     @staticmethod

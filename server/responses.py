@@ -36,6 +36,13 @@ def usage_body(usage: Usage) -> dict:
     }
 
 
+def _message(result: ChoiceResult) -> dict:
+    message = {"role": "assistant", "content": result.content}
+    if result.tool_calls:
+        message["tool_calls"] = [call.to_openai() for call in result.tool_calls]
+    return message
+
+
 class ChatShapes:
     """Bodies of /v1/chat/completions."""
 
@@ -56,7 +63,7 @@ class ChatShapes:
             "choices": [
                 {
                     "index": r.index,
-                    "message": {"role": "assistant", "content": r.text},
+                    "message": _message(r),
                     "logprobs": self._logprobs_body(r.token_ids, r.logprobs, r.top_logprobs),
                     "finish_reason": r.finish_reason,
                 }
@@ -77,7 +84,10 @@ class ChatShapes:
                              "finish_reason": None}])
 
     def content_chunk(self, delta: ChoiceDelta) -> dict:
-        return self._chunk([{"index": delta.index, "delta": {"content": delta.text},
+        body = {"content": delta.text} if delta.text or not delta.tool_calls else {}
+        if delta.tool_calls:
+            body["tool_calls"] = [call.to_openai() for call in delta.tool_calls]
+        return self._chunk([{"index": delta.index, "delta": body,
                              "logprobs": self._logprobs_body(delta.token_ids, delta.logprobs, delta.top_logprobs),
                              "finish_reason": None}])
 

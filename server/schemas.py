@@ -3,7 +3,8 @@
 Strict types (a string is not a number, 1 is not `true`); ranges as OpenAI
 documents them, and as `SamplingParams` checks them again. Fields the API has
 but we do not use are ignored, except those whose effect a client would miss
-(`echo`, `suffix`, `best_of`, structured `response_format`): those are refused.
+(`echo`, `suffix`, `best_of`): those are refused. Extensions: `documents`
+(rendered into the prompt by the assembly layer) and `chat_template_kwargs`.
 Values are normalised here (content parts joined, prompts as str | ids) so the
 service sees one shape.
 """
@@ -56,17 +57,30 @@ class _Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
 
+class CalledFunction(_Body):
+    name: Annotated[str, Field(min_length=1)]
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class AssistantToolCall(_Body):
+    id: Annotated[str, Field(min_length=1)]
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Annotated[str | None, BeforeValidator(_content_text)] = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None  # an assistant turn's calls, re-rendered by the template
+    tool_calls: list[AssistantToolCall] | None = None  # an assistant turn's calls, re-rendered by the template
     tool_call_id: str | None = None
 
     @model_validator(mode="after")
     def _needs_content(self):
         if self.content is None and not (self.role == "assistant" and self.tool_calls):
             raise ValueError(f"a {self.role} message needs content")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
         return self
 
 
@@ -83,6 +97,41 @@ class FunctionSpec(_Body):
 class ToolSpec(_Body):
     type: Literal["function"]
     function: FunctionSpec
+
+
+class NamedFunction(_Body):
+    name: Annotated[str, Field(min_length=1)]
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JSONSchemaSpec(_Body):
+    name: Annotated[str, Field(min_length=1, max_length=64)] = "response"
+    description: str | None = None
+    schema_: Annotated[dict[str, Any] | None, Field(alias="schema")] = None
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaSpec | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self):
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type json_schema needs a json_schema object")
+        return self
+
+
+class Document(_Body):
+    """A document for the prompt (extension); rendered after the system prompt and tools."""
+
+    text: Annotated[str, Field(min_length=1)]
+    id: str | None = None
+    title: str | None = None
 
 
 class _SamplingFields(_Body):
@@ -120,9 +169,12 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: Annotated[int | None, Field(ge=1)] = None
     logprobs: bool = False
     top_logprobs: Annotated[int | None, Field(ge=0, le=MAX_LOGPROBS)] = None
-    tools: list[ToolSpec] | None = None  # rendered by the chat template; tool-call parsing comes later
-    tool_choice: str | dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
+    tools: list[ToolSpec] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    response_format: ResponseFormat | None = None
+    documents: list[Document] | None = None  # extension
+    chat_template_kwargs: dict[str, Any] | None = None  # extension: more variables for the template
 
     @field_validator("top_logprobs")
     @classmethod
@@ -131,12 +183,26 @@ class ChatCompletionRequest(_SamplingFields):
             raise ValueError("top_logprobs needs logprobs: true")
         return value
 
-    @field_validator("response_format")
-    @classmethod
-    def _text_format_only(cls, value):
-        if value is not None and value.get("type") != "text":
-            raise ValueError("only {'type': 'text'} is supported yet")
-        return value
+    @model_validator(mode="after")
+    def _tool_choice_fits_tools(self):
+        choice = self.tool_choice
+        names = {tool.function.name for tool in self.tools or ()}
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"tool_choice names {choice.function.name!r}, which is not among tools")
+        if choice == "required" and not names:
+            raise ValueError("tool_choice 'required' needs tools")
+        if self.forces_tool_call and self.response_format is not None and self.response_format.type != "text":
+            raise ValueError("a forced tool call and a JSON response_format cannot be combined")
+        return self
+
+    @property
+    def forces_tool_call(self) -> bool:
+        return self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)
+
+    @property
+    def parses_tool_calls(self) -> bool:
+        """Whether the output is read for tool calls: tools given and not tool_choice none."""
+        return bool(self.tools) and self.tool_choice != "none"
 
     @property
     def max_new_tokens(self) -> int | None:

@@ -3,9 +3,11 @@
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 import uvicorn
 
+from assembly.chat_template import ChatTemplate, TemplateError
 from engine.engine_config import EngineConfig, parse_kv_cache_memory
 from engine.errors import RadixserveError
 from server.settings import ServerSettings, api_key_from_environment
@@ -49,6 +51,8 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
             api_key=args.api_key if args.api_key is not None else api_key_from_environment(),
             max_waiting=args.max_waiting,
             max_body_bytes=args.max_body_bytes,
+            tool_pin_seconds=args.tool_pin_seconds,
+            chat_template_path=Path(args.chat_template).expanduser() if args.chat_template else None,
         )
     except ValueError as error:
         raise RadixserveError(str(error)) from None
@@ -69,6 +73,11 @@ def serve(args: argparse.Namespace) -> int:
 
     model_dir = pull(args.model, progress=True)
     settings = settings_from_args(args, model_dir)
+    if settings.chat_template_path is not None:  # a bad file is the user's error, said before startup
+        try:
+            ChatTemplate.from_model_dir(model_dir, settings.chat_template_path)
+        except TemplateError as error:
+            raise RadixserveError(f"--chat-template: {error}") from None
     _configure_logging()
     config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, log_level="info",
                             access_log=False, lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS)

@@ -2,6 +2,7 @@
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from engine.engine_config import EngineConfig
 
@@ -12,6 +13,7 @@ DEFAULT_PORT = 8000
 DEFAULT_MAX_WAITING = 256  # queued requests before new ones get 503
 DEFAULT_MAX_BODY_BYTES = 8 << 20
 MAX_CHOICES = 16  # the largest `n` a request may ask for
+DEFAULT_TOOL_PIN_SECONDS = 30.0  # a tool-call turn's cached prefix outlives eviction this long
 
 
 def api_key_from_environment() -> str | None:
@@ -28,6 +30,8 @@ class ServerSettings:
     api_key: str | None = None  # when set, /v1 routes need `Authorization: Bearer <key>`
     max_waiting: int = DEFAULT_MAX_WAITING  # engine.stats().num_waiting at which requests get 503
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    tool_pin_seconds: float = DEFAULT_TOOL_PIN_SECONDS  # 0: no pinning
+    chat_template_path: Path | None = None  # overrides the model's template
 
     def __post_init__(self):
         if not self.served_model_name:
@@ -38,5 +42,7 @@ class ServerSettings:
             raise ValueError(f"max waiting must be >= 1, got {self.max_waiting}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max body bytes must be >= 1024, got {self.max_body_bytes}")
+        if not 0 <= self.tool_pin_seconds <= 3600:
+            raise ValueError(f"tool pin seconds must be in [0, 3600], got {self.tool_pin_seconds}")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api key must not be blank")

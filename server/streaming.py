@@ -43,7 +43,7 @@ async def _events(shapes: ChatShapes | CompletionShapes, first: ChoiceDelta, del
                     yield _event(chunk)
             delta = first
             while delta is not None:
-                if delta.text or delta.logprobs:
+                if delta.text or delta.logprobs or delta.tool_calls:
                     yield _event(shapes.content_chunk(delta))
                 if delta.finish_reason is not None:
                     yield _event(shapes.finish_chunk(delta.index, delta.finish_reason))

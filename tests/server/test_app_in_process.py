@@ -24,12 +24,15 @@ class FakeEngine:
     """AsyncEngine's surface, answering every request with `script` (token ids) and recording closes."""
 
     def __init__(self, config: EngineConfig, script: list[int]):
-        self.engine = SimpleNamespace(max_model_len=2048, config=config, vocab_size=49152)
+        self.engine = SimpleNamespace(max_model_len=2048, config=config, vocab_size=49152, eos_token_ids=frozenset({2}))
         self.metrics = EngineMetrics()
         self.script = script
         self.num_waiting = 0
         self.failure: Exception | None = None
         self.closed_early: list[str] = []  # request ids whose stream was left before its end
+        self.last_finish_reason = FinishReason.LENGTH
+        self.pins: list[tuple[list[int], str | None, float]] = []
+        self.prompts: list[list[int]] = []
         self.is_shut_down = False
 
     def stats(self) -> EngineStats:
@@ -41,6 +44,7 @@ class FakeEngine:
         if self.failure is not None:
             raise self.failure
         script = self.script[:params.max_tokens]
+        self.prompts.append(list(prompt_token_ids))
         finished = False
         try:
             for i, token_id in enumerate(script):
@@ -48,11 +52,14 @@ class FakeEngine:
                 is_last = i == len(script) - 1
                 self.metrics.observe("time_to_first_token" if i == 0 else "inter_token_latency", 0.01)
                 yield RequestOutput(request_id, [token_id], None, None,
-                                    FinishReason.LENGTH if is_last else None, len(prompt_token_ids), 0, i + 1)
+                                    self.last_finish_reason if is_last else None, len(prompt_token_ids), 0, i + 1)
             finished = True
         finally:
             if not finished:
                 self.closed_early.append(request_id)
+
+    def pin(self, token_ids, cache_salt, seconds) -> None:
+        self.pins.append((list(token_ids), cache_salt, seconds))
 
     def shutdown(self) -> None:
         self.is_shut_down = True
@@ -166,3 +173,32 @@ def test_settings_are_validated(smollm2_dir):
     for bad in ({"max_waiting": 0}, {"served_model_name": ""}, {"port": 70000}, {"api_key": " "}):
         with pytest.raises(ValueError):
             dataclasses.replace(settings, **bad)
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+
+def test_a_tool_call_turn_is_parsed_pinned_and_spliced_into_the_next_prompt(make_client, tokenizer):
+    call_text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    client, engine = make_client(call_text + "<|im_end|>", tool_pin_seconds=12.5)
+    engine.last_finish_reason = FinishReason.STOP
+    body = _chat(client, tools=TOOLS, cache_salt="tenant-a").json()
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    [call] = choice["message"]["tool_calls"]
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    generated = engine.script
+    assert engine.pins == [(engine.prompts[0] + generated, "tenant-a", 12.5)]
+    # The client sends the turn back with the tool's result: the next prompt starts with exactly
+    # the previous prompt and the generated ids (the end-of-turn token written by the template).
+    messages = PROMPT + [choice["message"], {"role": "tool", "tool_call_id": call["id"], "content": "cold"}]
+    assert client.post("/v1/chat/completions", json={"messages": messages, "tools": TOOLS}).status_code == 200
+    assert engine.prompts[1][:len(engine.prompts[0]) + len(generated)] == engine.prompts[0] + generated
+
+
+def test_tool_choice_none_leaves_tool_call_text_as_content(make_client):
+    call_text = '<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>'
+    client, engine = make_client(call_text)
+    choice = _chat(client, tools=TOOLS, tool_choice="none").json()["choices"][0]
+    assert choice["message"]["content"] == call_text and "tool_calls" not in choice["message"]
+    assert engine.pins == []

@@ -1,0 +1,76 @@
+"""The token ids the model generated for recent assistant turns, found again when a client sends them back.
+
+A multi-turn client sends the assistant's last answer back as history. Rendered
+by the template and tokenized again, its text may come out as other tokens than
+the ones generated (a model is free to sample a non-canonical tokenization, and
+a tool call's JSON may be re-serialised), and every token after the first
+difference misses the prefix cache. Splicing the generated ids in instead makes
+the next prompt start with exactly the sequence the engine cached.
+
+Keyed by what the client sends back: the content (None and "" alike) and each
+tool call's id, name and arguments (compared as parsed JSON, so re-serialised
+arguments still match). Tool-call ids are unique per response, so a tool turn
+is found only by the client that received it; text turns are matched by their
+text, and equal texts share an entry (either entry's ids spell the same text).
+Bounded, least recently used first out.
+"""
+
+import hashlib
+import json
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from assembly.tool_calls import ToolCall
+
+DEFAULT_MAX_TURNS = 16384
+
+
+def _canonical_arguments(arguments) -> str:
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return arguments
+    return json.dumps(arguments, sort_keys=True, ensure_ascii=False)
+
+
+def _key(content: str | None, calls: Sequence[tuple[str, str, str]]) -> bytes:
+    payload = json.dumps([content or "", [[i, n, _canonical_arguments(a)] for i, n, a in calls]], ensure_ascii=False)
+    return hashlib.sha256(payload.encode()).digest()
+
+
+def message_key(message: dict) -> bytes | None:
+    """The key of an assistant message in OpenAI's shape, or None if its calls are malformed."""
+    calls = []
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            return None
+        calls.append((call.get("id"), function.get("name"), function.get("arguments")))
+    return _key(message.get("content"), calls)
+
+
+class GeneratedTurns:
+    def __init__(self, max_turns: int = DEFAULT_MAX_TURNS):
+        self.max_turns = max_turns
+        self._turns: OrderedDict[bytes, tuple[int, ...]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._turns)
+
+    def remember(self, content: str | None, calls: Sequence[ToolCall], token_ids: Sequence[int]) -> None:
+        """`token_ids`: what the model generated for this turn, without the end-of-turn token
+        (the template writes that itself)."""
+        key = _key(content, [(c.id, c.name, c.arguments) for c in calls])
+        self._turns[key] = tuple(token_ids)
+        self._turns.move_to_end(key)
+        if len(self._turns) > self.max_turns:
+            self._turns.popitem(last=False)
+
+    def lookup(self, message: dict) -> list[int] | None:
+        key = message_key(message)
+        ids = self._turns.get(key) if key is not None else None
+        if ids is None:
+            return None
+        self._turns.move_to_end(key)
+        return list(ids)

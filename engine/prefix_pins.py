@@ -1,0 +1,56 @@
+"""Cached prefixes held back from eviction for a while (session pinning).
+
+An agent turn that ends in a tool call will be continued once the tool has
+run, seconds later; its prompt + generated pages are in the radix tree but
+unlocked, so under memory pressure LRU eviction could take them just before
+the continuation arrives. A pin is one more lock on the prefix's last node,
+released when its deadline passes (or when the engine drops all pins).
+"""
+
+import heapq
+import itertools
+import time
+from collections.abc import Sequence
+
+from cache import RadixTree
+
+
+class PrefixPins:
+    def __init__(self, tree: RadixTree):
+        self.tree = tree
+        self._deadlines: list[tuple[float, int, object]] = []  # heap of (deadline, tie-break, locked node)
+        self._order = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._deadlines)
+
+    def pin(self, token_ids: Sequence[int], extra_key: str | None, seconds: float,
+            now: float | None = None) -> int:
+        """Lock the longest cached prefix of `token_ids` until now + seconds; returns its token count."""
+        match = self.tree.match_prefix(token_ids, extra_key)
+        if match.num_tokens == 0 or seconds <= 0:
+            return 0
+        self.tree.lock(match.last_node)
+        deadline = (time.monotonic() if now is None else now) + seconds
+        heapq.heappush(self._deadlines, (deadline, next(self._order), match.last_node))
+        return match.num_tokens
+
+    def release_expired(self, now: float | None = None) -> int:
+        """Unlock every pin whose deadline has passed; returns how many."""
+        now = time.monotonic() if now is None else now
+        num_released = 0
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, node = heapq.heappop(self._deadlines)
+            self.tree.unlock(node)
+            num_released += 1
+        return num_released
+
+    def seconds_to_next_expiry(self, now: float | None = None) -> float | None:
+        if not self._deadlines:
+            return None
+        now = time.monotonic() if now is None else now
+        return max(0.0, self._deadlines[0][0] - now)
+
+    def release_all(self) -> None:
+        while self._deadlines:
+            self.tree.unlock(heapq.heappop(self._deadlines)[2])
