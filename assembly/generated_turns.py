@@ -12,17 +12,18 @@ tool call's id, name and arguments (compared as parsed JSON, so re-serialised
 arguments still match). Tool-call ids are unique per response, so a tool turn
 is found only by the client that received it; text turns are matched by their
 text, and equal texts share an entry (either entry's ids spell the same text).
-Bounded, least recently used first out.
+Bounded by the tokens it holds (4 bytes each), least recently used first out.
 """
 
 import hashlib
+from array import array
 import json
 from collections import OrderedDict
 from collections.abc import Sequence
 
 from assembly.tool_calls import ToolCall
 
-DEFAULT_MAX_TURNS = 16384
+DEFAULT_MAX_TOKENS = 4 << 20  # 16 MiB of token ids
 
 
 def _canonical_arguments(arguments) -> str:
@@ -51,9 +52,10 @@ def message_key(message: dict) -> bytes | None:
 
 
 class GeneratedTurns:
-    def __init__(self, max_turns: int = DEFAULT_MAX_TURNS):
-        self.max_turns = max_turns
-        self._turns: OrderedDict[bytes, tuple[int, ...]] = OrderedDict()
+    def __init__(self, max_tokens: int = DEFAULT_MAX_TOKENS):
+        self.max_tokens = max_tokens
+        self._turns: OrderedDict[bytes, array] = OrderedDict()
+        self.num_tokens = 0
 
     def __len__(self) -> int:
         return len(self._turns)
@@ -62,10 +64,12 @@ class GeneratedTurns:
         """`token_ids`: what the model generated for this turn, without the end-of-turn token
         (the template writes that itself)."""
         key = _key(content, [(c.id, c.name, c.arguments) for c in calls])
-        self._turns[key] = tuple(token_ids)
-        self._turns.move_to_end(key)
-        if len(self._turns) > self.max_turns:
-            self._turns.popitem(last=False)
+        if key in self._turns:
+            self.num_tokens -= len(self._turns.pop(key))
+        self._turns[key] = array("I", token_ids)
+        self.num_tokens += len(token_ids)
+        while self.num_tokens > self.max_tokens and self._turns:
+            self.num_tokens -= len(self._turns.popitem(last=False)[1])
 
     def lookup(self, message: dict) -> list[int] | None:
         key = message_key(message)
@@ -73,4 +77,4 @@ class GeneratedTurns:
         if ids is None:
             return None
         self._turns.move_to_end(key)
-        return list(ids)
+        return ids.tolist()

@@ -8,6 +8,7 @@ lifespan and kept on `app.state`:
     metrics    ServerMetrics
     logprobs   LogprobFormatter
     started_at unix seconds the model became ready
+    retrieval  RetrievalService (collections, embeddings; its model loads on first use)
 """
 
 import asyncio
@@ -33,8 +34,11 @@ from server.errors import EXCEPTION_HANDLERS
 from server.logprobs import LogprobFormatter
 from server.metrics import ServerMetrics
 from server.prompts import RequestPrompts
+from server.retrieval_service import RetrievalService
 from server.routes_chat import chat_completions
+from server.routes_collections import COLLECTION_ROUTES
 from server.routes_completions import completions
+from server.routes_embeddings import embeddings
 from server.routes_misc import get_model, health, list_models, metrics
 from server.settings import ServerSettings
 
@@ -51,7 +55,9 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
         chat_template = ChatTemplate.from_model_dir(model_dir, settings.chat_template_path)
         engine = await asyncio.to_thread(engine_factory, settings.engine)  # loads weights: seconds
         server_metrics = ServerMetrics(engine)
+        retrieval = RetrievalService(settings.collections_dir)
         try:
+            app.state.retrieval = retrieval
             app.state.engine = engine
             app.state.metrics = server_metrics
             turns = GeneratedTurns()
@@ -63,10 +69,12 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
             app.state.started_at = int(time.time())
             yield
         finally:
+            await retrieval.close()
             server_metrics.close()
             await asyncio.to_thread(engine.shutdown)
 
-    api = Router("/v1", route_handlers=[chat_completions, completions, list_models, get_model],
+    api = Router("/v1", route_handlers=[chat_completions, completions, list_models, get_model, embeddings,
+                                       *COLLECTION_ROUTES],
                  guards=[require_api_key])
     app = Litestar(
         route_handlers=[api, health, metrics],

@@ -4,6 +4,7 @@
     radixserve generate PROMPT [...]     greedy answer to PROMPT (as a chat turn; --raw: plain continuation)
     radixserve chat PROMPT [...]         the same as generate, always through the chat template
     radixserve serve [--model NAME|PATH] [...]   the OpenAI-compatible HTTP server
+    radixserve ingest COLLECTION PATH...         add .txt/.md files (and folders of them) to a collection
 
 Every error meant for a user (RadixserveError) is printed as one line,
 `radixserve: error: <message>`, with exit status 1; Ctrl-C exits with 130.
@@ -66,6 +67,7 @@ def _build_parser() -> argparse.ArgumentParser:
         command.set_defaults(handler=_generate, chat=is_chat, raw=False)
 
     _add_serve_parser(commands, DEFAULT_MODEL)
+    _add_ingest_parser(commands)
     return parser
 
 
@@ -98,12 +100,31 @@ def _add_serve_parser(commands, default_model: str) -> None:
                        help=f"waiting requests at which new ones get 503 (default: {DEFAULT_MAX_WAITING})")
     serve.add_argument("--max-body-bytes", type=_positive_int, default=DEFAULT_MAX_BODY_BYTES,
                        help=f"largest request body accepted (default: {DEFAULT_MAX_BODY_BYTES})")
+    serve.add_argument("--rag-order", default="relevance", choices=("relevance", "canonical"),
+                       help="order of retrieved documents in the prompt: best first, or by document id "
+                       "(the same documents then share cached pages across questions; default: relevance)")
     serve.add_argument("--chat-template", metavar="FILE",
                        help="a Jinja chat template to use instead of the model's")
     serve.add_argument("--tool-pin-seconds", type=float, default=DEFAULT_TOOL_PIN_SECONDS, metavar="S",
                        help="keep a turn that ends in tool calls cached this long, for the tool's result "
                        f"(0: off; default: {DEFAULT_TOOL_PIN_SECONDS:g})")
+    serve.add_argument("--collections-dir", metavar="DIR",
+                       help="where retrieval collections live (default: $RADIXSERVE_HOME/collections)")
     serve.set_defaults(handler=_serve)
+
+
+def _add_ingest_parser(commands) -> None:
+    ingest = commands.add_parser("ingest", help="add .txt/.md files to a retrieval collection",
+                                 description="Chunk, embed and store .txt and .md files (folders are searched "
+                                 "recursively) in COLLECTION, created if missing. A file's id is its path from the "
+                                 "folder named (folder name included), or its name: ingesting it again replaces it. Works on the collections directory directly; "
+                                 "a running server sees the new documents.")
+    ingest.add_argument("collection", metavar="COLLECTION")
+    ingest.add_argument("paths", nargs="+", metavar="PATH")
+    ingest.add_argument("--collections-dir", metavar="DIR",
+                        help="where retrieval collections live (default: $RADIXSERVE_HOME/collections)")
+    ingest.add_argument("--quiet", action="store_true", help="no progress bar")
+    ingest.set_defaults(handler=_ingest)
 
 
 def _pull(args: argparse.Namespace) -> int:
@@ -127,6 +148,12 @@ def _serve(args: argparse.Namespace) -> int:
     from server.serve_command import serve
 
     return serve(args)
+
+
+def _ingest(args: argparse.Namespace) -> int:
+    from server.ingest_command import ingest
+
+    return ingest(args)
 
 
 def _positive_int(text: str) -> int:

@@ -24,7 +24,7 @@ client that goes away frees its pages within one engine step.
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 
@@ -141,10 +141,12 @@ class CompletionService:
 
     # ---- requests -> jobs ---------------------------------------------------
 
-    def prepare_chat(self, request: ChatCompletionRequest, request_id: str) -> GenerationJob:
+    def prepare_chat(self, request: ChatCompletionRequest, request_id: str,
+                     retrieved_documents: Sequence[dict] = ()) -> GenerationJob:
+        """`retrieved_documents` go into the prompt after the request's own documents."""
         self._check_model(request.model)
         self._check_capacity()
-        prompt_ids = self.prompts.chat_prompt_ids(request)
+        prompt_ids = self.prompts.chat_prompt_ids(request, retrieved_documents)
         # No max_tokens: as OpenAI, up to the end of the context.
         max_new_tokens = request.max_new_tokens or max(1, self.max_num_request_tokens - len(prompt_ids))
         job = self._job(request, request_id, prompt_ids, max_new_tokens)

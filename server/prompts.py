@@ -1,5 +1,7 @@
 """Validated requests -> prompt token ids (chat through assembly's prompt builder)."""
 
+from collections.abc import Sequence
+
 from assembly.prompt_builder import PromptBuilder
 from assembly.segment_tokenizer import SegmentTokenizer
 from server.errors import invalid_request
@@ -29,12 +31,12 @@ class RequestPrompts:
         self.segments: SegmentTokenizer = builder.tokenizer
         self.tokenizer = builder.tokenizer.tokenizer  # for decoding
 
-    def chat_prompt_ids(self, request: ChatCompletionRequest) -> list[int]:
+    def chat_prompt_ids(self, request: ChatCompletionRequest, retrieved_documents: Sequence[dict] = ()) -> list[int]:
         """Raises TemplateError when the template refuses these messages."""
         tools = [tool.model_dump(exclude_none=True) for tool in request.tools] if request.tools else None
-        documents = [d.model_dump(exclude_none=True) for d in request.documents] if request.documents else None
+        documents = [d.model_dump(exclude_none=True) for d in request.documents or ()] + list(retrieved_documents)
         token_ids = self.builder.build([template_message(m) for m in request.messages], tools=tools,
-                                       documents=documents, template_kwargs=request.chat_template_kwargs)
+                                       documents=documents or None, template_kwargs=request.chat_template_kwargs)
         return self._non_empty(token_ids, "messages")
 
     def completion_prompt_ids(self, request: CompletionRequest) -> list[int]:

@@ -46,10 +46,12 @@ def _message(result: ChoiceResult) -> dict:
 class ChatShapes:
     """Bodies of /v1/chat/completions."""
 
-    def __init__(self, identity: ResponseIdentity, logprobs: LogprobFormatter, include_usage: bool = False):
+    def __init__(self, identity: ResponseIdentity, logprobs: LogprobFormatter, include_usage: bool = False,
+                 extra_fields: dict | None = None):
         self.identity = identity
         self._logprobs = logprobs
         self._include_usage = include_usage  # streams: `usage: null` on every chunk, then a usage chunk
+        self._extra_fields = extra_fields or {}  # extensions (retrieved_documents): the body, and a stream's first chunk
 
     def _logprobs_body(self, token_ids, logprobs, top_logprobs) -> dict | None:
         return None if logprobs is None else self._logprobs.chat(token_ids, logprobs, top_logprobs)
@@ -70,6 +72,7 @@ class ChatShapes:
                 for r in results
             ],
             "usage": usage_body(usage),
+            **self._extra_fields,
         }
 
     def _chunk(self, choices: list[dict]) -> dict:
@@ -80,8 +83,9 @@ class ChatShapes:
         return chunk
 
     def role_chunk(self, index: int) -> dict:
-        return self._chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                             "finish_reason": None}])
+        chunk = self._chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None}])
+        return {**chunk, **self._extra_fields} if index == 0 else chunk
 
     def content_chunk(self, delta: ChoiceDelta) -> dict:
         body = {"content": delta.text} if delta.text or not delta.tool_calls else {}

@@ -4,7 +4,8 @@ Strict types (a string is not a number, 1 is not `true`); ranges as OpenAI
 documents them, and as `SamplingParams` checks them again. Fields the API has
 but we do not use are ignored, except those whose effect a client would miss
 (`echo`, `suffix`, `best_of`): those are refused. Extensions: `documents`
-(rendered into the prompt by the assembly layer) and `chat_template_kwargs`.
+(rendered into the prompt by the assembly layer), `retrieval` (documents from a
+collection) and `chat_template_kwargs`.
 Values are normalised here (content parts joined, prompts as str | ids) so the
 service sees one shape.
 """
@@ -126,6 +127,17 @@ class ResponseFormat(_Body):
         return self
 
 
+MAX_RETRIEVAL_TOP_K = 32
+
+
+class RetrievalSpec(_Body):
+    """Server-side RAG (extension): the top chunks of a collection become the prompt's documents."""
+
+    collection: Annotated[str, Field(min_length=1)]
+    top_k: Annotated[int, Field(ge=1, le=MAX_RETRIEVAL_TOP_K)] = 4
+    query: Annotated[str | None, Field(min_length=1)] = None  # default: the last user message
+
+
 class Document(_Body):
     """A document for the prompt (extension); rendered after the system prompt and tools."""
 
@@ -174,6 +186,7 @@ class ChatCompletionRequest(_SamplingFields):
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
     documents: list[Document] | None = None  # extension
+    retrieval: RetrievalSpec | None = None  # extension
     chat_template_kwargs: dict[str, Any] | None = None  # extension: more variables for the template
 
     @field_validator("top_logprobs")

@@ -26,11 +26,11 @@ def test_text_and_tool_turns_are_found_again():
     assert turns.lookup({"role": "assistant", "content": None, "tool_calls": ["not a call"]}) is None
 
 
-def test_bounded_least_recently_used_first_out():
-    turns = GeneratedTurns(max_turns=2)
-    turns.remember("a", [], [1])
+def test_bounded_by_tokens_least_recently_used_first_out():
+    turns = GeneratedTurns(max_tokens=4)
+    turns.remember("a", [], [1, 1])
     turns.remember("b", [], [2])
-    assert turns.lookup(_sent_back("a", [])) == [1]  # a is now the most recent
-    turns.remember("c", [], [3])
-    assert len(turns) == 2
-    assert turns.lookup(_sent_back("b", [])) is None and turns.lookup(_sent_back("a", [])) == [1]
+    assert turns.lookup(_sent_back("a", [])) == [1, 1]  # a is now the most recent
+    turns.remember("c", [], [3, 3])
+    assert len(turns) == 2 and turns.num_tokens == 4
+    assert turns.lookup(_sent_back("b", [])) is None and turns.lookup(_sent_back("a", [])) == [1, 1]

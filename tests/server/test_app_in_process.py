@@ -202,3 +202,45 @@ def test_tool_choice_none_leaves_tool_call_text_as_content(make_client):
     choice = _chat(client, tools=TOOLS, tool_choice="none").json()["choices"][0]
     assert choice["message"]["content"] == call_text and "tool_calls" not in choice["message"]
     assert engine.pins == []
+
+
+def test_chat_with_retrieval_puts_the_top_chunks_in_the_prompt_and_reports_them(make_client, tokenizer, tmp_path):
+    client, engine = make_client("Blorptown.", collections_dir=tmp_path)
+    assert client.post("/v1/collections", json={"name": "geo"}).status_code == 201
+    documents = [{"id": "freedonia", "text": "Freedonia is a small country. Its capital city is Blorptown.",
+                  "metadata": {"title": "Freedonia"}},
+                 {"id": "violins", "text": "Sylvania exports marmalade and hand-made violins."},
+                 {"id": "rivers", "text": "The longest river of Ruritania is the Zenda."}]
+    assert client.post("/v1/collections/geo/documents", json={"documents": documents}).status_code == 200
+    question = [{"role": "user", "content": "What is the capital city of Freedonia?"}]
+    body = client.post("/v1/chat/completions", json={"messages": question,
+                                                      "retrieval": {"collection": "geo", "top_k": 2}}).json()
+    reported = body["retrieved_documents"]
+    assert [d["id"] for d in reported][0] == "freedonia" and len(reported) == 2
+    assert reported[0]["score"] >= reported[1]["score"]
+    prompt = tokenizer.decode(engine.prompts[-1], skip_special_tokens=False)
+    assert '<document id="freedonia#0" title="Freedonia">\nFreedonia is a small country.' in prompt
+    assert prompt.index("# Documents") < prompt.index("What is the capital city")
+    # Streamed: the first chunk carries them.
+    with client.stream("POST", "/v1/chat/completions",
+                       json={"messages": question, "stream": True,
+                             "retrieval": {"collection": "geo", "top_k": 1, "query": "rivers"}}) as response:
+        first = json.loads(next(line for line in response.iter_lines() if line.startswith("data: "))[6:])
+    assert [d["id"] for d in first["retrieved_documents"]] == ["rivers"]
+    missing = client.post("/v1/chat/completions", json={"messages": question, "retrieval": {"collection": "nope"}})
+    assert missing.status_code == 404
+    bad_top_k = client.post("/v1/chat/completions", json={"messages": question,
+                                                          "retrieval": {"collection": "geo", "top_k": 0}})
+    assert bad_top_k.status_code == 400 and bad_top_k.json()["error"]["param"] == "retrieval.top_k"
+
+
+def test_canonical_rag_order_renders_the_same_chunks_the_same_way(make_client, tokenizer, tmp_path):
+    client, engine = make_client("ok", collections_dir=tmp_path, rag_order="canonical")
+    client.post("/v1/collections", json={"name": "c"})
+    client.post("/v1/collections/c/documents", json={"documents": [
+        {"id": "a", "text": "Apples are red fruit that grow on trees."},
+        {"id": "b", "text": "Bananas are yellow fruit that grow in bunches."}]})
+    for query in ("apples", "bananas"):
+        client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Tell me."}],
+                                                   "retrieval": {"collection": "c", "top_k": 2, "query": query}})
+    assert engine.prompts[-1] == engine.prompts[-2]  # relevance order would differ: a, b vs b, a

@@ -1,0 +1,101 @@
+"""Sentence embeddings with all-MiniLM-L6-v2 (or any BERT sentence-transformers directory).
+
+    embedder = Embedder(model_dir)              # config.json, model.safetensors, tokenizer.json
+    batch = embedder.embed(["a text", ...])     # batch.vectors: (N, 384) float32, each of L2 norm 1
+    spans = embedder.token_spans(long_text)     # word-piece offsets, untruncated: what chunking cuts at
+
+A text is tokenized to at most `max_tokens` word-pieces ([CLS] and [SEP] included; longer
+texts are truncated, as sentence-transformers does), run through the encoder, mean-pooled
+over its attention mask and L2-normalised. Texts are embedded in batches of `batch_size`,
+sorted by length so that little padding is computed; results come back in input order.
+Thread-safe: one batch runs at a time.
+"""
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from retrieval.bert import BertEncoder
+from retrieval.chunking import TokenSpans
+
+DEFAULT_MAX_TOKENS = 256  # all-MiniLM-L6-v2's max_seq_length (sentence_bert_config.json)
+DEFAULT_BATCH_SIZE = 32
+
+
+class EmbeddingBatch(NamedTuple):
+    vectors: np.ndarray  # (N, dim) float32, rows L2-normalised
+    num_tokens: list[int]  # per text, after truncation, special tokens included
+
+
+class Embedder:
+    def __init__(self, model_dir: str | Path, *, max_tokens: int = DEFAULT_MAX_TOKENS,
+                 batch_size: int = DEFAULT_BATCH_SIZE, device: str = "cpu"):
+        model_dir = Path(model_dir)
+        self.model = BertEncoder.from_model_dir(model_dir, device=device)
+        self.device = torch.device(device)
+        limit = self.model.config.max_position_embeddings
+        if not 2 < max_tokens <= limit:
+            raise ValueError(f"max tokens must be in [3, {limit}], got {max_tokens}")
+        if batch_size < 1:
+            raise ValueError(f"batch size must be >= 1, got {batch_size}")
+        self.max_tokens = max_tokens
+        self.batch_size = batch_size
+        self.name = model_dir.name
+        self.dim = self.model.config.hidden_size
+        # tokenizer.json ships with fixed padding/truncation at 128: set both explicitly.
+        self._tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self._tokenizer.enable_truncation(max_length=max_tokens)
+        self._tokenizer.enable_padding(pad_id=self._tokenizer.token_to_id("[PAD]") or 0, pad_token="[PAD]")
+        self._spans_tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self._spans_tokenizer.no_truncation()
+        self._spans_tokenizer.no_padding()
+        self._lock = threading.Lock()
+
+    @property
+    def max_chunk_tokens(self) -> int:
+        """The most word-pieces of a text that fit without truncation ([CLS] and [SEP] take two)."""
+        return self.max_tokens - 2
+
+    def token_spans(self, text: str) -> TokenSpans:
+        """The text's word-pieces without special tokens or truncation (what chunking cuts at)."""
+        encoding = self._spans_tokenizer.encode(text, add_special_tokens=False)
+        return TokenSpans(list(encoding.offsets), [-1 if w is None else w for w in encoding.word_ids])
+
+    def embed(self, texts: Sequence[str]) -> EmbeddingBatch:
+        num_texts = len(texts)
+        vectors = np.empty((num_texts, self.dim), dtype=np.float32)
+        num_tokens = [0] * num_texts
+        if num_texts == 0:
+            return EmbeddingBatch(vectors, num_tokens)
+        with self._lock:
+            lengths = [len(e.ids) for e in self._spans_tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+            order = sorted(range(num_texts), key=lambda i: lengths[i])
+            for start in range(0, num_texts, self.batch_size):
+                indices = order[start:start + self.batch_size]
+                batch_vectors, batch_tokens = self._embed_batch([texts[i] for i in indices])
+                vectors[indices] = batch_vectors
+                for i, n in zip(indices, batch_tokens):
+                    num_tokens[i] = n
+        return EmbeddingBatch(vectors, num_tokens)
+
+    def _embed_batch(self, texts: list[str]) -> tuple[np.ndarray, list[int]]:
+        encodings = self._tokenizer.encode_batch(texts)
+        input_ids = torch.tensor([e.ids for e in encodings], device=self.device)  # (B, T)
+        mask = torch.tensor([e.attention_mask for e in encodings], device=self.device)  # (B, T)
+        with torch.inference_mode():
+            hidden = self.model(input_ids, mask)  # (B, T, H)
+            pooled = mean_pool(hidden, mask)
+        return pooled.float().cpu().numpy(), mask.sum(dim=1).tolist()
+
+
+def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T, H) hidden states, (B, T) mask -> (B, H) mean over unmasked tokens, L2-normalised."""
+    weights = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
+    summed = (hidden * weights).sum(dim=1)
+    mean = summed / weights.sum(dim=1).clamp(min=1e-9)
+    return torch.nn.functional.normalize(mean, p=2, dim=1)

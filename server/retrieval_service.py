@@ -1,0 +1,96 @@
+"""The server's face of `retrieval`: collections and embeddings, off the event loop, errors as APIError.
+
+Every call runs in a worker thread (SQLite and embedding block; embedding is CPU-heavy).
+The embedding model is loaded on first use (the first embedding, ingest or search), not at
+startup, so a server that never retrieves never pays for it.
+"""
+
+import asyncio
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from retrieval.collections import CollectionInfo, Collections, DocumentRow, NewDocument, SearchHit
+from retrieval.embedder import Embedder, EmbeddingBatch
+from retrieval.errors import (CollectionExistsError, CollectionNotFoundError, DocumentNotFoundError,
+                              EmbedderMismatchError, InvalidInputError, RetrievalError)
+from server.errors import APIError, invalid_request
+
+EMBEDDING_MODEL = "all-minilm-l6-v2"  # a name `engine.model_store.pull` knows
+EMBEDDING_MODEL_ALIASES = {EMBEDDING_MODEL, "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
+MAX_DOCUMENTS_PER_REQUEST = 512
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit
+
+
+def load_default_embedder() -> Embedder:
+    from engine.model_store import pull
+
+    return Embedder(pull(EMBEDDING_MODEL, progress=False))
+
+
+class RetrievalService:
+    def __init__(self, collections_dir: Path, load_embedder: Callable[[], Embedder] = load_default_embedder):
+        self.collections = Collections(collections_dir, load_embedder)
+
+    async def create_collection(self, name: str, index_kind: str) -> CollectionInfo:
+        return await self._run(self.collections.create, name, index_kind)
+
+    async def list_collections(self) -> list[CollectionInfo]:
+        return await self._run(self.collections.list_collections)
+
+    async def collection(self, name: str) -> CollectionInfo:
+        return await self._run(self.collections.info, name)
+
+    async def delete_collection(self, name: str) -> None:
+        await self._run(self.collections.delete, name)
+
+    async def add_documents(self, name: str, documents: Sequence[NewDocument]) -> list[str]:
+        if len(documents) > MAX_DOCUMENTS_PER_REQUEST:
+            raise APIError(413, f"{len(documents)} documents in one request; at most {MAX_DOCUMENTS_PER_REQUEST}",
+                           param="documents", code="batch_too_large")
+        return await self._run(self.collections.add_documents, name, documents)
+
+    async def document(self, name: str, document_id: str) -> DocumentRow:
+        return await self._run(self.collections.document, name, document_id)
+
+    async def delete_document(self, name: str, document_id: str) -> None:
+        await self._run(self.collections.delete_document, name, document_id)
+
+    async def search(self, name: str, query: str, top_k: int) -> list[SearchHit]:
+        return await self._run(self.collections.search, name, query, top_k)
+
+    async def embed(self, texts: list[str], model: str | None) -> EmbeddingBatch:
+        if model is not None and model.lower() not in EMBEDDING_MODEL_ALIASES:
+            raise APIError(404, f"embedding model {model!r} does not exist; this server embeds with "
+                           f"{EMBEDDING_MODEL}", param="model", code="model_not_found")
+        if len(texts) > MAX_EMBEDDING_INPUTS:
+            raise APIError(413, f"{len(texts)} inputs in one request; at most {MAX_EMBEDDING_INPUTS}",
+                           param="input", code="batch_too_large")
+        return await self._run(lambda: self.collections.embedder.embed(texts))
+
+    @property
+    def embedding_dim(self) -> int:
+        return self.collections.embedder.dim
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.collections.close)
+
+    async def _run(self, function: Callable, *args):
+        with _as_api_errors():
+            return await asyncio.to_thread(function, *args)
+
+
+@contextmanager
+def _as_api_errors():
+    try:
+        yield
+    except InvalidInputError as error:
+        raise invalid_request(str(error), param=error.param) from None
+    except (CollectionNotFoundError, DocumentNotFoundError) as error:
+        code = "collection_not_found" if isinstance(error, CollectionNotFoundError) else "document_not_found"
+        raise APIError(404, str(error), code=code) from None
+    except (CollectionExistsError, EmbedderMismatchError) as error:
+        code = "collection_exists" if isinstance(error, CollectionExistsError) else "embedding_model_mismatch"
+        raise APIError(409, str(error), code=code) from None
+    except RetrievalError as error:
+        raise invalid_request(str(error)) from None

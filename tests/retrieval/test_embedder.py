@@ -1,0 +1,57 @@
+"""The torch BERT encoder + pooling against transformers' BertModel with the same pooling."""
+
+import numpy as np
+import pytest
+import torch
+
+from retrieval.embedder import Embedder, mean_pool
+
+pytestmark = pytest.mark.model
+
+TEXTS = [
+    "Paris is the capital of France.",
+    "x",
+    "The quick brown fox jumps over the lazy dog. " * 80,  # ~800 word-pieces: truncated to 256
+    "Über naïve café façades — déjà vu!  Tabs\tand\nnewlines.",
+    "A medium sentence about retrieval augmented generation with FAISS indexes and SQLite stores.",
+]
+
+
+def _reference(model_dir, texts: list[str]) -> np.ndarray:
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    model = transformers.BertModel.from_pretrained(model_dir, add_pooling_layer=False).eval()
+    inputs = tokenizer(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
+    with torch.no_grad():
+        hidden = model(**inputs).last_hidden_state
+    return mean_pool(hidden, inputs["attention_mask"]).numpy()
+
+
+def test_embeddings_match_transformers_bert_model(minilm_dir):
+    embedder = Embedder(minilm_dir, batch_size=2)  # several batches, sorted by length, put back in order
+    batch = embedder.embed(TEXTS)
+    assert batch.vectors.shape == (len(TEXTS), 384) and batch.vectors.dtype == np.float32
+    np.testing.assert_allclose(batch.vectors, _reference(minilm_dir, TEXTS), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.linalg.norm(batch.vectors, axis=1), 1.0, atol=1e-6)
+    assert batch.num_tokens[1] == 3 and batch.num_tokens[2] == 256  # [CLS] x [SEP]; truncated
+
+
+def test_batching_does_not_change_a_text_s_vector(embedder):
+    alone = np.stack([embedder.embed([t]).vectors[0] for t in TEXTS])
+    np.testing.assert_allclose(embedder.embed(TEXTS).vectors, alone, atol=1e-5)
+    assert embedder.embed([]).vectors.shape == (0, 384)
+
+
+def test_similar_texts_score_higher(embedder):
+    v = embedder.embed(["The cat sat on the mat.", "A cat was sitting on a rug.", "Quarterly tax filing rules."])
+    assert v.vectors[0] @ v.vectors[1] > v.vectors[0] @ v.vectors[2] + 0.3
+
+
+def test_token_spans_are_untruncated_word_pieces(embedder):
+    text = "unbelievably long " * 300
+    spans = embedder.token_spans(text)
+    assert len(spans.offsets) > 256 and len(spans.offsets) == len(spans.word_ids)
+    start, end = spans.offsets[0]
+    assert text[start:end] == "un"  # 'unbelievably' is several pieces of one word
+    assert spans.word_ids[0] == spans.word_ids[1]
