@@ -8,7 +8,7 @@ VPY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve test clean-venv
+.PHONY: install serve test bench bench-peers clean-venv
 
 install: $(STAMP)
 
@@ -24,6 +24,21 @@ serve: install
 
 test: install
 	$(VPY) -m pytest $(PYTEST_ARGS)
+
+# Serving benchmarks (bench/suite.py): the optional `bench` extra (matplotlib) on top of the
+# base install. Results: bench/results/<date>.{json,md,png}. `make bench-peers
+# LLAMA_SERVER=/path/to/llama-server` uses that binary, else one is built outside the repository.
+BENCH_STAMP := $(VENV)/.installed-bench
+
+$(BENCH_STAMP): $(STAMP)
+	$(VPY) -m pip install -q -e ".[test,bench]"
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(VPY) -m bench.suite $(BENCH_ARGS)
+
+bench-peers: $(BENCH_STAMP)
+	$(VPY) -m bench.suite --peers $(if $(LLAMA_SERVER),--llama-server $(LLAMA_SERVER)) $(BENCH_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

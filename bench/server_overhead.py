@@ -16,15 +16,12 @@ import argparse
 import json
 import os
 import random
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import time
-from contextlib import contextmanager
 
 import httpx
+
+from bench.local_server import radixserve_server
 
 TTFT_SUM = "radixserve:time_to_first_token_seconds_sum"
 TTFT_COUNT = "radixserve:time_to_first_token_seconds_count"
@@ -78,32 +75,6 @@ def measure(url: str, api_key: str | None, num_requests: int) -> dict[str, float
     }
 
 
-@contextmanager
-def _own_server():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if k != "RADIXSERVE_API_KEY"}
-    process = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--port", str(port),
-                                "--kv-cache-memory", "256MiB", "--dtype", "float32"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the server did not start")
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.25)
-        yield url
-    finally:
-        process.send_signal(signal.SIGINT)
-        process.wait(timeout=30)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--url", help="a running server (default: start one)")
@@ -113,7 +84,7 @@ def main() -> None:
     if args.url:
         results = measure(args.url, args.api_key, args.num_requests)
     else:
-        with _own_server() as url:
+        with radixserve_server(["--kv-cache-memory", "256MiB"]) as url:
             results = measure(url, None, args.num_requests)
     print(json.dumps({k: round(v, 2) for k, v in results.items()}))
     print(f"server overhead on TTFT, p50 over {args.num_requests} requests: {results['overhead_p50_ms']:.1f} ms")
