@@ -2,7 +2,9 @@
 
 Each step has a token budget. Running decodes go first (one token each, oldest
 first), then chunks of prefills that are under way, then new admissions from
-the waiting queue (FCFS, or longest cached prefix first). When the pool runs
+the waiting queue (FCFS, or longest cached prefix first); a waiting request that
+shares a long uncached prefix with one still prefilling waits until that prefix is
+computed and cached, rather than computing it twice. When the pool runs
 out of pages: evict unlocked cache, then preempt the newest admitted request
 (its computed pages go into the tree, so recomputing it later is mostly a
 cache hit). A request that cannot fit even alone is refused in `add`.
@@ -22,6 +24,9 @@ from engine.request import FinishReason, Request, RequestStatus
 # Longest-prefix-first needs a match per waiting request each step; past this
 # many waiting it falls back to FCFS (as SGLang does).
 LPM_MAX_WAITING = 128
+# A waiting request that shares at least this many uncached pages with a request still
+# prefilling waits for them to be computed instead of computing them again.
+MIN_SHARED_PAGES = 2
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,8 @@ class Scheduler:
         for request in self._admission_order():
             if budget == 0 or len(self.admitted) >= self.max_num_seqs:
                 break
+            if self._waits_for_shared_prefix(request):
+                continue
             self._admit(request)
             num_tokens = min(request.num_uncomputed_tokens, budget)
             pages = self._allocate(self._num_new_pages(request, num_tokens))
@@ -231,6 +238,28 @@ class Scheduler:
         request.num_tree_pages = num_pages
         request.num_computed_tokens = num_pages * self.page_size
 
+    def _waits_for_shared_prefix(self, request: Request) -> bool:
+        """True when a request still prefilling shares at least MIN_SHARED_PAGES more full pages
+        with `request` than the tree holds, and has not computed them yet: admitting `request`
+        now would compute the same prefix twice; a step or two later it is a cache hit (each
+        prefill chunk goes into the tree when it is done). Requests arriving together with one
+        long system prompt are the common case."""
+        if not self.enable_prefix_cache:
+            return False
+        tokens = request.all_token_ids
+        num_cached_pages = None
+        for other in self.admitted:
+            if other.status is not RequestStatus.PREFILLING or other.cache_salt != request.cache_salt:
+                continue
+            num_shared_pages = _num_shared_pages(tokens, other.prompt_token_ids, self.page_size)
+            if num_shared_pages * self.page_size <= other.num_computed_tokens:
+                continue  # already computed: in the tree
+            if num_cached_pages is None:
+                num_cached_pages = self.tree.match_prefix(tokens, request.cache_salt).num_tokens // self.page_size
+            if num_shared_pages - num_cached_pages >= MIN_SHARED_PAGES:
+                return True
+        return False
+
     def _count_admission(self, request: Request) -> None:
         if request.timings.first_scheduled is not None:
             return  # a preempted request coming back: counted the first time
@@ -266,3 +295,12 @@ class Scheduler:
         request.tree_node = None
         request.num_computed_tokens = 0
 
+
+def _num_shared_pages(a: list[int], b: list[int], page_size: int) -> int:
+    """Full pages at the start of `a` and `b` that are equal (compared a page at a time)."""
+    num_pages = min(len(a), len(b)) // page_size
+    for page in range(num_pages):
+        start = page * page_size
+        if a[start:start + page_size] != b[start:start + page_size]:
+            return page
+    return num_pages

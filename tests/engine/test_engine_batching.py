@@ -130,3 +130,15 @@ def test_abort_frees_every_page(tiny_dir, abort_after_steps):
     assert engine.abort("a")
     stats = engine.stats()
     assert stats.num_free_pages == stats.num_pages and stats.num_running == 0
+
+
+def test_requests_arriving_together_compute_their_shared_prefix_once(tiny_dir):
+    rng = random.Random(7)
+    shared = [rng.randrange(3, 200) for _ in range(20 * PAGE_SIZE)]
+    prompts = [shared + [rng.randrange(3, 200) for _ in range(10)] for _ in range(4)]
+    engine = _engine(tiny_dir, max_num_batched_tokens=128)  # the shared prefix takes 3 chunks
+    expected = _alone(engine, prompts, 4)
+    _run_and_check(engine, prompts, expected, 4)
+    # The first computes the 320 shared tokens; the other three wait for them and hit the cache.
+    assert engine.scheduler.num_prefix_hit_tokens == 3 * len(shared)
+    assert engine.metrics.num_prefill_tokens == len(shared) + 4 * 10
