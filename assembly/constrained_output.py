@@ -10,6 +10,9 @@ Grammars:
   `<tool_call>\\n{"name": <one of the tools>, "arguments": <that tool's
   parameters schema>}\\n</tool_call>`, one call or (parallel) several on
   separate lines. The opening tag is forced by the mask like any other text.
+- calls the model may choose to make (tool_choice auto): text is free until the
+  model writes `<tool_call>` (a lazy lexeme, llguidance's StructTag), then the
+  call must be one of the tools with arguments that fit its schema.
 - response_format json_object (any object) / json_schema (the given schema).
 
 JSON is written with fixed separators (", " and ": ") and no free whitespace,
@@ -60,6 +63,18 @@ def tool_call_grammar(tools: list[dict], parallel: bool) -> str:
     return "\n".join([start, f"call: {opening} body {closing}", f"body: {bodies}", *rules])
 
 
+def optional_tool_calls_grammar(tools: list[dict]) -> str:
+    """Grammar of free text in which every `<tool_call>` block is a valid call to one of `tools`."""
+    if not tools:
+        raise GrammarError("tool calls need at least one tool")
+    tags = [llguidance.StructTag(trigger=CALL_OPEN,
+                                 begin=CALL_OPEN + "\n" + '{"name": ' + json.dumps(tool["name"]) + ', "arguments": ',
+                                 grammar={**(tool.get("parameters") or {"type": "object"}), "x-guidance": _JSON_STYLE},
+                                 end="}\n" + CALL_CLOSE)
+            for tool in tools]
+    return llguidance.StructTag.to_grammar(tags, assume_special=False)
+
+
 def json_grammar(schema: dict | None) -> str:
     """Lark grammar: a JSON value of `schema`, or any JSON object when None."""
     return "start: json\njson: " + _json_rule(schema if schema is not None else {"type": "object"})
@@ -74,8 +89,9 @@ class GrammarCompiler:
                                                  eos_token=sorted(eos_token_ids))
 
     def check(self, lark: str) -> str:
-        """The grammar in llguidance's form; raises GrammarError naming what is wrong."""
-        grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+        """The grammar in llguidance's form; raises GrammarError naming what is wrong.
+        `lark` is a Lark grammar, or llguidance's JSON form of several (what StructTag makes)."""
+        grammar = lark if lark.startswith("{") else llguidance.LLMatcher.grammar_from_lark(lark)
         error = llguidance.LLMatcher.validate_grammar(grammar, self._tokenizer)
         if error and not error.startswith("WARNING"):
             raise GrammarError(error)

@@ -5,8 +5,9 @@ into a GenerationJob (prompt ids, SamplingParams, stop strings), `generate`
 drives AsyncEngine and yields ChoiceDelta, `complete` collects them.
 
 Chat turns: with tools (and tool_choice not none) the text is read for tool
-calls as it streams (assembly's ToolCallStreamParser); a forced call or a JSON
-response_format runs under a grammar (a logits processor per choice). Every
+calls as it streams (assembly's ToolCallStreamParser); a forced call, the calls
+of tool_choice auto (free text, but a call once begun must be valid) and a JSON
+response_format run under a grammar (a logits processor per choice). Every
 finished chat turn's generated ids are remembered (GeneratedTurns), so when the
 client sends the turn back it is spliced into the next prompt verbatim; a turn
 that ends in tool calls has its prefix pinned in the cache for
@@ -28,7 +29,8 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 
-from assembly.constrained_output import GrammarCompiler, GrammarError, json_grammar, tool_call_grammar
+from assembly.constrained_output import (GrammarCompiler, GrammarError, json_grammar, optional_tool_calls_grammar,
+                                         tool_call_grammar)
 from assembly.detokenizer import IncrementalDetokenizer
 from assembly.generated_turns import GeneratedTurns
 from assembly.stop_strings import StopStringMatcher
@@ -165,6 +167,9 @@ class CompletionService:
         elif request.response_format is not None and request.response_format.type != "text":
             spec = request.response_format.json_schema
             lark, param = json_grammar(spec.schema_ if spec is not None else None), "response_format"
+        elif request.parses_tool_calls:  # auto: free text, but any call the model starts is a valid one
+            tools = [{"name": t.function.name, "parameters": t.function.parameters} for t in request.tools]
+            lark, param = optional_tool_calls_grammar(tools), "tools"
         else:
             return None
         try:

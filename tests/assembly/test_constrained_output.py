@@ -87,3 +87,27 @@ def test_unusable_schemas_are_refused(compiler, schema):
         compiler.check(json_grammar(schema))
     with pytest.raises(GrammarError):
         compiler.check(tool_call_grammar([{"name": "f", "parameters": schema}], parallel=False))
+
+
+def test_optional_calls_leave_text_free_but_make_a_begun_call_valid(compiler, smollm2_tokenizer):
+    from assembly.constrained_output import optional_tool_calls_grammar
+
+    grammar = compiler.check(optional_tool_calls_grammar([WEATHER, SEARCH]))
+    processor = compiler.processor(grammar)
+    generated = _walk(processor, smollm2_tokenizer, "Sure, let me look that up. 3 < 4 and <b>bold</b>.\n")
+    assert EOS in _allowed(processor, generated)  # plain text may end the turn
+    generated += _walk_more(processor, smollm2_tokenizer, generated, '<tool_call>\n{"name": "')
+    names = {smollm2_tokenizer.decode([t]) for t in _allowed(processor, generated)}
+    assert names and all("get_weather".startswith(n) or "search".startswith(n) for n in names)
+    generated += _walk_more(processor, smollm2_tokenizer, generated,
+                            'search", "arguments": {"q": "x"}}\n</tool_call>')
+    assert EOS in _allowed(processor, generated)
+
+
+def _walk_more(processor, tokenizer, generated: list[int], text: str) -> list[int]:
+    """Like _walk, continuing after `generated` (text tokenized on its own)."""
+    added = []
+    for token_id in tokenizer.encode(text):
+        assert token_id in _allowed(processor, generated + added), tokenizer.decode(generated + added + [token_id])
+        added.append(token_id)
+    return added
