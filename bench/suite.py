@@ -11,6 +11,7 @@ reached is reported and skipped; the others still run.
 """
 
 import argparse
+import os
 import shlex
 import sys
 from collections.abc import Callable, Sequence
@@ -65,6 +66,7 @@ def _run_servers(args: argparse.Namespace, log_stem: Path) -> tuple[list[ServerR
     servers, notes = [], []
     for label, start, describe in _server_plans(args, log_stem):
         print(f"== {label}", file=sys.stderr)
+        notes.append(f"{label}: load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs before it started")
         try:
             with start() as url:
                 servers.append(bench_server(url, label, names, sizes, options, native_tools=args.native_tools,
@@ -91,7 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not servers:
         print("error: no server ran; nothing to report", file=sys.stderr)
         return 1
-    notes.append("Same machine, one server at a time; the machine is shared, so timings are noisy.")
+    notes.append("Same machine, one server at a time. A load average well above 0 before a server started means "
+                 "something else was running: its timings are noisy.")
     write_results(stem.with_suffix(".json"), servers, sizes, options)
     title = "radixserve vs llama.cpp" if args.peers else "radixserve, prefix cache on and off"
     report = markdown_report(title, servers, servers[0].label, notes)
