@@ -23,14 +23,20 @@ def test_defaults_and_the_api_key_from_the_environment(monkeypatch, smollm2_dir)
     assert settings_from_args(_args(), smollm2_dir).api_key is None
 
 
+def test_serving_on_cpu_takes_a_smaller_step_budget_unless_told(smollm2_dir):
+    assert settings_from_args(_args("--device", "cpu"), smollm2_dir).engine.max_num_batched_tokens == 512
+    told = settings_from_args(_args("--device", "cpu", "--max-num-batched-tokens", "4096"), smollm2_dir)
+    assert told.engine.max_num_batched_tokens == 4096
+
+
 def test_engine_options_reach_the_engine_config(smollm2_dir):
     settings = settings_from_args(_args("--kv-cache-memory", "256MiB", "--max-num-seqs", "8", "--dtype", "float32",
                                         "--device", "cpu", "--no-prefix-cache", "--schedule", "lpm",
-                                        "--max-num-batched-tokens", "512", "--served-model-name", "smol",
+                                        "--max-num-batched-tokens", "1024", "--served-model-name", "smol",
                                         "--max-waiting", "5", "--max-body-bytes", "4096"), smollm2_dir)
     engine = settings.engine
     assert (engine.kv_cache_bytes, engine.max_num_seqs, engine.dtype, engine.device) == (256 << 20, 8, "float32", "cpu")
-    assert (engine.enable_prefix_cache, engine.schedule, engine.max_num_batched_tokens) == (False, "lpm", 512)
+    assert (engine.enable_prefix_cache, engine.schedule, engine.max_num_batched_tokens) == (False, "lpm", 1024)
     assert (settings.served_model_name, settings.max_waiting, settings.max_body_bytes) == ("smol", 5, 4096)
     assert settings_from_args(_args("--kv-cache-memory", "0.3"), smollm2_dir).engine.kv_cache_fraction == 0.3
 
