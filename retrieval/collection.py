@@ -59,10 +59,15 @@ class NewDocument:
 @dataclass(frozen=True)
 class SearchHit:
     id: str  # the document's id
-    chunk_id: str  # "<document id>#<chunk position>"
+    position: int  # of the chunk in its document, from 0
     text: str  # the chunk's text
     score: float  # cosine similarity to the query, in [-1, 1]
     metadata: dict  # the document's
+
+    @property
+    def chunk_id(self) -> str:
+        """"<document id>#<chunk position>", how the API names a chunk."""
+        return f"{self.id}#{self.position}"
 
 
 class Collection:
@@ -110,8 +115,7 @@ class Collection:
         for chunk_id, score in zip(hits.chunk_ids.tolist(), hits.scores.tolist()):
             row = rows.get(chunk_id)
             if row is not None:  # always, unless another process changed the store in between
-                results.append(SearchHit(row.document_id, f"{row.document_id}#{row.position}", row.text,
-                                         float(score), row.metadata))
+                results.append(SearchHit(row.document_id, row.position, row.text, float(score), row.metadata))
         return results
 
     # ---- writes ----

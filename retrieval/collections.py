@@ -4,7 +4,7 @@
     collections.create("docs")                            # CollectionExistsError, InvalidInputError (bad name)
     ids = collections.add_documents("docs", [NewDocument("text", id="a", metadata={...})])
     hits = collections.search("docs", "a question", top_k=4)
-    # -> [SearchHit(id="a", chunk_id="a#0", text=<chunk>, score=0.83, metadata={...}), ...] best first
+    # -> [SearchHit(id="a", position=0 (chunk_id "a#0"), text=<chunk>, score=0.83, metadata={...}), ...] best first
     collections.delete_document("docs", "a")              # DocumentNotFoundError
     collections.list_collections()                       # -> [CollectionInfo(name, num_documents, num_chunks)]
     collections.delete("docs")

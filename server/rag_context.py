@@ -33,18 +33,13 @@ def _query(request: ChatCompletionRequest) -> str:
     raise invalid_request("retrieval needs a query: give retrieval.query or a user message", param="retrieval.query")
 
 
-def _chunk_position(chunk_id: str) -> int:
-    tail = chunk_id.rpartition("#")[2]
-    return int(tail) if tail.isdigit() else 0
-
-
 async def retrieve_context(service: RetrievalService, request: ChatCompletionRequest, order: str) -> RetrievedContext:
     """Raises APIError (404 unknown collection, 400 bad input) through the retrieval service."""
     spec = request.retrieval
     hits = await service.search(spec.collection, _query(request), spec.top_k)
     reported = [{"id": hit.id, "chunk_id": hit.chunk_id, "score": round(float(hit.score), 6)} for hit in hits]
     if order == "canonical":
-        hits = sorted(hits, key=lambda hit: (hit.id, _chunk_position(hit.chunk_id)))
+        hits = sorted(hits, key=lambda hit: (hit.id, hit.position))
     documents = []
     for hit in hits:
         document = {"id": hit.chunk_id, "text": hit.text}

@@ -17,7 +17,7 @@ from retrieval.errors import (CollectionExistsError, CollectionNotFoundError, Do
 from server.errors import APIError, invalid_request
 
 EMBEDDING_MODEL = "all-minilm-l6-v2"  # a name `engine.model_store.pull` knows
-EMBEDDING_MODEL_ALIASES = {EMBEDDING_MODEL, "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
+EMBEDDING_MODEL_ALIASES = {EMBEDDING_MODEL, "sentence-transformers/all-minilm-l6-v2"}
 MAX_DOCUMENTS_PER_REQUEST = 512
 MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit
 
