@@ -29,6 +29,11 @@ class ToolCall:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 
+def message_content(text: str, calls: list[ToolCall]) -> str | None:
+    """A turn's `message.content`, as OpenAI shapes it: None for a turn of tool calls only."""
+    return None if calls and not text.strip() else text
+
+
 def new_tool_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 

@@ -35,7 +35,7 @@ from assembly.detokenizer import IncrementalDetokenizer
 from assembly.generated_turns import GeneratedTurns
 from assembly.stop_strings import StopStringMatcher
 from assembly.tool_call_stream import ToolCallDelta, ToolCallStreamParser
-from assembly.tool_calls import ToolCall
+from assembly.tool_calls import ToolCall, message_content
 from engine.async_engine import AsyncEngine
 from engine.request import FinishReason, RequestOutput
 from engine.sampling_params import SamplingParams
@@ -124,8 +124,7 @@ class ChoiceResult:
 
     @property
     def content(self) -> str | None:
-        """The message's content: None for a turn of tool calls only."""
-        return None if self.tool_calls and not self.text.strip() else self.text
+        return message_content(self.text, self.tool_calls)
 
 
 class CompletionService:
@@ -156,19 +155,17 @@ class CompletionService:
                        is_chat=True)
 
     def _chat_grammar(self, request: ChatCompletionRequest) -> str | None:
-        """The grammar a forced tool call or a JSON response_format puts the output under."""
+        """The grammar the output runs under: a forced tool call, the calls tool_choice auto lets the
+        model make (text stays free), or a JSON response_format; None when free."""
+        choice = request.tool_choice
+        tools = [{"name": t.function.name, "parameters": t.function.parameters} for t in request.tools or ()
+                 if not isinstance(choice, NamedToolChoice) or t.function.name == choice.function.name]
         if request.forces_tool_call:
-            choice = request.tool_choice
-            functions = [tool.function for tool in request.tools]
-            if isinstance(choice, NamedToolChoice):
-                functions = [f for f in functions if f.name == choice.function.name]
-            tools = [{"name": f.name, "parameters": f.parameters} for f in functions]
             lark, param = tool_call_grammar(tools, parallel=request.parallel_tool_calls and choice == "required"), "tools"
         elif request.response_format is not None and request.response_format.type != "text":
             spec = request.response_format.json_schema
             lark, param = json_grammar(spec.schema_ if spec is not None else None), "response_format"
-        elif request.parses_tool_calls:  # auto: free text, but any call the model starts is a valid one
-            tools = [{"name": t.function.name, "parameters": t.function.parameters} for t in request.tools]
+        elif request.parses_tool_calls:
             lark, param = optional_tool_calls_grammar(tools), "tools"
         else:
             return None
@@ -308,6 +305,6 @@ class CompletionService:
         if self.turns is not None:
             # A stop token is the end of the turn, which the template writes itself.
             turn_ids = generated_ids[:-1] if reason is FinishReason.STOP else generated_ids
-            self.turns.remember(content if content.strip() or not calls else None, calls, turn_ids)
+            self.turns.remember(message_content(content, calls), calls, turn_ids)
         if calls and self.settings.tool_pin_seconds > 0:
             self.engine.pin(job.prompt_token_ids + generated_ids, job.cache_salt, self.settings.tool_pin_seconds)
