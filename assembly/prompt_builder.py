@@ -18,6 +18,7 @@ is rendered again without splicing: correct, but without that guarantee.
 import json
 import re
 from collections.abc import Sequence
+from itertools import groupby
 from typing import Any
 
 from assembly.builtin_blocks import BuiltinBlocks
@@ -72,28 +73,22 @@ class PromptBuilder:
     def _prepare(self, messages: list[dict], tools: list[dict] | None, documents: list[dict] | None) -> list[dict]:
         native_tools = self.template.supports_tools
         prepared: list[dict] = []
-        for index, message in enumerate(messages):
-            role = message.get("role")
-            if role == "assistant" and message.get("tool_calls"):
-                calls = _parsed_calls(message["tool_calls"], index)
-                if native_tools:
-                    prepared.append({**message, "tool_calls": calls})
-                else:
-                    functions = [call["function"] for call in calls]
-                    content = self.blocks.tool_calls(message.get("content") or "", functions)
-                    prepared.append({k: v for k, v in message.items() if k != "tool_calls"} | {"content": content})
-            elif role == "tool" and not native_tools:
-                response = message.get("content") or ""
-                if prepared and prepared[-1].get("_tool_responses") is not None:
-                    prepared[-1]["_tool_responses"].append(response)
-                else:
-                    prepared.append({"role": "user", "_tool_responses": [response]})
-            else:
-                prepared.append(dict(message))
-        for message in prepared:
-            responses = message.pop("_tool_responses", None)
-            if responses is not None:
-                message["content"] = self.blocks.tool_responses(responses)
+        # Runs of tool results become one user turn for a template that cannot render them.
+        runs = groupby(enumerate(messages), key=lambda item: item[1].get("role") == "tool" and not native_tools)
+        for is_tool_results, run in runs:
+            if is_tool_results:
+                responses = [message.get("content") or "" for _, message in run]
+                prepared.append({"role": "user", "content": self.blocks.tool_responses(responses)})
+                continue
+            for index, message in run:
+                if message.get("role") == "assistant" and message.get("tool_calls"):
+                    calls = _parsed_calls(message["tool_calls"], index)
+                    if native_tools:
+                        message = {**message, "tool_calls": calls}
+                    else:
+                        content = self.blocks.tool_calls(message.get("content") or "", [c["function"] for c in calls])
+                        message = {k: v for k, v in message.items() if k != "tool_calls"} | {"content": content}
+                prepared.append(message)
         return self._with_system_blocks(prepared, tools, documents)
 
     def _with_system_blocks(self, messages: list[dict], tools, documents) -> list[dict]:
@@ -106,8 +101,7 @@ class PromptBuilder:
             return messages
         if messages and messages[0].get("role") == "system":
             system = messages[0]
-            content = "\n\n".join([system.get("content") or "", *blocks]) if system.get("content") else "\n\n".join(blocks)
-            return [{**system, "content": content}, *messages[1:]]
+            return [{**system, "content": "\n\n".join(filter(None, [system.get("content"), *blocks]))}, *messages[1:]]
         return [{"role": "system", "content": "\n\n".join(blocks)}, *messages]
 
     def _render(self, messages, tools, documents, template_kwargs, add_generation_prompt) -> str:
