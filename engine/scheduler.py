@@ -246,11 +246,13 @@ class Scheduler:
         long system prompt are the common case."""
         if not self.enable_prefix_cache:
             return False
+        prefilling = [other for other in self.admitted
+                      if other.status is RequestStatus.PREFILLING and other.cache_salt == request.cache_salt]
+        if not prefilling:
+            return False
         tokens = request.all_token_ids
         num_cached_pages = None
-        for other in self.admitted:
-            if other.status is not RequestStatus.PREFILLING or other.cache_salt != request.cache_salt:
-                continue
+        for other in prefilling:
             num_shared_pages = _num_shared_pages(tokens, other.prompt_token_ids, self.page_size)
             if num_shared_pages * self.page_size <= other.num_computed_tokens:
                 continue  # already computed: in the tree
