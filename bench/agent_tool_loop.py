@@ -26,6 +26,7 @@ from bench import corpus
 from bench.agent_tools import TOOLS
 from bench.agent_workload import AGENT_INSTRUCTIONS, TASKS
 from bench.local_server import ServerStartError, radixserve_server
+from bench.runner import RunOptions, open_client
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ async def _session(client: httpx.AsyncClient, index: int, model: str | None, arg
         if model:
             body["model"] = model
         started = time.perf_counter()
-        response = await client.post("/chat/completions", json=body)
+        response = await client.post("/v1/chat/completions", json=body)
         latency_s = time.perf_counter() - started
         if response.status_code != 200:
             raise RuntimeError(f"session {index} turn {turn}: HTTP {response.status_code}: {response.text[:300]}")
@@ -71,8 +72,8 @@ async def _session(client: httpx.AsyncClient, index: int, model: str | None, arg
 
 
 async def run(url: str, api_key: str | None, args) -> list[TurnUsage]:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    async with httpx.AsyncClient(base_url=url.rstrip("/") + "/v1", headers=headers, timeout=600) as client:
+    options = RunOptions(concurrency=args.num_sessions, api_key=api_key, timeout_s=600)
+    async with open_client(url.rstrip("/"), options) as client:
         sessions = [_session(client, i, args.model, args) for i in range(args.num_sessions)]
         return [usage for usages in await asyncio.gather(*sessions) for usage in usages]
 

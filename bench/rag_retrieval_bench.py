@@ -53,7 +53,7 @@ def build_requests(passages: tuple[str, ...], args) -> Workload:
 async def fill_collection(base_url: str, passages: tuple[str, ...]) -> float:
     """Create the collection and add the passages; returns seconds taken."""
     started = time.perf_counter()
-    async with httpx.AsyncClient(base_url=base_url, timeout=3600) as client:
+    async with open_client(base_url, RunOptions(timeout_s=3600)) as client:
         response = await client.post("/v1/collections", json={"name": COLLECTION})
         if response.status_code != 201:
             raise RuntimeError(f"creating the collection: HTTP {response.status_code}: {response.text[:200]}")

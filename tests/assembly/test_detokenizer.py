@@ -16,9 +16,9 @@ TEXTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tokenizer(smollm2_dir) -> Tokenizer:
-    return Tokenizer(smollm2_dir)
+@pytest.fixture
+def tokenizer(smollm2_tokenizer) -> Tokenizer:
+    return smollm2_tokenizer  # conftest.py's, one per session
 
 
 def _stream(tokenizer, token_ids, chunk_sizes=None) -> list[str]:
