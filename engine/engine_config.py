@@ -68,6 +68,7 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     schedule: str = "fcfs"  # or "lpm": longest cached prefix first
     enable_prefix_cache: bool = True
+    gguf_blocks: bool = True  # decode reads the GGUF blocks a converted model keeps (CPU, float32)
 
     def __post_init__(self):
         if self.page_size <= 0 or self.page_size & (self.page_size - 1):

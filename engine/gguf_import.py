@@ -1,7 +1,10 @@
 """Converting a GGUF file into the HF-style model directory the engine loads.
 
 Out come config.json, generation_config.json, model.safetensors (float32,
-dequantized, HF tensor names), tokenizer.json and tokenizer_config.json.
+dequantized, HF tensor names), tokenizer.json and tokenizer_config.json, and,
+when the file holds Q4_1 or Q8_0 tensors, gguf_blocks.safetensors: those
+tensors' blocks as the file stores them (uint8 rows, same HF names), which
+decode reads instead of the float32 copy (engine/block_weights.py).
 Supported: llama (SmolLM, Llama 2/3 sizes, Mistral, which llama.cpp also calls
 llama) and qwen2. Everything else is refused with the file and the
 architecture named.
@@ -26,7 +29,10 @@ from engine.errors import ModelFormatError
 from engine.gguf_tokenizer import build_tokenizer, special_token_str
 
 # Bumped when the converter's output changes, so models converted earlier are redone.
-CONVERTER_VERSION = 2
+CONVERTER_VERSION = 3
+BLOCKS_FILE = "gguf_blocks.safetensors"
+# GGUF block formats the CPU kernels read (kernels/cpu_matvec.py).
+KEPT_BLOCK_FORMATS = ("Q4_1", "Q8_0")
 
 GGUF_MAGIC = b"GGUF"
 # general.architecture -> (HF architectures entry, HF model_type)
@@ -83,6 +89,10 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = Tr
 
     out_dir.mkdir(parents=True, exist_ok=True)
     write_safetensors(out_dir / "model.safetensors", specs, _hf_arrays(reader, specs, config, progress))
+    block_specs = [spec for spec in specs
+                   if reader.tensors[spec.gguf_index].tensor_type.name in KEPT_BLOCK_FORMATS and len(spec.shape) == 2]
+    if block_specs:
+        write_block_safetensors(out_dir / BLOCKS_FILE, reader, block_specs, config)
     tokenizer.save(str(out_dir / "tokenizer.json"))
     _write_json(out_dir / "config.json", config)
     _write_json(out_dir / "generation_config.json", _generation_config(config))
@@ -219,6 +229,18 @@ def _hf_arrays(
         yield array
 
 
+def _block_rows(reader: GGUFReader, spec: TensorSpec, config: dict[str, Any]) -> np.ndarray:
+    """The raw blocks of a quantized 2-D tensor, (rows, bytes per row) uint8, rows in HF order."""
+    rows = np.asarray(reader.tensors[spec.gguf_index].data).reshape(spec.shape[0], -1)
+    if config["model_type"] == "llama":
+        # blocks run along a row, so un-permuting rows moves whole rows of blocks
+        if ".self_attn.q_proj." in spec.hf_name:
+            rows = _unpermute_rope_rows(rows, config["num_attention_heads"])
+        elif ".self_attn.k_proj." in spec.hf_name:
+            rows = _unpermute_rope_rows(rows, config["num_key_value_heads"])
+    return np.ascontiguousarray(rows)
+
+
 def _unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     """Undo convert_hf_to_gguf.py's `permute`: per head, rows (pair, 2) -> (2, pair).
 
@@ -279,13 +301,21 @@ _HEADER_ALIGN_BYTES = 8  # the data section starts 8-byte aligned, as safetensor
 _F32_BYTES = 4
 
 
-def write_safetensors(path: Path, specs: list[TensorSpec], arrays: Iterator[np.ndarray]) -> None:
-    """Write float32 `arrays` (yielded lazily, in the order of `specs`) to `path`."""
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+def write_safetensors(
+    path: Path,
+    specs: list[TensorSpec],
+    arrays: Iterator[np.ndarray],
+    dtype: str = "F32",
+    metadata: dict[str, str] | None = None,
+) -> None:
+    """Write `arrays` (yielded lazily, in the order of `specs`, float32 or, with
+    dtype "U8", uint8) to `path`."""
+    numpy_dtype, item_bytes = {"F32": ("<f4", _F32_BYTES), "U8": ("u1", 1)}[dtype]
+    header: dict[str, Any] = {"__metadata__": {"format": "pt", **(metadata or {})}}
     offset = 0
     for spec in specs:
-        num_bytes = int(np.prod(spec.shape, dtype=np.int64)) * _F32_BYTES
-        header[spec.hf_name] = {"dtype": "F32", "shape": list(spec.shape), "data_offsets": [offset, offset + num_bytes]}
+        num_bytes = int(np.prod(spec.shape, dtype=np.int64)) * item_bytes
+        header[spec.hf_name] = {"dtype": dtype, "shape": list(spec.shape), "data_offsets": [offset, offset + num_bytes]}
         offset += num_bytes
     header_bytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
     header_bytes += b" " * (-(8 + len(header_bytes)) % _HEADER_ALIGN_BYTES)
@@ -296,4 +326,17 @@ def write_safetensors(path: Path, specs: list[TensorSpec], arrays: Iterator[np.n
         for spec, array in zip(specs, arrays, strict=True):
             if tuple(array.shape) != spec.shape:
                 raise ValueError(f"tensor {spec.hf_name}: got shape {array.shape}, header says {spec.shape}")
-            f.write(np.ascontiguousarray(array, dtype="<f4").data)
+            f.write(np.ascontiguousarray(array, dtype=numpy_dtype).data)
+
+
+def write_block_safetensors(path: Path, reader: GGUFReader, specs: list[TensorSpec], config: dict[str, Any]) -> None:
+    """The quantized 2-D tensors of `specs` as uint8 block rows; the header's
+    metadata names each tensor's block format ({"block_formats": JSON})."""
+    block_specs = [
+        TensorSpec(spec.hf_name, (spec.shape[0], int(reader.tensors[spec.gguf_index].n_bytes) // spec.shape[0]),
+                   spec.gguf_index)
+        for spec in specs
+    ]
+    arrays = (_block_rows(reader, spec, config) for spec in specs)  # one tensor at a time
+    formats = {spec.hf_name: reader.tensors[spec.gguf_index].tensor_type.name for spec in specs}
+    write_safetensors(path, block_specs, arrays, dtype="U8", metadata={"block_formats": json.dumps(formats)})

@@ -44,7 +44,7 @@ class LLMEngine:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         model_dir = Path(config.model_dir)
-        self.model = load_model(model_dir, self.device, self.dtype)
+        self.model = load_model(model_dir, self.device, self.dtype, gguf_blocks=config.gguf_blocks)
         model_config = self.model.config
         self.vocab_size = model_config.vocab_size
         self.eos_token_ids = frozenset(model_config.eos_token_ids + _generation_eos_ids(model_dir))

@@ -11,11 +11,14 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
+from engine.block_weights import fused, read_block_weights
 from engine.errors import ModelFormatError
+from engine.gguf_import import BLOCKS_FILE
 from engine.model_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.model_store import radixserve_home
 from kernels import cpu_matvec, packed_linear
+from kernels.cpu_matvec import BlockWeight
 
 
 def safetensors_files(model_dir: Path) -> list[Path]:
@@ -26,7 +29,7 @@ def safetensors_files(model_dir: Path) -> list[Path]:
         except (OSError, ValueError, KeyError) as error:
             raise ModelFormatError(index_path, f"unreadable index: {error}") from None
         return [model_dir / name for name in sorted(set(weight_map.values()))]
-    files = sorted(model_dir.glob("*.safetensors"))
+    files = sorted(path for path in model_dir.glob("*.safetensors") if path.name != BLOCKS_FILE)
     if not files:
         raise ModelFormatError(model_dir, "no *.safetensors weights in the model directory")
     return files
@@ -100,16 +103,35 @@ def load_weights(model: LlamaForCausalLM, model_dir: Path) -> None:
 
 
 def load_model(
-    model_dir: Path, device: torch.device, dtype: torch.dtype, pack_weights: bool = True
+    model_dir: Path, device: torch.device, dtype: torch.dtype, pack_weights: bool = True, gguf_blocks: bool = True
 ) -> LlamaForCausalLM:
     """The model with its weights. On CPU in float32, unless `pack_weights` is
     False (the plain path): projections move to oneDNN's prepacked layout, and
-    single-row products (batch-1 decode) go through the AVX2 matvec kernel,
-    built once under $RADIXSERVE_HOME/kernels, which keeps a row-major copy of
-    each weight (twice the weight memory, for ~20% faster batch-1 decode)."""
+    few-row products (decode) go through the AVX2 kernels of
+    kernels/cpu_matvec.py, built once under $RADIXSERVE_HOME/kernels. Those read
+    the GGUF blocks a converted model keeps (unless `gguf_blocks` is False),
+    else a kept row-major copy of each float32 weight (twice the weight memory,
+    for ~20% faster batch-1 decode)."""
     config = ModelConfig.from_model_dir(model_dir)
     model = LlamaForCausalLM(config, device, dtype)
     load_weights(model, Path(model_dir))
     if pack_weights and packed_linear.is_available(device, dtype):
-        model.pack_weights(cpu_matvec.load(radixserve_home() / "kernels"))
+        kernels = cpu_matvec.load(radixserve_home() / "kernels")
+        blocks = module_blocks(model, read_block_weights(Path(model_dir))) if kernels and gguf_blocks else {}
+        model.pack_weights(kernels, blocks)
     return model.eval()
+
+
+def module_blocks(model: LlamaForCausalLM, weights: dict[str, BlockWeight]) -> dict[str, BlockWeight]:
+    """Module name -> the GGUF blocks of its (fused) weight, for the modules whose
+    every part has blocks of one format; the rest stay float32."""
+    by_module: dict[str, BlockWeight | None] = {}
+    for i in range(model.config.num_layers):
+        hf, ours = f"model.layers.{i}.", f"layers.{i}."
+        by_module[ours + "self_attn.qkv_proj"] = fused(weights, [hf + f"self_attn.{p}_proj.weight" for p in "qkv"])
+        by_module[ours + "self_attn.o_proj"] = fused(weights, [hf + "self_attn.o_proj.weight"])
+        by_module[ours + "mlp.gate_up_proj"] = fused(weights, [hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight"])
+        by_module[ours + "mlp.down_proj"] = fused(weights, [hf + "mlp.down_proj.weight"])
+    head = "model.embed_tokens.weight" if model.config.tie_word_embeddings else "lm_head.weight"
+    by_module["lm_head"] = fused(weights, [head])
+    return {name: blocks for name, blocks in by_module.items() if blocks is not None}

@@ -49,7 +49,8 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
         if args.max_num_batched_tokens is None and resolve_device(args.device).type == "cpu":
             engine_fields["max_num_batched_tokens"] = CPU_SERVE_MAX_NUM_BATCHED_TOKENS
         engine = EngineConfig(model_dir=model_dir, device=args.device, dtype=args.dtype, schedule=args.schedule,
-                              enable_prefix_cache=not args.no_prefix_cache, **engine_fields)
+                              enable_prefix_cache=not args.no_prefix_cache, gguf_blocks=not args.no_gguf_blocks,
+                              **engine_fields)
         return ServerSettings(
             engine=engine,
             served_model_name=args.served_model_name or model_dir.name,

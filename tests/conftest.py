@@ -61,9 +61,15 @@ def write_tiny_gguf(
     tie_word_embeddings: bool = True,
     qkv_bias: bool = False,
     seed: int = 0,
+    quantized: bool = False,
 ) -> dict[str, np.ndarray]:
-    """Write a tiny random model to `path` as llama.cpp would; return its HF-layout state dict."""
+    """Write a tiny random model to `path` as llama.cpp would; return its HF-layout state dict.
+
+    `quantized` stores the token embedding as Q8_0 and every other matrix whose rows are whole
+    32-weight blocks as Q4_1 (down_proj, 48 wide, stays float32); the returned weights are then
+    the dequantized values."""
     import gguf
+    from gguf.quants import dequantize, quantize
 
     rng = np.random.default_rng(seed)
     s = TINY_SHAPE
@@ -112,7 +118,17 @@ def write_tiny_gguf(
     writer.add_pad_token_id(tokens.index("<|im_end|>"))
     writer.add_chat_template(TINY_CHAT_TEMPLATE)
     for hf_name, array in hf.items():
-        writer.add_tensor(_gguf_name(hf_name), _to_gguf_layout(hf_name, array, arch))
+        gguf_array = _to_gguf_layout(hf_name, array, arch)
+        block_format = None
+        if quantized and array.ndim == 2 and array.shape[1] % 32 == 0:
+            block_format = gguf.GGMLQuantizationType.Q8_0 if "embed_tokens" in hf_name else gguf.GGMLQuantizationType.Q4_1
+        if block_format is None:
+            writer.add_tensor(_gguf_name(hf_name), gguf_array)
+            continue
+        blocks = quantize(gguf_array, block_format)
+        writer.add_tensor(_gguf_name(hf_name), blocks, raw_dtype=block_format)
+        # what a reader gets back, in HF layout (the permutation only moves rows)
+        hf[hf_name] = _from_gguf_layout(hf_name, dequantize(blocks, block_format).astype(np.float32), arch)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -127,6 +143,16 @@ def _to_gguf_layout(hf_name: str, array: np.ndarray, arch: str) -> np.ndarray:
         return permute_for_llama_cpp(array, TINY_SHAPE["num_heads"])
     if ".k_proj." in hf_name:
         return permute_for_llama_cpp(array, TINY_SHAPE["num_kv_heads"])
+    return array
+
+
+def _from_gguf_layout(hf_name: str, array: np.ndarray, arch: str) -> np.ndarray:
+    if arch != "llama":
+        return array
+    for part, heads in ((".q_proj.", TINY_SHAPE["num_heads"]), (".k_proj.", TINY_SHAPE["num_kv_heads"])):
+        if part in hf_name:
+            head_dim = array.shape[0] // heads
+            return array.reshape(heads, head_dim // 2, 2, *array.shape[1:]).swapaxes(1, 2).reshape(array.shape)
     return array
 
 

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from engine.model_config import ModelConfig
 from kernels.activation import silu_and_mul
-from kernels.cpu_matvec import CpuMatvec
+from kernels.cpu_matvec import BLOCKS_MAX_ROWS, BlockWeight, CpuMatvec
 from kernels.packed_linear import pack_weight, packed_linear
 from kernels.paged_attention import AttentionInputs, paged_attention, store_kv
 from kernels.rms_norm import rms_norm
@@ -23,10 +23,12 @@ class Linear(nn.Module):
     """y = x @ weight^T (+ bias), weight (out, in) as HF stores it.
 
     On CPU in float32 `pack()` moves the weight into oneDNN's prepacked layout
-    (kernels/packed_linear.py) and, given the AVX2 matvec kernel, keeps the
-    row-major weight for single-row inputs (kernels/cpu_matvec.py). Elsewhere
-    (CUDA, bfloat16) the plain F.linear runs: measured on these CPUs, bf16
-    x @ W^T runs ~8x faster in this layout than in the transposed one.
+    (kernels/packed_linear.py) for large inputs, and gives few-row inputs
+    (decode) a faster kernel (kernels/cpu_matvec.py): the GGUF blocks of the
+    weight when the model has them, for up to BLOCKS_MAX_ROWS rows; otherwise
+    a row-major float32 copy for single rows. Elsewhere (CUDA, bfloat16) the
+    plain F.linear runs: measured on these CPUs, bf16 x @ W^T runs ~8x faster
+    in this layout than in the transposed one.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool):
@@ -34,25 +36,37 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.packed_weight: Tensor | None = None
-        self.matvec: CpuMatvec | None = None
+        self.kernels: CpuMatvec | None = None
+        self.block_weight: BlockWeight | None = None
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.matvec is not None and x.shape[0] == 1:
-            y = self.matvec(x, self.weight)
-            return y + self.bias if self.bias is not None else y
+        if self.kernels is not None:
+            y = None
+            if self.block_weight is not None and x.shape[0] <= BLOCKS_MAX_ROWS:
+                y = self.kernels.matmul_blocks(x, self.block_weight)
+            elif self.block_weight is None and x.shape[0] == 1:
+                y = self.kernels(x, self.weight)
+            if y is not None:
+                return y + self.bias if self.bias is not None else y
         if self.packed_weight is not None:
             return packed_linear(x, self.packed_weight, self.bias)
         return torch.nn.functional.linear(x, self.weight, self.bias)
 
-    def pack(self, matvec: "CpuMatvec | None" = None) -> None:
-        """Switch to the prepacked path. With a `matvec` kernel the row-major
-        weight stays too (twice the memory), for single-row inputs; without,
-        it is dropped."""
+    def pack(self, kernels: "CpuMatvec | None" = None, block_weight: BlockWeight | None = None) -> None:
+        """Switch to the prepacked path, plus `kernels` for few-row inputs: over
+        `block_weight` when given (the float32 weight is dropped), else over a
+        kept row-major float32 weight (twice the memory)."""
+        out_features, in_features = self.weight.shape
+        if block_weight is not None and (block_weight.rows, block_weight.cols) != (out_features, in_features):
+            raise ValueError(f"block weight ({block_weight.rows}, {block_weight.cols}) does not fit a "
+                             f"({out_features}, {in_features}) projection")
         self.packed_weight = pack_weight(self.weight)
-        if matvec is not None and matvec.fits(self.weight):
-            self.matvec = matvec
-        else:
-            self.weight = nn.Parameter(torch.empty(0), requires_grad=False)
+        if kernels is not None and block_weight is not None:
+            self.kernels, self.block_weight = kernels, block_weight
+        elif kernels is not None and kernels.fits(self.weight):
+            self.kernels = kernels
+            return
+        self.weight = nn.Parameter(torch.empty(0), requires_grad=False)
 
 
 class RMSNorm(nn.Module):
@@ -143,8 +157,7 @@ class LlamaForCausalLM(nn.Module):
             if not config.tie_word_embeddings:
                 self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.to(dtype).to_empty(device=device)
-        self.packed_lm_head: Tensor | None = None  # set by pack_weights()
-        self.matvec: CpuMatvec | None = None
+        self.packed_head: Linear | None = None  # set by pack_weights()
         self.requires_grad_(False)
 
     @torch.inference_mode()
@@ -166,21 +179,25 @@ class LlamaForCausalLM(nn.Module):
         """(M, d) -> (M, V) float32. Called on the rows that need logits only
         (a prefill chunk's last token), which keeps the 49k-wide head off the
         prefill's critical path."""
+        if self.packed_head is not None:
+            return self.packed_head(hidden)
         head = self.embed_tokens if self.config.tie_word_embeddings else self.lm_head
-        if self.matvec is not None and hidden.shape[0] == 1:
-            return self.matvec(hidden, head.weight)
-        if self.packed_lm_head is not None:
-            return packed_linear(hidden, self.packed_lm_head, None).float()
         return torch.nn.functional.linear(hidden, head.weight).float()
 
-    def pack_weights(self, matvec: "CpuMatvec | None" = None) -> None:
-        """Move every projection and the LM head to oneDNN's prepacked layout.
-        A tied head gets its own packed copy (the embedding table stays for lookups)."""
-        for module in self.modules():
+    def pack_weights(self, kernels: "CpuMatvec | None" = None, blocks: dict[str, BlockWeight] | None = None) -> None:
+        """Move every projection and the LM head to the packed path (Linear.pack).
+        `blocks` maps module names ("layers.0.mlp.down_proj", "lm_head") to their
+        GGUF blocks, which few-row inputs then read. The head becomes a Linear of
+        its own; a tied one keeps the embedding table for lookups."""
+        blocks = blocks or {}
+        for name, module in self.named_modules():
             if isinstance(module, Linear):
-                module.pack(matvec)
-        head = self.embed_tokens if self.config.tie_word_embeddings else self.lm_head
-        self.matvec = matvec if matvec is not None and matvec.fits(head.weight) else None
-        self.packed_lm_head = pack_weight(head.weight)
-        if not self.config.tie_word_embeddings and self.matvec is None:
-            self.lm_head.weight = nn.Parameter(torch.empty(0), requires_grad=False)
+                module.pack(kernels, blocks.get(name))
+        head_weight = (self.embed_tokens if self.config.tie_word_embeddings else self.lm_head).weight
+        with torch.device("meta"):
+            head = Linear(self.config.hidden_size, self.config.vocab_size, bias=False)
+        head.weight = head_weight
+        head.pack(kernels, blocks.get("lm_head"))
+        self.packed_head = head
+        if not self.config.tie_word_embeddings:
+            self.lm_head = None  # the packed head holds what it needs

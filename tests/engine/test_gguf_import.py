@@ -3,13 +3,18 @@
 import json
 import os
 
+import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
 
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+
 from engine import model_store
+from engine.block_weights import read_block_weights
 from engine.errors import ModelFormatError
-from engine.gguf_import import convert_gguf
+from engine.gguf_import import BLOCKS_FILE, convert_gguf
 
 transformers = pytest.importorskip("transformers")
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint  # noqa: E402
@@ -157,3 +162,29 @@ def test_missing_file_is_refused(tmp_path):
     with pytest.raises(ModelFormatError, match="cannot read"):
         convert_gguf(tmp_path / "absent.gguf", tmp_path / "out", progress=False)
     assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.mark.parametrize("arch, tie", [("llama", True), ("llama", False), ("qwen2", False)])
+def test_quantized_conversion_keeps_blocks_of_the_same_values(tmp_path, tiny_gguf, arch, tie):
+    """Q4_1 / Q8_0 tensors come out twice: dequantized in model.safetensors and as their
+    blocks in gguf_blocks.safetensors; the blocks decode to exactly the float32 weights,
+    q/k rows un-permuted alike."""
+    hf = tiny_gguf(tmp_path / "tiny.gguf", arch, tie_word_embeddings=tie, quantized=True)
+    out = convert_gguf(tmp_path / "tiny.gguf", tmp_path / "out", progress=False)
+    ours = _our_state_dict(out)
+    _assert_same_tensors(ours, {name: torch.from_numpy(array) for name, array in hf.items()}, atol=0)
+    blocks = read_block_weights(out)
+    expected_formats = {name: "Q8_0" if "embed_tokens" in name else "Q4_1"
+                        for name, array in hf.items() if array.ndim == 2 and array.shape[1] % 32 == 0}
+    assert {name: weight.format for name, weight in blocks.items()} == expected_formats
+    assert "model.layers.0.mlp.down_proj.weight" not in blocks  # 48 wide: stored float32
+    for name, weight in blocks.items():
+        values = dequantize(weight.blocks.numpy(), GGMLQuantizationType[weight.format])
+        assert np.array_equal(values.reshape(ours[name].shape), ours[name].numpy()), name
+    assert (out / BLOCKS_FILE).is_file()
+
+
+def test_float_gguf_has_no_blocks_file(tmp_path, tiny_gguf):
+    tiny_gguf(tmp_path / "tiny.gguf")
+    out = convert_gguf(tmp_path / "tiny.gguf", tmp_path / "out", progress=False)
+    assert not (out / BLOCKS_FILE).exists()

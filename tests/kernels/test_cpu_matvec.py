@@ -1,9 +1,13 @@
-"""The AVX2 matvec kernel against torch's product."""
+"""The AVX2 matvec kernels against torch's product over the same weight values."""
 
+import numpy as np
 import pytest
 import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
 
 from kernels import cpu_matvec
+from kernels.cpu_matvec import BlockWeight
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +40,52 @@ def test_built_library_is_reused(tmp_path):
     first = cpu_matvec.load(tmp_path)
     if first is None:
         pytest.skip("no C compiler or no AVX2/FMA here")
-    (library,) = tmp_path.glob("cpu_matvec-*.so")
+    (library,) = tmp_path.glob("matvec-*.so")
     mtime = library.stat().st_mtime_ns
     assert cpu_matvec.load(tmp_path) is not None
     assert library.stat().st_mtime_ns == mtime
+
+
+def _block_weight(block_format: str, rows: int, cols: int, seed: int) -> tuple[BlockWeight, torch.Tensor]:
+    """Random weight quantized by gguf; returns the blocks and their float32 values."""
+    values = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+    blocks = quantize(values, GGMLQuantizationType[block_format])
+    dequantized = dequantize(blocks, GGMLQuantizationType[block_format]).astype(np.float32)
+    return BlockWeight(block_format, torch.from_numpy(blocks.copy()), cols), torch.from_numpy(dequantized)
+
+
+@pytest.mark.parametrize("block_format", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("rows, cols", [(1, 32), (5, 64), (192, 576), (577, 1536)])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9])
+def test_blocks_match_torch_over_dequantized_weights(matvec, block_format, rows, cols, m):
+    weight, values = _block_weight(block_format, rows, cols, seed=rows + cols)
+    x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m))
+    expected = (x.double() @ values.double().t()).float()
+    got = matvec.matmul_blocks(x, weight)
+    assert got.shape == (m, rows)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-5)
+
+
+def test_fused_blocks_are_row_concatenations(matvec):
+    q, q_values = _block_weight("Q4_1", 64, 96, seed=1)
+    k, k_values = _block_weight("Q4_1", 32, 96, seed=2)
+    fused = BlockWeight.concat([q, k])
+    x = torch.randn(2, 96)
+    torch.testing.assert_close(matvec.matmul_blocks(x, fused), x @ torch.cat([q_values, k_values]).t(),
+                               atol=1e-4, rtol=1e-5)
+    with pytest.raises(ValueError, match="cannot fuse"):
+        BlockWeight.concat([q, _block_weight("Q8_0", 8, 96, seed=3)[0]])
+
+
+def test_bad_block_weights_are_refused(matvec):
+    with pytest.raises(ValueError, match="unknown block format"):
+        BlockWeight("Q5_K", torch.zeros(1, 20, dtype=torch.uint8), 32)
+    with pytest.raises(ValueError, match="needs contiguous uint8 blocks"):
+        BlockWeight("Q4_1", torch.zeros(1, 21, dtype=torch.uint8), 32)  # not whole blocks
+    with pytest.raises(ValueError, match="needs contiguous uint8 blocks"):
+        BlockWeight("Q4_1", torch.zeros(1, 20, dtype=torch.uint8), 48)  # columns not a multiple of 32
+    weight, _ = _block_weight("Q8_0", 4, 64, seed=0)
+    with pytest.raises(ValueError, match="wants x"):
+        matvec.matmul_blocks(torch.randn(1, 32), weight)
+    with pytest.raises(ValueError, match="wants x"):
+        matvec.matmul_blocks(torch.randn(1, 64, dtype=torch.float64), weight)
