@@ -27,7 +27,7 @@ class AttentionInputs:
     query_starts: list[int]  # (B+1,) cumulative: sequence b's new tokens are rows [qs[b], qs[b+1])
     context_lens: list[int]  # (B,) tokens in sequence b's KV after this step, new tokens included
     page_table: Tensor  # (B, max_pages) int64, pages in order; padding: any valid page id
-    _plans: dict[int, AttentionPlan] = field(default_factory=dict, init=False, repr=False)
+    _plans: dict[tuple[int, bool], AttentionPlan] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self):
         num_seqs = len(self.context_lens)
@@ -95,9 +95,10 @@ class AttentionInputs:
         ]
         return torch.tensor(positions, dtype=torch.int64, device=self.slot_ids.device)
 
-    def plan(self, page_size: int) -> AttentionPlan:
+    def plan(self, page_size: int, fused_decode: bool = False) -> AttentionPlan:
         """Gather indices and masks for this step, built on the first layer's call."""
-        plan = self._plans.get(page_size)
+        key = (page_size, fused_decode)
+        plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[page_size] = make_plan(self, page_size)
+            plan = self._plans[key] = make_plan(self, page_size, fused_decode)
         return plan

@@ -44,6 +44,16 @@ class DecodeChunk:
 
 
 @dataclass(frozen=True)
+class DecodeBatch:
+    """Every decode sequence of the step, for a kernel that reads pages itself
+    (kernels/cpu_decode_ops.py): no gather, no padding."""
+
+    rows: Tensor  # (b,) int64: the sequences' rows in q and in the output
+    page_table: Tensor  # (b, max_pages) int64, contiguous
+    context_lens: Tensor  # (b,) int64
+
+
+@dataclass(frozen=True)
 class PrefillSeq:
     """One sequence with several new tokens: rows [start, end) of q, context C."""
 
@@ -55,27 +65,44 @@ class PrefillSeq:
 
 @dataclass(frozen=True)
 class AttentionPlan:
-    decode_chunks: list[DecodeChunk]
+    decode_chunks: list[DecodeChunk]  # empty when decode_batch is set
+    decode_batch: DecodeBatch | None  # with fused decode: all decode sequences, else None
     prefills: list[PrefillSeq]
     prefill_block_rows: int  # query rows per SDPA call when a prefill has a cached prefix
 
 
-def make_plan(inputs: AttentionInputs, page_size: int) -> AttentionPlan:
+def make_plan(inputs: AttentionInputs, page_size: int, fused_decode: bool = False) -> AttentionPlan:
     device = inputs.page_table.device
     is_cpu = device.type == "cpu"
     decode_seqs = [b for b, query_len in enumerate(inputs.query_lens) if query_len == 1]
-    budget = CPU_DECODE_TOKEN_BUDGET if is_cpu else sys.maxsize
-    decode_chunks = [
-        _decode_chunk(inputs, group, page_size)
-        for group in _pack_by_length(decode_seqs, inputs.context_lens, budget)
-    ]
+    decode_chunks, decode_batch = [], None
+    if fused_decode and decode_seqs:
+        decode_batch = _decode_batch(inputs, decode_seqs)
+    elif decode_seqs:
+        budget = CPU_DECODE_TOKEN_BUDGET if is_cpu else sys.maxsize
+        decode_chunks = [
+            _decode_chunk(inputs, group, page_size)
+            for group in _pack_by_length(decode_seqs, inputs.context_lens, budget)
+        ]
     prefills = [
         _prefill_seq(inputs, b, page_size)
         for b, query_len in enumerate(inputs.query_lens)
         if query_len > 1
     ]
     block_rows = CPU_PREFILL_BLOCK_ROWS if is_cpu else sys.maxsize
-    return AttentionPlan(decode_chunks, prefills, block_rows)
+    return AttentionPlan(decode_chunks, decode_batch, prefills, block_rows)
+
+
+def _decode_batch(inputs: AttentionInputs, seqs: list[int]) -> DecodeBatch:
+    device = inputs.page_table.device
+    page_table = inputs.page_table
+    if len(seqs) != inputs.num_seqs:
+        page_table = page_table.index_select(0, torch.tensor(seqs, dtype=torch.int64, device=device))
+    return DecodeBatch(
+        rows=torch.tensor([inputs.query_starts[b] for b in seqs], dtype=torch.int64, device=device),
+        page_table=page_table.contiguous(),
+        context_lens=torch.tensor([inputs.context_lens[b] for b in seqs], dtype=torch.int64, device=device),
+    )
 
 
 def _pack_by_length(seqs: list[int], context_lens: list[int], budget: int) -> list[list[int]]:

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from kernels.attention_inputs import AttentionInputs
 from kernels.attention_plan import DecodeChunk, PrefillSeq
+from kernels.cpu_decode_ops import CpuDecodeOps
 from kernels.paged_attention_reference import paged_attention_reference
 
 __all__ = ["AttentionInputs", "store_kv", "paged_attention", "paged_attention_reference"]
@@ -32,20 +33,30 @@ def store_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slot_ids: T
 
 
 def paged_attention(
-    q: Tensor, k_cache: Tensor, v_cache: Tensor, inputs: AttentionInputs, scale: float
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    inputs: AttentionInputs,
+    scale: float,
+    decode_ops: CpuDecodeOps | None = None,
 ) -> Tensor:
     """q (N, H, D) -> (N, H, D) in q.dtype; same contract as paged_attention_reference.
 
     The step's new K/V must already be in the cache (store_kv). Decode sequences go in
-    length-sorted chunks, prefills one by one; results land in their rows of the output.
+    length-sorted chunks, or, given `decode_ops`, all in one call of its kernel, which
+    reads the pages itself; prefills one by one; results land in their rows of the output.
     """
     _, page_size, num_kv_heads, head_dim = k_cache.shape
     if q.shape[0] != inputs.num_tokens or q.shape[1] % num_kv_heads:
         raise ValueError(f"q {tuple(q.shape)} does not fit {inputs.num_tokens} tokens, {num_kv_heads} KV heads")
-    plan = inputs.plan(page_size)
+    plan = inputs.plan(page_size, fused_decode=decode_ops is not None)
     k_slots = k_cache.view(-1, num_kv_heads, head_dim)  # (S, KVH, D)
     v_slots = v_cache.view(-1, num_kv_heads, head_dim)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if plan.decode_batch is not None:
+        batch = plan.decode_batch
+        decode_ops.paged_decode_attention(q, k_cache, v_cache, batch.page_table, batch.context_lens, batch.rows,
+                                          scale, out)
     for chunk in plan.decode_chunks:
         _attend_decode(out, q, k_slots, v_slots, chunk, scale)
     for seq in plan.prefills:

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from engine.model_config import ModelConfig
 from kernels.activation import silu_and_mul
+from kernels.cpu_decode_ops import CpuDecodeOps
 from kernels.cpu_matvec import BLOCKS_MAX_ROWS, BlockWeight, CpuMatvec
 from kernels.packed_linear import pack_weight, packed_linear
 from kernels.paged_attention import AttentionInputs, paged_attention, store_kv
@@ -70,13 +71,23 @@ class Linear(nn.Module):
 
 
 class RMSNorm(nn.Module):
+    """rms_norm(x), or with a `residual`: residual += x, then rms_norm(residual)
+    (the add that joins a sublayer's output to the stream, fused with the next norm)."""
+
     def __init__(self, size: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.ops: CpuDecodeOps | None = None  # fused C kernels, set by pack_weights()
 
-    def forward(self, x: Tensor) -> Tensor:
-        return rms_norm(x, self.weight, self.eps)
+    def forward(self, x: Tensor, residual: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """-> (normed, the residual stream after the add); `x` itself is the stream when no residual."""
+        if self.ops is not None:
+            if residual is None:
+                return self.ops.rms_norm(x, self.weight, self.eps), x
+            return self.ops.add_rms_norm(residual, x, self.weight, self.eps), residual
+        residual = x if residual is None else residual + x
+        return rms_norm(residual, self.weight, self.eps), residual
 
 
 class Attention(nn.Module):
@@ -92,6 +103,7 @@ class Attention(nn.Module):
             config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.has_qkv_bias
         )
         self.o_proj = Linear(self.q_size, config.hidden_size, bias=False)
+        self.ops: CpuDecodeOps | None = None  # fused C kernels, set by pack_weights()
 
     def forward(
         self, x: Tensor, rope: tuple[Tensor, Tensor], kv_cache: tuple[Tensor, Tensor], attn: AttentionInputs
@@ -99,13 +111,18 @@ class Attention(nn.Module):
         num_tokens = x.shape[0]
         num_heads, num_kv_heads = self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(num_tokens, num_heads + 2 * num_kv_heads, self.head_dim)
-        # q and k heads are adjacent in the fused projection: one rotation for both.
-        qk = RotaryEmbedding.apply(qkv[:, : num_heads + num_kv_heads], *rope)  # (N, H + KVH, D)
-        q, k = qk[:, :num_heads], qk[:, num_heads:]  # (N, H, D), (N, KVH, D)
-        v = qkv[:, num_heads + num_kv_heads :]  # (N, KVH, D)
         k_cache, v_cache = kv_cache
-        store_kv(k_cache, v_cache, k, v, attn.slot_ids)
-        out = paged_attention(q, k_cache, v_cache, attn, self.scale)  # (N, H, D)
+        if self.ops is not None:
+            # rotates q and k in place in qkv, then writes k and v into their slots
+            self.ops.rope_store_kv(qkv, *rope, k_cache, v_cache, attn.slot_ids)
+            q = qkv[:, :num_heads]  # (N, H, D), a strided view
+        else:
+            # q and k heads are adjacent in the fused projection: one rotation for both.
+            qk = RotaryEmbedding.apply(qkv[:, : num_heads + num_kv_heads], *rope)  # (N, H + KVH, D)
+            q, k = qk[:, :num_heads], qk[:, num_heads:]  # (N, H, D), (N, KVH, D)
+            v = qkv[:, num_heads + num_kv_heads :]  # (N, KVH, D)
+            store_kv(k_cache, v_cache, k, v, attn.slot_ids)
+        out = paged_attention(q, k_cache, v_cache, attn, self.scale, self.ops)  # (N, H, D)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
@@ -114,9 +131,11 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.ops: CpuDecodeOps | None = None  # fused C kernels, set by pack_weights()
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj(x)
+        return self.down_proj(self.ops.silu_and_mul(gate_up) if self.ops is not None else silu_and_mul(gate_up))
 
 
 class DecoderLayer(nn.Module):
@@ -127,9 +146,13 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, hidden, rope, kv_cache, attn):
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), rope, kv_cache, attn)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+    def forward(self, hidden, residual, rope, kv_cache, attn):
+        """hidden: the previous sublayer's output, not yet added to the residual stream
+        (None before the first layer, where `hidden` is the stream) -> the same pair."""
+        normed, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(normed, rope, kv_cache, attn)
+        normed, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(normed), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -168,11 +191,12 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[tuple[Tensor, Tensor]],  # per layer (num_pages, page_size, KVH, D) pair
         attn: AttentionInputs,
     ) -> Tensor:
-        hidden = self.embed_tokens(input_ids)  # (N, d)
+        hidden = self.embed_tokens(input_ids)  # (N, d), a fresh tensor: the residual stream, updated in place
         rope = self.rotary.cos_sin(positions, hidden.dtype)  # (N, 1, D) each, shared by all layers
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden = layer(hidden, rope, kv_cache, attn)
-        return self.norm(hidden)
+            hidden, residual = layer(hidden, residual, rope, kv_cache, attn)
+        return self.norm(hidden, residual)[0]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: Tensor) -> Tensor:
@@ -184,12 +208,25 @@ class LlamaForCausalLM(nn.Module):
         head = self.embed_tokens if self.config.tie_word_embeddings else self.lm_head
         return torch.nn.functional.linear(hidden, head.weight).float()
 
-    def pack_weights(self, kernels: "CpuMatvec | None" = None, blocks: dict[str, BlockWeight] | None = None) -> None:
+    def pack_weights(
+        self,
+        kernels: "CpuMatvec | None" = None,
+        blocks: dict[str, BlockWeight] | None = None,
+        ops: CpuDecodeOps | None = None,
+    ) -> None:
         """Move every projection and the LM head to the packed path (Linear.pack).
         `blocks` maps module names ("layers.0.mlp.down_proj", "lm_head") to their
         GGUF blocks, which few-row inputs then read. The head becomes a Linear of
-        its own; a tied one keeps the embedding table for lookups."""
+        its own; a tied one keeps the embedding table for lookups. `ops` (when
+        the model's sizes fit them) replace the norms, RoPE + KV store, decode
+        attention and SwiGLU."""
         blocks = blocks or {}
+        config = self.config
+        if ops is not None and ops.fits(config.hidden_size, config.intermediate_size, config.num_heads,
+                                        config.num_kv_heads, config.head_dim):
+            for module in self.modules():
+                if isinstance(module, (RMSNorm, Attention, MLP)):
+                    module.ops = ops
         for name, module in self.named_modules():
             if isinstance(module, Linear):
                 module.pack(kernels, blocks.get(name))

@@ -1,0 +1,316 @@
+"""Fused float32 C kernels for the small ops of a CPU decode step.
+
+Around its matvecs a decode step runs ~7 small torch ops per layer (RMSNorm,
+residual adds, RoPE, store_kv, the attention gather + SDPA, silu * mul), each
+paying torch's dispatch and allocation costs on a few hundred floats. These
+kernels do each group in one call. Measured on the 2-core AVX2 machines,
+SmolLM2-135M shapes (hidden 576, inter 1536, H 9, KVH 3, D 64, page 16), best of
+runs, microseconds per call with torch's 2 threads (torch path -> this module;
+the C call alone in brackets):
+
+    one decode token                       torch    fused  (C alone)
+    rms_norm                                17.3      3.9     (0.8)
+    residual add + rms_norm                 33.7     10.0     (0.9)
+    silu_and_mul                            15.9      7.3     (1.7)
+    rope + store_kv                         83.1      9.3     (0.8)
+    attention, context 512                 272       42      (33)
+    attention, context 2048                500      205     (196)
+    16 sequences (16 rows)
+    rms_norm                                34.2     10.1     (3.6)
+    silu_and_mul                            51.9     16.3    (10.8)
+    rope + store_kv                         94.1     12.5     (3.5)
+    attention, contexts 512               2593     1098    (1070)
+    attention, contexts 2048              8760     3162    (3074)
+
+(attention with the KV of 30 layers cycled, so out of cache as in a real step;
+the shared machines are noisy, ±30% between runs.) For the small ops most of
+what is left is Python: argument checks and the output allocation, ~3-5 us;
+passing the arguments packed in one bytes object rather than as ~10-18 ctypes
+arguments saves ~1.5-3 us per call.
+
+The kernels live in kernels/csrc/decode_ops.c (AVX2 + FMA + OpenMP, float32
+only), built once per source hash by `native_build.load_library` and called
+through ctypes. `load()` returns None where they cannot run (not x86-64, no
+AVX2/FMA, no compiler); callers then keep the torch ops in kernels/, which stay
+the reference the tests compare against (rms_norm_reference, silu_and_mul,
+RotaryEmbedding.apply + store_kv, paged_attention_reference).
+
+Every method checks dtypes, shapes and strides and raises ValueError rather
+than hand C a pointer it would misread; indices that point into memory (slot
+ids, page ids, rows, context lengths) are checked by the C side, which returns
+an error before writing anything. Per call: a handful of attribute reads, at
+most one output allocation and one ctypes call; no .item(), no temporaries.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from kernels import native_build
+
+__all__ = ["CpuDecodeOps", "load"]
+
+# Attention limits of the C kernel (per-task accumulators live on the stack).
+MAX_GROUP = 64  # query heads per KV head
+MAX_HEADS_DIM = 8192  # num_heads * head_dim
+
+_F32 = torch.float32
+_I64 = torch.int64
+# Argument packs of the C entry points `<name>_packed` (8-byte fields in parameter
+# order; floats as double): one bytes argument instead of ~10-18 ctypes conversions.
+_RMS_NORM_ARGS = struct.Struct("<5qdq").pack
+_ADD_RMS_NORM_ARGS = struct.Struct("<6qdq").pack
+_SILU_AND_MUL_ARGS = struct.Struct("<5q").pack
+_ROPE_STORE_KV_ARGS = struct.Struct("<12q").pack
+_ATTENTION_ARGS = struct.Struct("<13qd4q").pack
+_ATTENTION_ERRORS = {
+    1: "rows[{b}] is not a row of q/out",
+    2: "context_lens[{b}] is outside [1, max_pages * page_size]",
+    3: "page_table[{b}] holds a page id outside the cache (within its context)",
+}
+
+
+class CpuDecodeOps:
+    """The loaded kernels; see each method for the tensors it accepts.
+
+    All tensors: float32 (int64 for indices) on the CPU. The thread count is
+    torch's (`torch.get_num_threads()`), read on every call; small work runs on
+    the calling thread without an OpenMP fork.
+    """
+
+    def __init__(self, library: ctypes.CDLL):
+        self.library = library  # also exports the unpacked functions (kernels/csrc/decode_ops.c)
+        self._rms_norm = _bind(library.rms_norm_f32_packed)
+        self._add_rms_norm = _bind(library.add_rms_norm_f32_packed)
+        self._silu_and_mul = _bind(library.silu_and_mul_f32_packed)
+        self._rope_store_kv = _bind(library.rope_store_kv_f32_packed)
+        self._attention = _bind(library.paged_decode_attention_f32_packed)
+
+    # ------------------------------------------------------------ predicates
+
+    @staticmethod
+    def supports(dtype: torch.dtype, device: torch.device | str) -> bool:
+        """Whether these kernels run for activations of `dtype` on `device`."""
+        return dtype == _F32 and torch.device(device).type == "cpu"
+
+    @staticmethod
+    def fits(hidden_size: int, intermediate_size: int, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+        """Whether a model of these sizes is within the kernels' limits: every
+        width a multiple of 8, whole query-head groups, and the attention
+        kernel's group size limits."""
+        if num_kv_heads <= 0 or num_heads % num_kv_heads:
+            return False
+        return (
+            hidden_size > 0
+            and hidden_size % 8 == 0
+            and intermediate_size > 0
+            and intermediate_size % 8 == 0
+            and head_dim > 0
+            and head_dim % 8 == 0
+            and num_heads // num_kv_heads <= MAX_GROUP
+            and num_heads * head_dim <= MAX_HEADS_DIM
+        )
+
+    # -------------------------------------------------------------- the ops
+
+    def rms_norm(self, x: Tensor, weight: Tensor, eps: float, out: Tensor | None = None) -> Tensor:
+        """x (..., d) contiguous, weight (d,) contiguous, d % 8 == 0 -> (..., d):
+        x / sqrt(mean(x^2) + eps) * weight per row (statistics in double). Into
+        `out` (contiguous, x's shape; may be x itself) when given, else a new tensor."""
+        dim = _check_rows("x", x)
+        _check_vector("weight", weight, dim)
+        out = torch.empty_like(x) if out is None else _check_out(out, x.shape)
+        self._rms_norm(_RMS_NORM_ARGS(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // dim, dim, eps,
+                                      torch.get_num_threads()))
+        return out
+
+    def add_rms_norm(
+        self, residual: Tensor, x: Tensor, weight: Tensor, eps: float, out: Tensor | None = None
+    ) -> Tensor:
+        """residual += x in place, then returns rms_norm(residual, weight, eps), into
+        `out` (contiguous, x's shape; may be x itself) when given, else a new tensor.
+        residual and x (..., d) contiguous of one shape, weight (d,)."""
+        dim = _check_rows("residual", residual)
+        _check_rows("x", x)
+        if x.shape != residual.shape:
+            raise ValueError(f"x {tuple(x.shape)} and residual {tuple(residual.shape)} differ in shape")
+        _check_vector("weight", weight, dim)
+        out = torch.empty_like(x) if out is None else _check_out(out, x.shape)
+        self._add_rms_norm(_ADD_RMS_NORM_ARGS(residual.data_ptr(), x.data_ptr(), weight.data_ptr(), out.data_ptr(),
+                                              x.numel() // dim, dim, eps, torch.get_num_threads()))
+        return out
+
+    def silu_and_mul(self, gate_up: Tensor, out: Tensor | None = None) -> Tensor:
+        """gate_up (..., 2*I) contiguous, I % 8 == 0 -> (..., I): silu(gate) * up, gate
+        the first half of the last dimension. Into `out` (contiguous (..., I), not
+        overlapping gate_up) when given, else a new tensor."""
+        width = _check_rows("gate_up", gate_up, multiple=16)
+        inter, rows = width // 2, gate_up.numel() // width
+        if out is None:
+            out = torch.empty(rows, inter)  # ints, not a shape tuple: half the cost
+            if gate_up.dim() != 2:
+                out = out.view(*gate_up.shape[:-1], inter)
+        else:
+            _check_out(out, (*gate_up.shape[:-1], inter))
+        self._silu_and_mul(_SILU_AND_MUL_ARGS(gate_up.data_ptr(), out.data_ptr(), rows, inter,
+                                              torch.get_num_threads()))
+        return out
+
+    def rope_store_kv(
+        self, qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor, slot_ids: Tensor
+    ) -> None:
+        """Rotates the q and k heads of qkv in place and writes each row's k and v heads
+        into its slot of the caches.
+
+        qkv (N, H + 2*KVH, D) contiguous: q heads, then k heads, then v heads.
+        cos, sin (N, D) or (N, 1, D) contiguous (RotaryEmbedding.cos_sin's rows).
+        k_cache, v_cache (num_pages, page_size, KVH, D) contiguous, one shape.
+        slot_ids (N,) int64 contiguous, each in [0, num_pages * page_size).
+        D % 8 == 0. Out-of-range slot ids raise ValueError with nothing modified.
+        """
+        num_pages, page_size, num_kv_heads, head_dim = _check_caches(k_cache, v_cache)
+        if qkv.dtype != _F32 or not qkv.is_cpu or qkv.dim() != 3 or not qkv.is_contiguous():
+            raise ValueError(f"qkv must be a contiguous (N, H + 2*KVH, D) float32 CPU tensor, got "
+                             f"{tuple(qkv.shape)} {qkv.dtype} on {qkv.device}, contiguous={qkv.is_contiguous()}")
+        rows, heads, dim = qkv.shape
+        num_heads = heads - 2 * num_kv_heads
+        if dim != head_dim or num_heads < 1:
+            raise ValueError(f"qkv {tuple(qkv.shape)} does not fit caches with KVH={num_kv_heads}, D={head_dim}")
+        _check_table("cos", cos, rows, dim)
+        _check_table("sin", sin, rows, dim)
+        _check_index("slot_ids", slot_ids, rows)
+        bad = self._rope_store_kv(_ROPE_STORE_KV_ARGS(
+            qkv.data_ptr(), rows, num_heads, num_kv_heads, dim, cos.data_ptr(), sin.data_ptr(),
+            k_cache.data_ptr(), v_cache.data_ptr(), slot_ids.data_ptr(), num_pages * page_size,
+            torch.get_num_threads()))
+        if bad:
+            raise ValueError(f"slot_ids[{bad - 1}] is outside the cache's {num_pages * page_size} slots")
+
+    def paged_decode_attention(
+        self,
+        q: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        page_table: Tensor,
+        context_lens: Tensor,
+        rows: Tensor,
+        scale: float,
+        out: Tensor,
+    ) -> None:
+        """Decode attention, one query token per sequence, written into out.
+
+        Sequence b's query is q[rows[b]] (H, D); it attends to its positions
+        0..context_lens[b]-1, position p in slot page_table[b, p // page_size] *
+        page_size + p % page_size; query head h reads KV head h // (H // KVH).
+        The result goes to out[rows[b]]; other rows of out are left as they are.
+        Softmax in float32 with the running max subtracted (online, per block of
+        64 positions).
+
+        q (N, H, D) float32 with q.stride(2) == 1 and q.stride(1) == D; q.stride(0)
+            is free (a view such as qkv[:, :H] of a (N, H + 2*KVH, D) tensor works).
+        k_cache, v_cache (num_pages, page_size, KVH, D) contiguous, one shape.
+        page_table (B, max_pages) int64 contiguous; context_lens, rows (B,) int64
+            contiguous. D % 8 == 0, H % KVH == 0, H // KVH <= 64, H * D <= 8192.
+        out (N, H, D) float32 contiguous, not overlapping q.
+        Bad rows, context lengths or page ids raise ValueError with out untouched.
+        """
+        num_pages, page_size, num_kv_heads, head_dim = _check_caches(k_cache, v_cache)
+        if q.dtype != _F32 or not q.is_cpu or q.dim() != 3:
+            raise ValueError(f"q must be a (N, H, D) float32 CPU tensor, got {tuple(q.shape)} {q.dtype} on {q.device}")
+        num_rows, num_heads, dim = q.shape
+        q_strides = q.stride()
+        if q_strides[2] != 1 or q_strides[1] != dim:
+            raise ValueError(f"q needs strides (any, D={dim}, 1), got {q_strides}")
+        if dim != head_dim or num_heads % num_kv_heads:
+            raise ValueError(f"q {tuple(q.shape)} does not fit caches with KVH={num_kv_heads}, D={head_dim}")
+        if num_heads // num_kv_heads > MAX_GROUP or num_heads * dim > MAX_HEADS_DIM:
+            raise ValueError(f"{num_heads} heads of size {dim} in groups of {num_heads // num_kv_heads} exceed the "
+                             f"kernel's limits ({MAX_GROUP} per group, {MAX_HEADS_DIM} floats in all)")
+        if out.dtype != _F32 or not out.is_cpu or out.shape != q.shape or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous {tuple(q.shape)} float32 CPU tensor, got "
+                             f"{tuple(out.shape)} {out.dtype}, contiguous={out.is_contiguous()}")
+        if page_table.dtype != _I64 or not page_table.is_cpu or page_table.dim() != 2 \
+                or not page_table.is_contiguous():
+            raise ValueError(f"page_table must be a contiguous (B, max_pages) int64 CPU tensor, got "
+                             f"{tuple(page_table.shape)} {page_table.dtype}")
+        num_seqs, max_pages = page_table.shape
+        _check_index("context_lens", context_lens, num_seqs)
+        _check_index("rows", rows, num_seqs)
+        status = self._attention(_ATTENTION_ARGS(
+            q.data_ptr(), q_strides[0], k_cache.data_ptr(), v_cache.data_ptr(), page_table.data_ptr(), max_pages,
+            context_lens.data_ptr(), rows.data_ptr(), num_seqs, num_heads, num_kv_heads, dim, page_size, scale,
+            out.data_ptr(), num_rows, num_pages, torch.get_num_threads()))
+        if status:
+            if status < 0:
+                raise ValueError("paged_decode_attention: sizes outside the kernel's limits, or out of memory")
+            raise ValueError(_ATTENTION_ERRORS[status % 4].format(b=status // 4))
+
+
+def load(build_dir: Path) -> CpuDecodeOps | None:
+    """Build (once, cached by source hash) and load the kernels; None where they
+    cannot run here."""
+    library = native_build.load_library("decode_ops", build_dir)
+    return CpuDecodeOps(library) if library is not None else None
+
+
+def _bind(function):
+    function.argtypes = [ctypes.c_char_p]
+    function.restype = ctypes.c_int64
+    return function
+
+
+def _check_rows(name: str, t: Tensor, multiple: int = 8) -> int:
+    """t (..., d) contiguous float32 on the CPU with d % multiple == 0; returns d."""
+    if t.dtype != _F32 or not t.is_cpu or t.dim() == 0 or not t.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous (..., d) float32 CPU tensor, got {tuple(t.shape)} "
+                         f"{t.dtype} on {t.device}, contiguous={t.is_contiguous()}")
+    dim = t.shape[-1]
+    if dim % multiple or dim == 0:
+        raise ValueError(f"{name}'s last dimension ({dim}) must be a positive multiple of {multiple}")
+    return dim
+
+
+def _check_out(out: Tensor, shape) -> Tensor:
+    if out.dtype != _F32 or not out.is_cpu or out.shape != shape or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {tuple(shape)} float32 CPU tensor, got {tuple(out.shape)} "
+                         f"{out.dtype}, contiguous={out.is_contiguous()}")
+    return out
+
+
+def _check_vector(name: str, t: Tensor, dim: int) -> None:
+    if t.dtype != _F32 or not t.is_cpu or t.shape != (dim,) or not t.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous ({dim},) float32 CPU tensor, got {tuple(t.shape)} {t.dtype}")
+
+
+def _check_index(name: str, t: Tensor, length: int) -> None:
+    if t.dtype != _I64 or not t.is_cpu or t.shape != (length,) or not t.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous ({length},) int64 CPU tensor, got {tuple(t.shape)} {t.dtype}")
+
+
+def _check_table(name: str, t: Tensor, rows: int, dim: int) -> None:
+    """A (rows, dim) or (rows, 1, dim) contiguous float32 rotary table."""
+    shape = t.shape
+    if (t.dtype != _F32 or not t.is_cpu or not t.is_contiguous()
+            or (shape != (rows, dim) and shape != (rows, 1, dim))):
+        raise ValueError(f"{name} must be a contiguous ({rows}, {dim}) or ({rows}, 1, {dim}) float32 CPU tensor, "
+                         f"got {tuple(shape)} {t.dtype}, contiguous={t.is_contiguous()}")
+
+
+def _check_caches(k_cache: Tensor, v_cache: Tensor) -> tuple[int, int, int, int]:
+    """(num_pages, page_size, KVH, D) of two contiguous float32 caches of one shape, D % 8 == 0."""
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if cache.dtype != _F32 or not cache.is_cpu or cache.dim() != 4 or not cache.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous (num_pages, page_size, KVH, D) float32 CPU tensor, "
+                             f"got {tuple(cache.shape)} {cache.dtype}, contiguous={cache.is_contiguous()}")
+    shape = k_cache.shape
+    if v_cache.shape != shape:
+        raise ValueError(f"k_cache {tuple(shape)} and v_cache {tuple(v_cache.shape)} differ in shape")
+    num_pages, page_size, num_kv_heads, head_dim = shape
+    if head_dim % 8 or head_dim == 0 or num_kv_heads == 0 or page_size == 0:
+        raise ValueError(f"caches {tuple(shape)}: head_dim must be a positive multiple of 8")
+    return num_pages, page_size, num_kv_heads, head_dim

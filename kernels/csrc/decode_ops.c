@@ -1,0 +1,535 @@
+/* Fused float32 decode-step ops for CPU: RMSNorm (plain and with the residual
+   add), SiLU*mul, RoPE + KV store, and paged decode attention.
+
+   Built and loaded by kernels/native_build.py (gcc -O3 -mavx2 -mfma -mf16c
+   -fopenmp); the Python side is kernels/cpu_decode_ops.py, which validates every
+   argument before calling in. The torch ops in kernels/ stay the reference.
+
+   Conventions: sizes and indices int64_t, `num_threads` last. Work below a
+   per-op threshold runs on the calling thread (an OpenMP fork costs a few
+   microseconds, more than a 576-wide row). Functions that index memory through
+   caller-supplied indices (slot ids, page ids, rows) check those indices first
+   and return nonzero, touching nothing, when one is out of range. */
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Element counts (or multiply-adds, for attention) from which an op forks. */
+#define NORM_PARALLEL_MIN 8192
+#define SILU_PARALLEL_MIN 16384
+#define ROPE_PARALLEL_MIN 65536
+#define ATTN_PARALLEL_MIN 65536
+
+/* Attention limits, also checked by the Python wrapper. */
+#define ATTN_MAX_GROUP 64        /* query heads per KV head */
+#define ATTN_MAX_HEADS_DIM 8192  /* num_heads * head_dim: the per-task accumulator, on the stack */
+#define ATTN_BLOCK 64            /* KV positions per online-softmax block */
+#define ATTN_MIN_SPLIT 256       /* shortest piece of a context one work item takes */
+
+static inline float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+static inline float hmax256(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+/* [sum(a0), ..., sum(a7)] */
+static inline __m256 hsum8x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3,
+                             __m256 a4, __m256 a5, __m256 a6, __m256 a7) {
+  __m256 t0 = _mm256_hadd_ps(a0, a1), t1 = _mm256_hadd_ps(a2, a3);
+  __m256 t2 = _mm256_hadd_ps(a4, a5), t3 = _mm256_hadd_ps(a6, a7);
+  __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* exp(x), Cephes' expf: Cody-Waite reduction by ln 2 and a degree-6 polynomial,
+   within ~1-2 ulp of expf. Arguments are clamped to [-87.3, 88]: below, the
+   result is FLT_MIN-ish instead of a subnormal or 0 (harmless next to the
+   1 it is added to in silu, or the sum of a softmax); NaN stays NaN. */
+static inline __m256 exp256(__m256 x) {
+  const __m256 hi = _mm256_set1_ps(88.0f), lo = _mm256_set1_ps(-87.3f);
+  __m256 nan_mask = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  x = _mm256_max_ps(_mm256_min_ps(x, hi), lo);
+  __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  __m256i n = _mm256_cvtps_epi32(fx);
+  __m256 pow2n = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23));
+  return _mm256_blendv_ps(_mm256_mul_ps(y, pow2n), x, nan_mask);
+}
+
+/* ---------------------------------------------------------------- RMSNorm */
+
+/* sum of squares of x[0..dim), in double */
+static inline double sum_squares(const float* x, int64_t dim) {
+  __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd();
+  __m256d a2 = _mm256_setzero_pd(), a3 = _mm256_setzero_pd();
+  int64_t i = 0;
+  for (; i + 16 <= dim; i += 16) {
+    __m256 v = _mm256_loadu_ps(x + i), w = _mm256_loadu_ps(x + i + 8);
+    __m256d v0 = _mm256_cvtps_pd(_mm256_castps256_ps128(v)), v1 = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+    __m256d w0 = _mm256_cvtps_pd(_mm256_castps256_ps128(w)), w1 = _mm256_cvtps_pd(_mm256_extractf128_ps(w, 1));
+    a0 = _mm256_fmadd_pd(v0, v0, a0);
+    a1 = _mm256_fmadd_pd(v1, v1, a1);
+    a2 = _mm256_fmadd_pd(w0, w0, a2);
+    a3 = _mm256_fmadd_pd(w1, w1, a3);
+  }
+  __m256d a = _mm256_add_pd(_mm256_add_pd(a0, a1), _mm256_add_pd(a2, a3));
+  double t[4];
+  _mm256_storeu_pd(t, a);
+  double s = (t[0] + t[1]) + (t[2] + t[3]);
+  for (; i < dim; i++) s += (double)x[i] * (double)x[i];
+  return s;
+}
+
+/* out = (x * inv_rms) * weight, the order of HF's LlamaRMSNorm */
+static inline void scale_row(const float* x, const float* weight, float* out, int64_t dim, double sumsq, float eps) {
+  float inv = (float)(1.0 / sqrt(sumsq / (double)dim + (double)eps));
+  __m256 vinv = _mm256_set1_ps(inv);
+  int64_t i = 0;
+  for (; i + 8 <= dim; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vinv), _mm256_loadu_ps(weight + i)));
+  for (; i < dim; i++) out[i] = (x[i] * inv) * weight[i];
+}
+
+static void rms_norm_row(const float* x, const float* weight, float* out, int64_t dim, float eps) {
+  scale_row(x, weight, out, dim, sum_squares(x, dim), eps);
+}
+
+static void add_rms_norm_row(float* residual, const float* x, const float* weight, float* out, int64_t dim,
+                             float eps) {
+  int64_t i = 0;
+  for (; i + 8 <= dim; i += 8)
+    _mm256_storeu_ps(residual + i, _mm256_add_ps(_mm256_loadu_ps(residual + i), _mm256_loadu_ps(x + i)));
+  for (; i < dim; i++) residual[i] = residual[i] + x[i];
+  scale_row(residual, weight, out, dim, sum_squares(residual, dim), eps);
+}
+
+void rms_norm_f32(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps,
+                  int num_threads) {
+  if (num_threads > 1 && rows > 1 && rows * dim >= NORM_PARALLEL_MIN) {
+    #pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t r = 0; r < rows; r++) rms_norm_row(x + r * dim, weight, out + r * dim, dim, eps);
+  } else {
+    for (int64_t r = 0; r < rows; r++) rms_norm_row(x + r * dim, weight, out + r * dim, dim, eps);
+  }
+}
+
+void add_rms_norm_f32(float* residual, const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
+                      float eps, int num_threads) {
+  if (num_threads > 1 && rows > 1 && rows * dim >= NORM_PARALLEL_MIN) {
+    #pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t r = 0; r < rows; r++)
+      add_rms_norm_row(residual + r * dim, x + r * dim, weight, out + r * dim, dim, eps);
+  } else {
+    for (int64_t r = 0; r < rows; r++)
+      add_rms_norm_row(residual + r * dim, x + r * dim, weight, out + r * dim, dim, eps);
+  }
+}
+
+/* ----------------------------------------------------------- SiLU and mul */
+
+static void silu_and_mul_row(const float* g, float* o, int64_t inter) {
+  const float* u = g + inter;
+  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+  int64_t i = 0;
+  for (; i + 8 <= inter; i += 8) {
+    __m256 gv = _mm256_loadu_ps(g + i);
+    __m256 silu = _mm256_div_ps(gv, _mm256_add_ps(one, exp256(_mm256_xor_ps(gv, sign))));
+    _mm256_storeu_ps(o + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
+  }
+  for (; i < inter; i++) o[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
+}
+
+void silu_and_mul_f32(const float* gate_up, float* out, int64_t rows, int64_t inter, int num_threads) {
+  if (num_threads > 1 && rows > 1 && rows * inter >= SILU_PARALLEL_MIN) {
+    #pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t r = 0; r < rows; r++) silu_and_mul_row(gate_up + r * 2 * inter, out + r * inter, inter);
+  } else {
+    for (int64_t r = 0; r < rows; r++) silu_and_mul_row(gate_up + r * 2 * inter, out + r * inter, inter);
+  }
+}
+
+/* ------------------------------------------------------- RoPE + KV store */
+
+/* x (D,) rotated in place: x * cos + (-x2, x1) * sin, halves x1 = x[:D/2], x2 = x[D/2:].
+   Products rounded before the sum (no FMA contraction), as torch computes it, so
+   the result agrees with RotaryEmbedding.apply to the bit. */
+__attribute__((optimize("fp-contract=off")))
+static void rotate_half_inplace(float* x, const float* cos, const float* sin, int64_t head_dim) {
+  int64_t half = head_dim / 2, i = 0;
+  for (; i + 8 <= half; i += 8) {
+    __m256 x1 = _mm256_loadu_ps(x + i), x2 = _mm256_loadu_ps(x + half + i);
+    __m256 o1 = _mm256_sub_ps(_mm256_mul_ps(x1, _mm256_loadu_ps(cos + i)), _mm256_mul_ps(x2, _mm256_loadu_ps(sin + i)));
+    __m256 o2 = _mm256_add_ps(_mm256_mul_ps(x2, _mm256_loadu_ps(cos + half + i)),
+                              _mm256_mul_ps(x1, _mm256_loadu_ps(sin + half + i)));
+    _mm256_storeu_ps(x + i, o1);
+    _mm256_storeu_ps(x + half + i, o2);
+  }
+  for (; i < half; i++) {
+    float x1 = x[i], x2 = x[half + i];
+    x[i] = x1 * cos[i] - x2 * sin[i];
+    x[half + i] = x2 * cos[half + i] + x1 * sin[half + i];
+  }
+}
+
+static void rope_store_kv_row(float* row, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                              const float* cos, const float* sin, float* k_slot, float* v_slot) {
+  for (int64_t h = 0; h < num_heads + num_kv_heads; h++) rotate_half_inplace(row + h * head_dim, cos, sin, head_dim);
+  const size_t kv_bytes = (size_t)(num_kv_heads * head_dim) * sizeof(float);
+  memcpy(k_slot, row + num_heads * head_dim, kv_bytes);
+  memcpy(v_slot, row + (num_heads + num_kv_heads) * head_dim, kv_bytes);
+}
+
+/* Returns 0, or 1 + the first row whose slot id is outside [0, num_slots) (nothing written then). */
+int64_t rope_store_kv_f32(float* qkv, int64_t rows, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                          const float* cos, const float* sin, float* k_cache, float* v_cache,
+                          const int64_t* slot_ids, int64_t num_slots, int num_threads) {
+  for (int64_t r = 0; r < rows; r++)
+    if (slot_ids[r] < 0 || slot_ids[r] >= num_slots) return r + 1;
+  const int64_t row_size = (num_heads + 2 * num_kv_heads) * head_dim, kv_size = num_kv_heads * head_dim;
+  if (num_threads > 1 && rows > 1 && rows * row_size >= ROPE_PARALLEL_MIN) {
+    #pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t r = 0; r < rows; r++)
+      rope_store_kv_row(qkv + r * row_size, num_heads, num_kv_heads, head_dim, cos + r * head_dim,
+                        sin + r * head_dim, k_cache + slot_ids[r] * kv_size, v_cache + slot_ids[r] * kv_size);
+  } else {
+    for (int64_t r = 0; r < rows; r++)
+      rope_store_kv_row(qkv + r * row_size, num_heads, num_kv_heads, head_dim, cos + r * head_dim,
+                        sin + r * head_dim, k_cache + slot_ids[r] * kv_size, v_cache + slot_ids[r] * kv_size);
+  }
+  return 0;
+}
+
+/* ------------------------------------------------- paged decode attention */
+
+/* acc (nv*8,) = acc * corr + sum_j p[j] * v[offs[j] ...]; nv a constant after inlining */
+static inline __attribute__((always_inline)) void pv_block(float* acc, float corr, const float* p, const float* v,
+                                                          const int64_t* offs, int64_t n, const int nv) {
+  __m256 a[8];
+  const __m256 c = _mm256_set1_ps(corr);
+  for (int i = 0; i < nv; i++) a[i] = _mm256_mul_ps(_mm256_loadu_ps(acc + 8 * i), c);
+  for (int64_t j = 0; j < n; j++) {
+    const float* vj = v + offs[j];
+    const __m256 pj = _mm256_broadcast_ss(p + j);
+    for (int i = 0; i < nv; i++) a[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * i), a[i]);
+  }
+  for (int i = 0; i < nv; i++) _mm256_storeu_ps(acc + 8 * i, a[i]);
+}
+
+/* offs[0..n): cache offsets (in floats) of the rows of the next n positions */
+static inline void next_offsets(int64_t* offs, int64_t n, const int64_t* pages, int64_t page_size, int64_t row_size,
+                                int64_t* page_index, int64_t* in_page) {
+  for (int64_t j = 0; j < n; j++) {
+    offs[j] = (pages[*page_index] * page_size + *in_page) * row_size;
+    if (++*in_page == page_size) { *in_page = 0; ++*page_index; }
+  }
+}
+
+/* One sequence over positions [t0, t1), every head; online softmax over blocks of
+   ATTN_BLOCK positions. q (H, D) contiguous: the sequence's query. Within a block
+   the KV heads go one after the other, the G query heads of a KV head together,
+   so each K/V row is read once for its G heads; the next block's whole cache
+   rows (all KV heads of a position, contiguous) are prefetched meanwhile.
+   Measured on the 2-core machines (H 9, KVH 3, D 64, cold caches), one task per
+   (sequence, KV head) instead was as fast for one sequence and 5-20% slower for
+   16. On return acc (H, D) holds sum_t exp(s_t - m) v_t unnormalised, m (H,) the
+   running max, l (H,) sum_t exp(s_t - m). */
+static void attend_range(const float* q, const float* k_cache, const float* v_cache, const int64_t* pages,
+                         int64_t page_size, int64_t t0, int64_t t1, int64_t num_kv_heads, int64_t G, int64_t D,
+                         float scale, float* acc, float* m, float* l) {
+  const int64_t H = num_kv_heads * G, row_size = num_kv_heads * D;
+  int64_t offs[ATTN_BLOCK], offs_next[ATTN_BLOCK];
+  float s[ATTN_MAX_GROUP * ATTN_BLOCK] __attribute__((aligned(32)));
+  float corr[ATTN_MAX_GROUP];
+  const __m256 vscale = _mm256_set1_ps(scale);
+  for (int64_t h = 0; h < H; h++) { m[h] = -INFINITY; l[h] = 0.0f; }
+  memset(acc, 0, (size_t)(H * D) * sizeof(float));
+
+  /* the next block's offsets are computed a block ahead, its rows prefetched */
+  int64_t page_index = t0 / page_size, in_page = t0 % page_size;
+  next_offsets(offs_next, t1 - t0 < ATTN_BLOCK ? t1 - t0 : ATTN_BLOCK, pages, page_size, row_size, &page_index,
+               &in_page);
+  for (int64_t tb = t0; tb < t1; tb += ATTN_BLOCK) {
+    const int64_t n = t1 - tb < ATTN_BLOCK ? t1 - tb : ATTN_BLOCK;
+    const int64_t n8 = (n + 7) & ~(int64_t)7;
+    memcpy(offs, offs_next, (size_t)n * sizeof(int64_t));
+    const int64_t after = t1 - tb - n;
+    if (after > 0) {
+      const int64_t n_next = after < ATTN_BLOCK ? after : ATTN_BLOCK;
+      next_offsets(offs_next, n_next, pages, page_size, row_size, &page_index, &in_page);
+      for (int64_t j = 0; j < n_next; j++)
+        for (int64_t d = 0; d < row_size; d += 16) {
+          _mm_prefetch((const char*)(k_cache + offs_next[j] + d), _MM_HINT_T0);
+          _mm_prefetch((const char*)(v_cache + offs_next[j] + d), _MM_HINT_T0);
+        }
+    }
+    for (int64_t kvh = 0; kvh < num_kv_heads; kvh++) {
+      const float* kh = k_cache + kvh * D;
+      const float* vh = v_cache + kvh * D;
+      const float* qh = q + kvh * G * D;
+      float* mh = m + kvh * G;
+      float* lh = l + kvh * G;
+      /* scores s[g][j] = scale * q_g . k_j, eight positions at a time */
+      for (int64_t j0 = 0; j0 < n; j0 += 8) {
+        const float* kp[8];
+        for (int jj = 0; jj < 8; jj++) kp[jj] = kh + offs[j0 + jj < n ? j0 + jj : n - 1];
+        for (int64_t g = 0; g < G; g++) {
+          const float* qg = qh + g * D;
+          __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps();
+          __m256 a3 = _mm256_setzero_ps(), a4 = _mm256_setzero_ps(), a5 = _mm256_setzero_ps();
+          __m256 a6 = _mm256_setzero_ps(), a7 = _mm256_setzero_ps();
+          for (int64_t d = 0; d < D; d += 8) {
+            const __m256 qv = _mm256_loadu_ps(qg + d);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(kp[0] + d), qv, a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(kp[1] + d), qv, a1);
+            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(kp[2] + d), qv, a2);
+            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(kp[3] + d), qv, a3);
+            a4 = _mm256_fmadd_ps(_mm256_loadu_ps(kp[4] + d), qv, a4);
+            a5 = _mm256_fmadd_ps(_mm256_loadu_ps(kp[5] + d), qv, a5);
+            a6 = _mm256_fmadd_ps(_mm256_loadu_ps(kp[6] + d), qv, a6);
+            a7 = _mm256_fmadd_ps(_mm256_loadu_ps(kp[7] + d), qv, a7);
+          }
+          _mm256_store_ps(s + g * ATTN_BLOCK + j0, _mm256_mul_ps(hsum8x8(a0, a1, a2, a3, a4, a5, a6, a7), vscale));
+        }
+      }
+      /* softmax bookkeeping: new running max, rescale factor, probabilities in place */
+      for (int64_t g = 0; g < G; g++) {
+        float* sg = s + g * ATTN_BLOCK;
+        for (int64_t j = n; j < n8; j++) sg[j] = -INFINITY;
+        __m256 vmax = _mm256_set1_ps(-INFINITY);
+        for (int64_t j = 0; j < n8; j += 8) vmax = _mm256_max_ps(vmax, _mm256_load_ps(sg + j));
+        const float m_new = fmaxf(mh[g], hmax256(vmax));
+        corr[g] = expf(mh[g] - m_new); /* 0 on the first block (m = -inf) */
+        const __m256 vm = _mm256_set1_ps(m_new);
+        for (int64_t j = 0; j < n8; j += 8)
+          _mm256_store_ps(sg + j, exp256(_mm256_sub_ps(_mm256_load_ps(sg + j), vm)));
+        for (int64_t j = n; j < n8; j++) sg[j] = 0.0f; /* padding lanes: exp clamps -inf to ~1e-38 */
+        __m256 vsum = _mm256_setzero_ps();
+        for (int64_t j = 0; j < n8; j += 8) vsum = _mm256_add_ps(vsum, _mm256_load_ps(sg + j));
+        lh[g] = lh[g] * corr[g] + hsum256(vsum);
+        mh[g] = m_new;
+      }
+      /* acc_g = acc_g * corr_g + sum_j p_gj v_j, D in chunks of 64 floats held in registers */
+      for (int64_t g = 0; g < G; g++) {
+        float* ag = acc + (kvh * G + g) * D;
+        const float* pg = s + g * ATTN_BLOCK;
+        for (int64_t d0 = 0; d0 < D; d0 += 64) {
+          switch ((D - d0) >= 64 ? 8 : (D - d0) / 8) {
+            case 8: pv_block(ag + d0, corr[g], pg, vh + d0, offs, n, 8); break;
+            case 7: pv_block(ag + d0, corr[g], pg, vh + d0, offs, n, 7); break;
+            case 6: pv_block(ag + d0, corr[g], pg, vh + d0, offs, n, 6); break;
+            case 5: pv_block(ag + d0, corr[g], pg, vh + d0, offs, n, 5); break;
+            case 4: pv_block(ag + d0, corr[g], pg, vh + d0, offs, n, 4); break;
+            case 3: pv_block(ag + d0, corr[g], pg, vh + d0, offs, n, 3); break;
+            case 2: pv_block(ag + d0, corr[g], pg, vh + d0, offs, n, 2); break;
+            default: pv_block(ag + d0, corr[g], pg, vh + d0, offs, n, 1); break;
+          }
+        }
+      }
+    }
+  }
+}
+
+static inline int64_t num_pieces(int64_t context_len, int64_t piece) {
+  return context_len > piece ? (context_len + piece - 1) / piece : 1; /* piece may be INT64_MAX */
+}
+
+/* dst (heads, D) = acc / l per head */
+static inline void store_normalised(float* dst, const float* acc, const float* l, int64_t heads, int64_t D) {
+  for (int64_t h = 0; h < heads; h++) {
+    const __m256 inv = _mm256_set1_ps(1.0f / l[h]);
+    for (int64_t d = 0; d < D; d += 8)
+      _mm256_storeu_ps(dst + h * D + d, _mm256_mul_ps(_mm256_loadu_ps(acc + h * D + d), inv));
+  }
+}
+
+typedef struct {
+  const float *q, *k_cache, *v_cache;
+  const int64_t *page_table, *context_lens, *rows, *task_start;
+  float *out, *parts;
+  int64_t q_row_stride, max_pages, num_seqs, num_heads, num_kv_heads, G, D, page_size, piece, part_size;
+  float scale;
+} attention_job;
+
+/* Work item t: one piece of one sequence's context, all heads. A whole context is
+   normalised straight into out; a piece leaves its partial softmax in parts. */
+static void attention_task(const attention_job* j, int64_t t, float* acc, float* m, float* l) {
+  int64_t lo = 0, hi = j->num_seqs; /* b: task_start[b] <= t < task_start[b + 1] */
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (j->task_start[mid] <= t) lo = mid; else hi = mid;
+  }
+  const int64_t b = lo, ctx = j->context_lens[b], H = j->num_heads, D = j->D;
+  const int64_t p = t - j->task_start[b], pieces = num_pieces(ctx, j->piece);
+  const int64_t t0 = p * j->piece, t1 = ctx - t0 > j->piece ? t0 + j->piece : ctx;
+  const float* q = j->q + j->rows[b] * j->q_row_stride;
+  const int64_t* pages = j->page_table + b * j->max_pages;
+  if (pieces == 1) {
+    attend_range(q, j->k_cache, j->v_cache, pages, j->page_size, t0, t1, j->num_kv_heads, j->G, D, j->scale, acc, m, l);
+    store_normalised(j->out + j->rows[b] * H * D, acc, l, H, D);
+  } else {
+    float* part = j->parts + t * j->part_size; /* m (H), l (H), acc (H, D) */
+    attend_range(q, j->k_cache, j->v_cache, pages, j->page_size, t0, t1, j->num_kv_heads, j->G, D, j->scale,
+                 part + 2 * H, part, part + H);
+  }
+}
+
+/* Merges the pieces of (sequence b, head h), i = b * H + h, into out; acc: D floats of scratch. */
+static void attention_merge(const attention_job* j, int64_t i, float* acc) {
+  const int64_t H = j->num_heads, D = j->D, b = i / H, h = i % H;
+  const int64_t pieces = num_pieces(j->context_lens[b], j->piece);
+  if (pieces == 1) return;
+  const float* first = j->parts + j->task_start[b] * j->part_size;
+  float m_all = -INFINITY, l_all = 0.0f;
+  for (int64_t p = 0; p < pieces; p++) m_all = fmaxf(m_all, first[p * j->part_size + h]);
+  memset(acc, 0, (size_t)D * sizeof(float));
+  for (int64_t p = 0; p < pieces; p++) {
+    const float* part = first + p * j->part_size;
+    const float w = expf(part[h] - m_all);
+    l_all += part[H + h] * w;
+    const __m256 vw = _mm256_set1_ps(w);
+    for (int64_t d = 0; d < D; d += 8)
+      _mm256_storeu_ps(acc + d,
+                       _mm256_fmadd_ps(_mm256_loadu_ps(part + 2 * H + h * D + d), vw, _mm256_loadu_ps(acc + d)));
+  }
+  store_normalised(j->out + (j->rows[b] * H + h) * D, acc, &l_all, 1, D);
+}
+
+/* Decode attention, one query token per sequence (see kernels/cpu_decode_ops.py).
+   A work item is one piece of one sequence's context, all heads. With more than
+   one thread, contexts are cut into pieces (of at least ATTN_MIN_SPLIT
+   positions) so that there are ~4 items per thread, and the pieces' partial
+   softmaxes merged afterwards; on one thread every item is a whole context.
+   Returns 0; -1 for sizes beyond the kernel's limits or a failed malloc; else
+   kind + 4 * b for the first sequence b with a bad index: kind 1 rows[b] outside
+   [0, num_rows), 2 context_lens[b] outside [1, max_pages * page_size], 3 a page
+   id outside [0, num_pages) among its first ceil(context_lens[b] / page_size).
+   Nothing is written unless it returns 0. */
+int64_t paged_decode_attention_f32(const float* q, int64_t q_row_stride, const float* k_cache, const float* v_cache,
+                                   const int64_t* page_table, int64_t max_pages, const int64_t* context_lens,
+                                   const int64_t* rows, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
+                                   int64_t head_dim, int64_t page_size, float scale, float* out, int64_t num_rows,
+                                   int64_t num_pages, int num_threads) {
+  if (num_kv_heads <= 0 || num_heads % num_kv_heads || head_dim <= 0 || head_dim % 8 || page_size <= 0)
+    return -1;
+  const int64_t G = num_heads / num_kv_heads, D = head_dim, H = num_heads;
+  if (G > ATTN_MAX_GROUP || H * D > ATTN_MAX_HEADS_DIM) return -1;
+  int64_t total = 0;
+  for (int64_t b = 0; b < num_seqs; b++) {
+    const int64_t ctx = context_lens[b];
+    if (rows[b] < 0 || rows[b] >= num_rows) return 1 + 4 * b;
+    if (ctx < 1 || ctx > max_pages * page_size) return 2 + 4 * b;
+    const int64_t* pages = page_table + b * max_pages;
+    for (int64_t p = 0; p < (ctx + page_size - 1) / page_size; p++)
+      if (pages[p] < 0 || pages[p] >= num_pages) return 3 + 4 * b;
+    total += ctx;
+  }
+  if (num_seqs == 0) return 0;
+
+  int64_t piece = INT64_MAX;
+  if (num_threads > 1 && total * H * D >= ATTN_PARALLEL_MIN) {
+    piece = (total + 4 * num_threads - 1) / (4 * num_threads);
+    if (piece < ATTN_MIN_SPLIT) piece = ATTN_MIN_SPLIT;
+    piece = (piece + ATTN_BLOCK - 1) / ATTN_BLOCK * ATTN_BLOCK;
+  }
+  int64_t stack_starts[257]; /* task_start[b]: sequence b's first work item */
+  int64_t* task_start = num_seqs < 257 ? stack_starts : (int64_t*)malloc((size_t)(num_seqs + 1) * sizeof(int64_t));
+  if (!task_start) return -1;
+  int any_split = 0;
+  task_start[0] = 0;
+  for (int64_t b = 0; b < num_seqs; b++) {
+    const int64_t pieces = num_pieces(context_lens[b], piece);
+    any_split |= pieces > 1;
+    task_start[b + 1] = task_start[b] + pieces;
+  }
+  const int64_t num_tasks = task_start[num_seqs], part_size = H * D + 2 * H;
+  float* parts = NULL;
+  if (any_split && !(parts = (float*)malloc((size_t)(num_tasks * part_size) * sizeof(float)))) {
+    if (task_start != stack_starts) free(task_start);
+    return -1;
+  }
+  const attention_job job = {q, k_cache, v_cache, page_table, context_lens, rows, task_start, out, parts,
+                             q_row_stride, max_pages, num_seqs, num_heads, num_kv_heads, G, D, page_size,
+                             piece, part_size, scale};
+  if (num_tasks > 1 && piece != INT64_MAX) {
+    #pragma omp parallel num_threads(num_threads)
+    {
+      float acc[ATTN_MAX_HEADS_DIM], m[ATTN_MAX_HEADS_DIM / 8], l[ATTN_MAX_HEADS_DIM / 8];
+      #pragma omp for schedule(dynamic, 1)
+      for (int64_t t = 0; t < num_tasks; t++) attention_task(&job, t, acc, m, l);
+      if (any_split) {
+        #pragma omp for schedule(dynamic, 4)
+        for (int64_t i = 0; i < num_seqs * H; i++) attention_merge(&job, i, acc);
+      }
+    }
+  } else { /* every item is a whole context here */
+    float acc[ATTN_MAX_HEADS_DIM], m[ATTN_MAX_HEADS_DIM / 8], l[ATTN_MAX_HEADS_DIM / 8];
+    for (int64_t t = 0; t < num_tasks; t++) attention_task(&job, t, acc, m, l);
+  }
+  free(parts);
+  if (task_start != stack_starts) free(task_start);
+  return 0;
+}
+
+/* ------------------------------------------------- packed-argument entry points
+
+   The same functions taking one pointer to their arguments, packed by the
+   caller as consecutive 8-byte fields in parameter order (pointers and
+   integers as int64, float parameters as double, num_threads as int64). A
+   ctypes call converting ~18 arguments costs ~2-4 us on these machines; one
+   bytes argument costs ~0.4 us. Each returns what its function returns (0 for
+   the void ones). */
+
+#define P(type, i) ((type)(intptr_t)a[i])
+#define F(i) ((float)unpack_double(a + (i)))
+
+static inline double unpack_double(const int64_t* field) {
+  double value;
+  memcpy(&value, field, sizeof value);
+  return value;
+}
+
+int64_t rms_norm_f32_packed(const int64_t* a) {
+  rms_norm_f32(P(const float*, 0), P(const float*, 1), P(float*, 2), a[3], a[4], F(5), (int)a[6]);
+  return 0;
+}
+
+int64_t add_rms_norm_f32_packed(const int64_t* a) {
+  add_rms_norm_f32(P(float*, 0), P(const float*, 1), P(const float*, 2), P(float*, 3), a[4], a[5], F(6), (int)a[7]);
+  return 0;
+}
+
+int64_t silu_and_mul_f32_packed(const int64_t* a) {
+  silu_and_mul_f32(P(const float*, 0), P(float*, 1), a[2], a[3], (int)a[4]);
+  return 0;
+}
+
+int64_t rope_store_kv_f32_packed(const int64_t* a) {
+  return rope_store_kv_f32(P(float*, 0), a[1], a[2], a[3], a[4], P(const float*, 5), P(const float*, 6),
+                           P(float*, 7), P(float*, 8), P(const int64_t*, 9), a[10], (int)a[11]);
+}
+
+int64_t paged_decode_attention_f32_packed(const int64_t* a) {
+  return paged_decode_attention_f32(P(const float*, 0), a[1], P(const float*, 2), P(const float*, 3),
+                                    P(const int64_t*, 4), a[5], P(const int64_t*, 6), P(const int64_t*, 7), a[8],
+                                    a[9], a[10], a[11], a[12], F(13), P(float*, 14), a[15], a[16], (int)a[17]);
+}
