@@ -14,7 +14,7 @@ from safetensors import SafetensorError, safe_open
 
 from engine.errors import ModelFormatError
 from engine.gguf_import import BLOCKS_FILE
-from kernels.cpu_matvec import BLOCK_BYTES, BLOCK_SIZE, BlockWeight
+from kernels.cpu_matvec import BLOCK_SIZE, GGUF_BLOCK_BYTES, BlockWeight
 
 
 def read_block_weights(model_dir: Path) -> dict[str, BlockWeight]:
@@ -29,9 +29,9 @@ def read_block_weights(model_dir: Path) -> dict[str, BlockWeight]:
             for name in file.keys():
                 if name not in formats:
                     raise ModelFormatError(path, f"tensor {name!r} has no block format in the header")
-                blocks = file.get_tensor(name)
-                cols = blocks.shape[1] // _bytes_per_block(path, formats[name]) * BLOCK_SIZE
-                weights[name] = BlockWeight(formats[name], blocks.contiguous(), cols)
+                gguf_rows = file.get_tensor(name).numpy()
+                cols = gguf_rows.shape[1] // _bytes_per_block(path, formats[name]) * BLOCK_SIZE
+                weights[name] = BlockWeight.from_gguf(formats[name], gguf_rows, cols)
             return weights
     except (SafetensorError, ValueError) as error:
         raise ModelFormatError(path, f"unreadable block weights ({error})") from None
@@ -40,9 +40,10 @@ def read_block_weights(model_dir: Path) -> dict[str, BlockWeight]:
 
 
 def _bytes_per_block(path: Path, block_format: str) -> int:
-    if block_format not in BLOCK_BYTES:
-        raise ModelFormatError(path, f"block format {block_format!r} is not supported ({', '.join(BLOCK_BYTES)})")
-    return BLOCK_BYTES[block_format]
+    if block_format not in GGUF_BLOCK_BYTES:
+        raise ModelFormatError(path, f"block format {block_format!r} is not supported "
+                               f"({', '.join(GGUF_BLOCK_BYTES)})")
+    return GGUF_BLOCK_BYTES[block_format]
 
 
 def fused(weights: dict[str, BlockWeight], names: list[str]) -> BlockWeight | None:

@@ -27,25 +27,34 @@ import ctypes
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from kernels.native_build import load_library
 
 BLOCK_SIZE = 32  # weights per block along a row, both formats
-BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}  # {fp16 d, fp16 min, 16 B nibbles}, {fp16 d, 32 int8}
+# As GGUF stores a block: Q4_1 {fp16 d, fp16 min, 16 B of nibbles}, Q8_0 {fp16 d, 32 int8}.
+GGUF_BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}
+# As the kernels read it (BlockWeight.from_gguf): the scales widened to float32, so a
+# block's scale is one broadcast load instead of a load, a conversion and a shuffle.
+# Q4_1 {f32 d, f32 min, 16 B of nibbles}, Q8_0 {f32 d, 32 int8}.
+BLOCK_BYTES = {"Q4_1": 24, "Q8_0": 36}
 _FORMAT_CODES = {"Q4_1": 0, "Q8_0": 1}
 # Inputs of up to this many rows read the blocks; more run oneDNN's float32 GEMM.
-# Measured over SmolLM2's 210 Q4_1 projections (weights out of cache), ms:
-#     rows         1     2     4     8     16
-#     Q4_1 blocks  8.8   14.0  19.0  32.6  64.0
-#     oneDNN f32   26.9  32.6  35.1  46.1  60.5
-BLOCKS_MAX_ROWS = 8
+# Measured on SmolLM2 (best of 3, weights out of cache), ms:
+#     rows                               1     4     8     12    16
+#     210 Q4_1 projections, blocks       10.9  18.1  26.2  39.4  48.5
+#                           oneDNN f32   36.7  34.2  33.4  38.8  45.8
+#     Q8_0 head (49152, 576), blocks     2.0   3.3   8.7   11.8  15.0
+#                             oneDNN     5.6   5.9   7.0   9.4   10.1
+BLOCKS_MAX_ROWS = {"Q4_1": 8, "Q8_0": 4}
 
 
 @dataclass(frozen=True)
 class BlockWeight:
-    """A (rows, cols) weight as GGUF blocks: `blocks` is (rows, cols / 32 * block bytes) uint8."""
+    """A (rows, cols) weight as blocks of 32 along a row, in the kernels' layout:
+    `blocks` is (rows, cols / 32 * BLOCK_BYTES[format]) uint8."""
 
     format: str  # "Q4_1" or "Q8_0"
     blocks: Tensor
@@ -65,6 +74,24 @@ class BlockWeight:
     @property
     def rows(self) -> int:
         return self.blocks.shape[0]
+
+    @staticmethod
+    def from_gguf(block_format: str, gguf_rows: np.ndarray, cols: int) -> "BlockWeight":
+        """From GGUF's blocks, (rows, cols / 32 * GGUF_BLOCK_BYTES) uint8: the same
+        quantized values, with the fp16 scales widened (exactly) to float32."""
+        if block_format not in GGUF_BLOCK_BYTES:
+            raise ValueError(f"unknown block format {block_format!r} (known: {', '.join(GGUF_BLOCK_BYTES)})")
+        num_blocks, gguf_bytes = cols // BLOCK_SIZE, GGUF_BLOCK_BYTES[block_format]
+        if cols % BLOCK_SIZE or gguf_rows.dtype != np.uint8 or gguf_rows.ndim != 2 \
+                or gguf_rows.shape[1] != num_blocks * gguf_bytes:
+            raise ValueError(f"{block_format} weight with {cols} columns needs uint8 GGUF blocks "
+                             f"(rows, {num_blocks * gguf_bytes}), got {gguf_rows.dtype} {gguf_rows.shape}")
+        rows = gguf_rows.shape[0]
+        gguf_blocks = gguf_rows.reshape(rows, num_blocks, gguf_bytes)
+        num_scales = 2 if block_format == "Q4_1" else 1
+        scales = np.ascontiguousarray(gguf_blocks[:, :, : 2 * num_scales]).view(np.float16).astype(np.float32)
+        kernel_blocks = np.concatenate([scales.view(np.uint8), gguf_blocks[:, :, 2 * num_scales :]], axis=2)
+        return BlockWeight(block_format, torch.from_numpy(kernel_blocks.reshape(rows, -1)), cols)
 
     @staticmethod
     def concat(parts: "list[BlockWeight]") -> "BlockWeight":

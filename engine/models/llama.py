@@ -26,7 +26,7 @@ class Linear(nn.Module):
     On CPU in float32 `pack()` moves the weight into oneDNN's prepacked layout
     (kernels/packed_linear.py) for large inputs, and gives few-row inputs
     (decode) a faster kernel (kernels/cpu_matvec.py): the GGUF blocks of the
-    weight when the model has them, for up to BLOCKS_MAX_ROWS rows; otherwise
+    weight when the model has them, for up to BLOCKS_MAX_ROWS[format] rows; otherwise
     a row-major float32 copy for single rows. Elsewhere (CUDA, bfloat16) the
     plain F.linear runs: measured on these CPUs, bf16 x @ W^T runs ~8x faster
     in this layout than in the transposed one.
@@ -39,11 +39,12 @@ class Linear(nn.Module):
         self.packed_weight: Tensor | None = None
         self.kernels: CpuMatvec | None = None
         self.block_weight: BlockWeight | None = None
+        self.block_max_rows = 0  # inputs of up to this many rows read block_weight
 
     def forward(self, x: Tensor) -> Tensor:
         if self.kernels is not None:
             y = None
-            if self.block_weight is not None and x.shape[0] <= BLOCKS_MAX_ROWS:
+            if self.block_weight is not None and x.shape[0] <= self.block_max_rows:
                 y = self.kernels.matmul_blocks(x, self.block_weight)
             elif self.block_weight is None and x.shape[0] == 1:
                 y = self.kernels(x, self.weight)
@@ -64,6 +65,7 @@ class Linear(nn.Module):
         self.packed_weight = pack_weight(self.weight)
         if kernels is not None and block_weight is not None:
             self.kernels, self.block_weight = kernels, block_weight
+            self.block_max_rows = BLOCKS_MAX_ROWS[block_weight.format]
         elif kernels is not None and kernels.fits(self.weight):
             self.kernels = kernels
             return

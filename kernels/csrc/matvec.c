@@ -1,11 +1,12 @@
-/* Matrix-vector products for decode on CPU (AVX2 + FMA + F16C, OpenMP).
+/* Matrix-vector products for decode on CPU (AVX2 + FMA, OpenMP).
 
    y (m, rows) = x (m, cols) @ W^T for a weight W (rows, cols) held row-major as
    - float32 (matvec_f32, m = 1), or
-   - GGUF blocks of 32 weights along a row, as the model file stores them:
-       Q4_1: {fp16 d, fp16 min, 16 bytes of nibbles}, w = d * q + min, q in 0..15,
+   - blocks of 32 weights along a row, GGUF's formats with their fp16 scales widened
+     to float32 at load (kernels/cpu_matvec.py, BlockWeight.from_gguf):
+       Q4_1: {f32 d, f32 min, 16 bytes of nibbles}, w = d * q + min, q in 0..15,
              element j < 16 in the low nibble of byte j, element j + 16 in its high nibble;
-       Q8_0: {fp16 d, 32 int8 q}, w = d * q.
+       Q8_0: {f32 d, 32 int8 q}, w = d * q.
      Each block is decoded to exactly the float32 weights of gguf's dequantization
      (see scale_shift_block), then multiplied with x like float32 weights.
    Rows of W are split statically between the threads, each streaming its own
@@ -15,11 +16,10 @@
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
-#include <string.h>
 
 #define BLOCK 32
-#define Q4_1_BYTES 20
-#define Q8_0_BYTES 34
+#define Q4_1_BYTES 24
+#define Q8_0_BYTES 36
 #define MAX_GROUP 8
 
 static inline float hsum8(__m256 v) {
@@ -27,12 +27,6 @@ static inline float hsum8(__m256 v) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
-}
-
-static inline float half_to_float(const uint8_t* p) {
-  uint16_t h;
-  memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
 }
 
 void matvec_f32(const float* W, const float* x, float* y, int64_t rows, int64_t cols, int num_threads) {
@@ -66,44 +60,36 @@ void matvec_f32(const float* W, const float* x, float* y, int64_t rows, int64_t 
   }
 }
 
-/* The 32 quantized values of a block as four vectors of 8 floats, in element order. */
-static inline void decode_q4_1(const uint8_t* block, __m256 q[4]) {
-  const __m128i nibble = _mm_set1_epi8(0x0F);
-  __m128i bytes = _mm_loadu_si128((const __m128i*)(block + 4));
-  __m128i lo = _mm_and_si128(bytes, nibble);
-  __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble);
-  q[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
-  q[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
-  q[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
-  q[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+/* The 32 quantized values of a block as four vectors of 8 floats, in element order.
+   Q4_1 nibbles: bytes 0-7 widened to 32 bits hold elements 0-7 (low nibbles) and
+   16-23 (high nibbles), bytes 8-15 elements 8-15 and 24-31; widening straight from
+   memory needs two shuffles a block instead of six. */
+static inline void decode_q4_1(const uint8_t* nibbles, __m256 q[4]) {
+  const __m256i low_nibble = _mm256_set1_epi32(0x0F);
+  __m256i bytes_lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)nibbles));
+  __m256i bytes_hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(nibbles + 8)));
+  q[0] = _mm256_cvtepi32_ps(_mm256_and_si256(bytes_lo, low_nibble));
+  q[1] = _mm256_cvtepi32_ps(_mm256_and_si256(bytes_hi, low_nibble));
+  q[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes_lo, 4));
+  q[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes_hi, 4));
 }
 
-static inline void decode_q8_0(const uint8_t* block, __m256 q[4]) {
-  for (int k = 0; k < 4; k++) {
-    __m128i bytes = _mm_loadl_epi64((const __m128i*)(block + 2 + 8 * k));
-    q[k] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
-  }
+static inline void decode_q8_0(const uint8_t* values, __m256 q[4]) {
+  for (int k = 0; k < 4; k++)
+    q[k] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(values + 8 * k))));
 }
 
 /* The block's weights from its quantized values: w = d * q (+ min). d * q is exact in
    float32 (an fp16 d times an integer below 256), so the single rounding of the FMA
    gives exactly the float32 of gguf's dequantization, (d * q) + min. */
-static inline void scale_block(__m256 w[4], float d) {
-  __m256 dv = _mm256_set1_ps(d);
+static inline void scale_block(__m256 w[4], const float* d) {
+  __m256 dv = _mm256_broadcast_ss(d);
   for (int k = 0; k < 4; k++) w[k] = _mm256_mul_ps(w[k], dv);
 }
 
-static inline void scale_shift_block(__m256 w[4], float d, float min) {
-  __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(min);
+static inline void scale_shift_block(__m256 w[4], const float* d_min) {
+  __m256 dv = _mm256_broadcast_ss(d_min), mv = _mm256_broadcast_ss(d_min + 1);
   for (int k = 0; k < 4; k++) w[k] = _mm256_fmadd_ps(w[k], dv, mv);
-}
-
-/* acc + w . x over one block (32 floats of x). */
-static inline __m256 fma_block(const __m256 w[4], const float* x, __m256 acc) {
-  acc = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(x), acc);
-  acc = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x + 8), acc);
-  acc = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x + 16), acc);
-  return _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + 24), acc);
 }
 
 /* Blocks [0, nb) of one weight row against m x rows (x_stride floats apart), written to out[i * out_stride], or added to
@@ -115,22 +101,31 @@ static inline __attribute__((always_inline)) void row_tile(
     const int format, const int64_t m, const uint8_t* row, int64_t nb, const float* x, int64_t x_stride,
     float* out, int64_t out_stride, int accumulate) {
   const int64_t block_bytes = format == 0 ? Q4_1_BYTES : Q8_0_BYTES;
-  __m256 acc[MAX_GROUP];
-  for (int64_t i = 0; i < m; i++) acc[i] = _mm256_setzero_ps();
+  /* Independent accumulator chains per x row: with one, each block's four FMAs wait
+     on each other (latency-bound: ~4 x 4 cycles a block for a single row). As many
+     chains as the 16 registers allow: 4 for up to 2 rows, 2 for up to 4, else 1. */
+  const int chains = m <= 2 ? 4 : (m <= 4 ? 2 : 1);
+  __m256 acc[MAX_GROUP][4];
+  for (int64_t i = 0; i < m; i++)
+    for (int c = 0; c < chains; c++) acc[i][c] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; b++) {
     const uint8_t* block = row + b * block_bytes;
     __m256 w[4];
     if (format == 0) {
-      decode_q4_1(block, w);
-      scale_shift_block(w, half_to_float(block), half_to_float(block + 2));
+      decode_q4_1(block + 8, w);
+      scale_shift_block(w, (const float*)block);
     } else {
-      decode_q8_0(block, w);
-      scale_block(w, half_to_float(block));
+      decode_q8_0(block + 4, w);
+      scale_block(w, (const float*)block);
     }
-    for (int64_t i = 0; i < m; i++) acc[i] = fma_block(w, x + i * x_stride + b * BLOCK, acc[i]);
+    for (int64_t i = 0; i < m; i++) {
+      const float* xb = x + i * x_stride + b * BLOCK;
+      for (int k = 0; k < 4; k++) acc[i][k % chains] = _mm256_fmadd_ps(w[k], _mm256_loadu_ps(xb + 8 * k), acc[i][k % chains]);
+    }
   }
   for (int64_t i = 0; i < m; i++) {
-    float value = hsum8(acc[i]);
+    for (int c = 1; c < chains; c++) acc[i][0] = _mm256_add_ps(acc[i][0], acc[i][c]);
+    float value = hsum8(acc[i][0]);
     out[i * out_stride] = accumulate ? out[i * out_stride] + value : value;
   }
 }

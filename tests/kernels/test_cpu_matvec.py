@@ -51,7 +51,7 @@ def _block_weight(block_format: str, rows: int, cols: int, seed: int) -> tuple[B
     values = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
     blocks = quantize(values, GGMLQuantizationType[block_format])
     dequantized = dequantize(blocks, GGMLQuantizationType[block_format]).astype(np.float32)
-    return BlockWeight(block_format, torch.from_numpy(blocks.copy()), cols), torch.from_numpy(dequantized)
+    return BlockWeight.from_gguf(block_format, blocks, cols), torch.from_numpy(dequantized)
 
 
 @pytest.mark.parametrize("block_format", ["Q4_1", "Q8_0"])
@@ -79,11 +79,13 @@ def test_fused_blocks_are_row_concatenations(matvec):
 
 def test_bad_block_weights_are_refused(matvec):
     with pytest.raises(ValueError, match="unknown block format"):
-        BlockWeight("Q5_K", torch.zeros(1, 20, dtype=torch.uint8), 32)
+        BlockWeight.from_gguf("Q5_K", np.zeros((1, 20), dtype=np.uint8), 32)
+    with pytest.raises(ValueError, match="needs uint8 GGUF blocks"):
+        BlockWeight.from_gguf("Q4_1", np.zeros((1, 21), dtype=np.uint8), 32)  # not whole blocks
+    with pytest.raises(ValueError, match="needs uint8 GGUF blocks"):
+        BlockWeight.from_gguf("Q4_1", np.zeros((1, 20), dtype=np.uint8), 48)  # columns not a multiple of 32
     with pytest.raises(ValueError, match="needs contiguous uint8 blocks"):
-        BlockWeight("Q4_1", torch.zeros(1, 21, dtype=torch.uint8), 32)  # not whole blocks
-    with pytest.raises(ValueError, match="needs contiguous uint8 blocks"):
-        BlockWeight("Q4_1", torch.zeros(1, 20, dtype=torch.uint8), 48)  # columns not a multiple of 32
+        BlockWeight("Q4_1", torch.zeros(1, 20, dtype=torch.uint8), 32)  # the file's layout, 20 bytes a block
     weight, _ = _block_weight("Q8_0", 4, 64, seed=0)
     with pytest.raises(ValueError, match="wants x"):
         matvec.matmul_blocks(torch.randn(1, 32), weight)
