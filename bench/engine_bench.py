@@ -2,7 +2,9 @@
 
     .venv/bin/python -m bench.engine_bench [--dtypes float32,bfloat16] [--skip-hf] [--skip-rss]
 
-Prints one table (each timing the median of 3 runs): cold prefill tok/s at 1k/2k/4k prompt tokens, TTFT of 32 new
+Prints one table (each timing the median of 3 runs; in float32 on CPU radixserve runs twice: decode
+over the GGUF blocks the model ships in, the default, and over float32 weights alone): cold prefill tok/s
+at 1k/2k/4k prompt tokens, TTFT of 32 new
 tokens after a cached 2k prefix as a fraction of the cold 2k TTFT, batch-1 decode
 tok/s, aggregate decode tok/s at 16 concurrent sequences; then process RSS after
 1,000 mixed requests against RSS after the first 10. Every figure comes from the
@@ -18,6 +20,7 @@ from pathlib import Path
 import torch
 
 from engine.engine_config import EngineConfig
+from engine.gguf_import import BLOCKS_FILE
 from engine.llm_engine import LLMEngine
 from engine.model_store import pull
 from engine.sampling_params import SamplingParams
@@ -58,10 +61,11 @@ def _time_request(engine: LLMEngine, prompt: list[int], max_tokens: int) -> tupl
     return first, time.perf_counter() - started
 
 
-def bench_radixserve(model_dir: Path, dtype: str, vocab_size: int, device: str) -> dict[str, float]:
+def bench_radixserve(model_dir: Path, dtype: str, vocab_size: int, device: str,
+                     gguf_blocks: bool = True) -> dict[str, float]:
     rng = random.Random(0)
     engine = LLMEngine(EngineConfig(model_dir=model_dir, device=device, dtype=dtype, kv_cache_bytes=2 << 30,
-                                    max_num_batched_tokens=4096))
+                                    max_num_batched_tokens=4096, gguf_blocks=gguf_blocks))
     results: dict[str, float] = {}
     _time_request(engine, _random_prompt(rng, 64, vocab_size), 2)  # warm-up
     for length in PREFILL_LENGTHS:
@@ -179,6 +183,11 @@ def main() -> None:
         print(f"radixserve {dtype} ...", flush=True)
         columns[f"radixserve {dtype}"] = bench_radixserve(model_dir, dtype, vocab_size, args.device)
         gc.collect()
+        if dtype == "float32" and args.device == "cpu" and (model_dir / BLOCKS_FILE).is_file():
+            print(f"radixserve {dtype} --no-gguf-blocks ...", flush=True)
+            columns[f"radixserve {dtype} --no-gguf-blocks"] = bench_radixserve(model_dir, dtype, vocab_size,
+                                                                               args.device, gguf_blocks=False)
+            gc.collect()
         if not args.skip_hf:
             print(f"transformers {dtype} ...", flush=True)
             columns[f"HF {dtype}"] = bench_transformers(model_dir, dtype, vocab_size, args.device)
