@@ -36,7 +36,8 @@ def _server_plans(args: argparse.Namespace, log_stem: Path,
                   ) -> list[tuple[str, Callable[[], AbstractContextManager[str]], Callable[[], str]]]:
     """(label, start the server, describe it) per server; started lazily, one at a time."""
     concurrency = ["--max-num-seqs", str(max(args.concurrency, 1))]
-    radix_note = f"`radixserve serve {' '.join(RADIXSERVE_DEFAULT_ARGS)}` (dequantized float32 weights)"
+    radix_note = (f"`radixserve serve {' '.join(RADIXSERVE_DEFAULT_ARGS)}` (float32; on CPU decode reads the GGUF's "
+                  "Q4_1/Q8_0 blocks, prefill the dequantized float32 weights)")
     plans = [
         (CACHE_ON, lambda: radixserve_server(concurrency, log_path=Path(f"{log_stem}_cache_on.log")),
          lambda: radix_note),
