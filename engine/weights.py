@@ -6,6 +6,7 @@ and shape, and every failure names the file and the tensor.
 """
 
 import json
+import logging
 from pathlib import Path
 
 import torch
@@ -19,6 +20,8 @@ from engine.models.llama import LlamaForCausalLM
 from engine.model_store import radixserve_home
 from kernels import cpu_decode_ops, cpu_matvec, packed_linear
 from kernels.cpu_matvec import BlockWeight
+
+logger = logging.getLogger("radixserve.engine")
 
 
 def safetensors_files(model_dir: Path) -> list[Path]:
@@ -120,7 +123,15 @@ def load_model(
         build_dir = radixserve_home() / "kernels"
         kernels = cpu_matvec.load(build_dir)
         blocks = module_blocks(model, read_block_weights(Path(model_dir))) if kernels and gguf_blocks else {}
-        model.pack_weights(kernels, blocks, cpu_decode_ops.load(build_dir))
+        ops = cpu_decode_ops.load(build_dir)
+        model.pack_weights(kernels, blocks, ops)
+        if blocks:
+            formats = "/".join(sorted({weight.format for weight in blocks.values()}))
+            weights = f"GGUF blocks ({formats}) for {len(blocks)} of {4 * config.num_layers + 1} weights"
+        else:
+            weights = "float32 weights" + (" (row-major copies)" if kernels else " (oneDNN)")
+        logger.info("CPU float32: decode reads %s; small ops run as %s", weights,
+                    "fused C kernels" if ops else "torch ops")
     return model.eval()
 
 

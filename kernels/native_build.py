@@ -22,15 +22,17 @@ SOURCE_DIR = Path(__file__).parent / "csrc"
 COMPILE_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("radixserve.kernels")
 
 
 def load_library(name: str, build_dir: Path) -> ctypes.CDLL | None:
     """csrc/<name>.c built (once, cached by content) into build_dir and loaded."""
     if platform.machine() not in ("x86_64", "AMD64") or not cpu_has_flags(REQUIRED_CPU_FLAGS):
+        logger.warning("%s: this CPU lacks %s; the torch path runs instead", name, "/".join(REQUIRED_CPU_FLAGS))
         return None
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
+        logger.warning("%s: no C compiler (cc or gcc, or $CC); the torch path runs instead", name)
         return None
     source = (SOURCE_DIR / f"{name}.c").read_text()
     digest = hashlib.sha256((source + " ".join(COMPILE_FLAGS)).encode()).hexdigest()[:16]
@@ -39,7 +41,8 @@ def load_library(name: str, build_dir: Path) -> ctypes.CDLL | None:
         return None
     try:
         return ctypes.CDLL(str(library_path))
-    except OSError:
+    except OSError as error:
+        logger.warning("%s: cannot load %s (%s); the torch path runs instead", name, library_path, error)
         return None
 
 
