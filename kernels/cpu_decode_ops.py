@@ -28,8 +28,8 @@ what is left is Python: argument checks and the output allocation, ~3-5 us;
 passing the arguments packed in one bytes object rather than as ~10-18 ctypes
 arguments saves ~1.5-3 us per call.
 
-The kernels live in kernels/csrc/decode_ops.c (AVX2 + FMA + OpenMP, float32
-only), built once per source hash by `native_build.load_library` and called
+The kernels live in kernels/csrc/row_ops.c and decode_attention.c (AVX2 + FMA +
+OpenMP, float32 only), built into one library once per source hash by `native_build.load_library` and called
 through ctypes. `load()` returns None where they cannot run (not x86-64, no
 AVX2/FMA, no compiler); callers then keep the torch ops in kernels/, which stay
 the reference the tests compare against (rms_norm_reference, silu_and_mul,
@@ -84,7 +84,7 @@ class CpuDecodeOps:
     """
 
     def __init__(self, library: ctypes.CDLL):
-        self.library = library  # also exports the unpacked functions (kernels/csrc/decode_ops.c)
+        self.library = library  # also exports the unpacked functions (kernels/csrc)
         self._rms_norm = _bind(library.rms_norm_f32_packed)
         self._add_rms_norm = _bind(library.add_rms_norm_f32_packed)
         self._silu_and_mul = _bind(library.silu_and_mul_f32_packed)
