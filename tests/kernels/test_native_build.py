@@ -1,0 +1,50 @@
+"""Building the C kernels: cached by content, and every reason a library cannot load is logged."""
+
+import logging
+
+import pytest
+
+from kernels import native_build
+
+
+@pytest.fixture
+def sources(tmp_path, monkeypatch):
+    """A csrc of our own with one library, `probe`, built from probe.c and a shared header."""
+    source_dir = tmp_path / "csrc"
+    source_dir.mkdir()
+    (source_dir / "shared.h").write_text("#define ANSWER 42\n")
+    (source_dir / "probe.c").write_text('#include "shared.h"\nint answer(void) { return ANSWER; }\n')
+    monkeypatch.setattr(native_build, "SOURCE_DIR", source_dir)
+    monkeypatch.setattr(native_build, "LIBRARIES", {"probe": ("probe.c",)})
+    if not native_build.cpu_has_flags(native_build.REQUIRED_CPU_FLAGS):
+        pytest.skip("this CPU lacks AVX2/FMA/F16C")
+    return source_dir
+
+
+def test_builds_once_and_rebuilds_when_a_header_changes(sources, tmp_path):
+    build_dir = tmp_path / "build"
+    library = native_build.load_library("probe", build_dir)
+    if library is None:
+        pytest.skip("no C compiler here")
+    assert library.answer() == 42
+    (first,) = build_dir.glob("probe-*.so")
+    assert native_build.load_library("probe", build_dir) is not None
+    assert list(build_dir.glob("probe-*.so")) == [first]  # reused, not rebuilt
+    (sources / "shared.h").write_text("#define ANSWER 7\n")
+    assert native_build.load_library("probe", build_dir).answer() == 7
+    assert len(list(build_dir.glob("probe-*.so"))) == 2
+
+
+def test_failed_build_is_logged_with_the_compiler_error(sources, tmp_path, caplog):
+    (sources / "probe.c").write_text("int answer(void) { return undeclared_name; }\n")
+    with caplog.at_level(logging.WARNING, logger="radixserve.kernels"):
+        assert native_build.load_library("probe", tmp_path / "build") is None
+    assert "building probe failed" in caplog.text and "undeclared_name" in caplog.text
+
+
+def test_missing_compiler_is_logged(sources, tmp_path, caplog, monkeypatch):
+    monkeypatch.setenv("CC", "no-such-compiler")
+    monkeypatch.setattr(native_build.shutil, "which", lambda name: None)
+    with caplog.at_level(logging.WARNING, logger="radixserve.kernels"):
+        assert native_build.load_library("probe", tmp_path / "build") is None
+    assert "no C compiler" in caplog.text
