@@ -3,7 +3,7 @@
 A model converted from a GGUF file keeps its Q4_1 / Q8_0 tensors' blocks
 beside the float32 weights (engine/gguf_import.py). Both hold the same values:
 the float32 file is the blocks' dequantization. Projections with few input
-rows (decode steps) read the blocks, 5 or 8.5 bits a weight instead of 32
+rows (decode steps) read the blocks, 6 or 9 bits a weight instead of 32
 (kernels/cpu_matvec.py); larger batches and prefill run the float32 GEMM.
 """
 

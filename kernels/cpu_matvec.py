@@ -15,7 +15,7 @@ weight stream's. Two kernels:
 
 - `matmul_blocks` over a weight kept in the GGUF block format it was shipped
   in (Q4_1 or Q8_0, `BlockWeight`): the same weight values the float32 copy
-  holds (the copy is their dequantization), in 5 or 8.5 bits each instead of
+  holds (the copy is their dequantization), in 6 or 9 bits each instead of
   32, so a decode step reads a fraction of the bytes. It takes up to a few
   rows of x at a time, decoding each block of the weight once for all of them.
 

@@ -100,7 +100,7 @@ def _add_serve_parser(commands, default_model: str) -> None:
     serve.add_argument("--no-prefix-cache", action="store_true", help="do not reuse KV of shared prefixes")
     serve.add_argument("--no-gguf-blocks", action="store_true",
                        help="decode reads the float32 weights, not the GGUF blocks kept at conversion "
-                       "(the same values; the blocks are 4-6x fewer bytes)")
+                       "(the same values; the blocks are 3.5-5x fewer bytes)")
     serve.add_argument("--max-waiting", type=_positive_int, default=DEFAULT_MAX_WAITING,
                        help=f"waiting requests at which new ones get 503 (default: {DEFAULT_MAX_WAITING})")
     serve.add_argument("--max-body-bytes", type=_positive_int, default=DEFAULT_MAX_BODY_BYTES,
