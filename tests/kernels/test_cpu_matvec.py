@@ -10,14 +10,6 @@ from kernels import cpu_matvec
 from kernels.cpu_matvec import BlockWeight
 
 
-@pytest.fixture(scope="module")
-def matvec(tmp_path_factory):
-    kernel = cpu_matvec.load(tmp_path_factory.mktemp("kernels"))
-    if kernel is None:
-        pytest.skip("no C compiler or no AVX2/FMA here")
-    return kernel
-
-
 @pytest.mark.parametrize("rows, cols", [(1, 8), (3, 16), (4, 64), (7, 576), (961, 576), (576, 1536)])
 def test_matches_torch(matvec, rows, cols):
     generator = torch.Generator().manual_seed(rows * cols)
