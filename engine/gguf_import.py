@@ -27,12 +27,11 @@ from tqdm import tqdm
 
 from engine.errors import ModelFormatError
 from engine.gguf_tokenizer import build_tokenizer, special_token_str
+from kernels.cpu_matvec import GGUF_BLOCK_BYTES
 
 # Bumped when the converter's output changes, so models converted earlier are redone.
 CONVERTER_VERSION = 3
-BLOCKS_FILE = "gguf_blocks.safetensors"
-# GGUF block formats the CPU kernels read (kernels/cpu_matvec.py).
-KEPT_BLOCK_FORMATS = ("Q4_1", "Q8_0")
+BLOCKS_FILE = "gguf_blocks.safetensors"  # the tensors in a format the CPU kernels read (GGUF_BLOCK_BYTES)
 
 GGUF_MAGIC = b"GGUF"
 # general.architecture -> (HF architectures entry, HF model_type)
@@ -90,7 +89,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = Tr
     out_dir.mkdir(parents=True, exist_ok=True)
     write_safetensors(out_dir / "model.safetensors", specs, _hf_arrays(reader, specs, config, progress))
     block_specs = [spec for spec in specs
-                   if reader.tensors[spec.gguf_index].tensor_type.name in KEPT_BLOCK_FORMATS and len(spec.shape) == 2]
+                   if reader.tensors[spec.gguf_index].tensor_type.name in GGUF_BLOCK_BYTES and len(spec.shape) == 2]
     if block_specs:
         write_block_safetensors(out_dir / BLOCKS_FILE, reader, block_specs, config)
     tokenizer.save(str(out_dir / "tokenizer.json"))

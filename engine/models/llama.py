@@ -7,6 +7,9 @@ are flattened into one (N,) batch; attention finds each sequence's rows through
 three GEMMs instead of seven; the loader concatenates the HF tensors.
 """
 
+import functools
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -37,19 +40,15 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.packed_weight: Tensor | None = None
-        self.kernels: CpuMatvec | None = None
         self.block_weight: BlockWeight | None = None
-        self.block_max_rows = 0  # inputs of up to this many rows read block_weight
+        # x (m, in) -> x @ weight^T for m <= few_rows_max (set by pack(); 0: never)
+        self.few_rows: Callable[[Tensor], Tensor] | None = None
+        self.few_rows_max = 0
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.kernels is not None:
-            y = None
-            if self.block_weight is not None and x.shape[0] <= self.block_max_rows:
-                y = self.kernels.matmul_blocks(x, self.block_weight)
-            elif self.block_weight is None and x.shape[0] == 1:
-                y = self.kernels(x, self.weight)
-            if y is not None:
-                return y + self.bias if self.bias is not None else y
+        if x.shape[0] <= self.few_rows_max:
+            y = self.few_rows(x)
+            return y + self.bias if self.bias is not None else y
         if self.packed_weight is not None:
             return packed_linear(x, self.packed_weight, self.bias)
         return torch.nn.functional.linear(x, self.weight, self.bias)
@@ -64,10 +63,12 @@ class Linear(nn.Module):
                              f"({out_features}, {in_features}) projection")
         self.packed_weight = pack_weight(self.weight)
         if kernels is not None and block_weight is not None:
-            self.kernels, self.block_weight = kernels, block_weight
-            self.block_max_rows = BLOCKS_MAX_ROWS[block_weight.format]
+            self.block_weight = block_weight
+            self.few_rows = functools.partial(kernels.matmul_blocks, weight=block_weight)
+            self.few_rows_max = BLOCKS_MAX_ROWS[block_weight.format]
         elif kernels is not None and kernels.fits(self.weight):
-            self.kernels = kernels
+            self.few_rows = functools.partial(kernels, weight=self.weight)
+            self.few_rows_max = 1
             return
         self.weight = nn.Parameter(torch.empty(0), requires_grad=False)
 
