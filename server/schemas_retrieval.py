@@ -4,9 +4,9 @@ Sizes that make a request too big (documents or inputs per request) are checked 
 service and answered with 413, not here.
 """
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from retrieval.collections import MAX_TOP_K
 
@@ -17,6 +17,15 @@ class _Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
 
+def _not_blank(value: str, info: ValidationInfo) -> str:
+    if not value.strip():
+        raise ValueError(f"{info.field_name} must not be empty")
+    return value
+
+
+TextNotBlank = Annotated[str, AfterValidator(_not_blank)]
+
+
 class CreateCollectionRequest(_Body):
     name: str
     index: Literal["auto", "flat", "hnsw"] = "auto"  # auto: exact search, HNSW past a size
@@ -24,15 +33,8 @@ class CreateCollectionRequest(_Body):
 
 class DocumentIn(_Body):
     id: str | None = None  # None: the server picks one
-    text: str
+    text: TextNotBlank
     metadata: dict[str, Any] = Field(default_factory=dict)
-
-    @field_validator("text")
-    @classmethod
-    def _not_blank(cls, text: str) -> str:
-        if not text.strip():
-            raise ValueError("text must not be empty")
-        return text
 
     @field_validator("id")
     @classmethod
@@ -47,15 +49,8 @@ class AddDocumentsRequest(_Body):
 
 
 class SearchRequest(_Body):
-    query: str
+    query: TextNotBlank
     top_k: int = Field(DEFAULT_TOP_K, ge=1, le=MAX_TOP_K)
-
-    @field_validator("query")
-    @classmethod
-    def _not_blank(cls, query: str) -> str:
-        if not query.strip():
-            raise ValueError("query must not be empty")
-        return query
 
 
 class EmbeddingRequest(_Body):
