@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 from engine.engine_config import EngineConfig
-from engine.gguf_import import BLOCKS_FILE
+from store.gguf_import import BLOCKS_FILE
 from engine.llm_engine import LLMEngine
-from engine.model_store import pull
+from store.model_store import pull
 from engine.sampling_params import SamplingParams
 
 PREFILL_LENGTHS = (1024, 2048, 4096)
@@ -175,7 +175,7 @@ def main() -> None:
     args = parser.parse_args()
     model_dir = pull(args.model)
     print(f"model {model_dir}, device {args.device}, torch {torch.__version__}", flush=True)
-    from engine.model_config import ModelConfig
+    from model.config import ModelConfig
 
     vocab_size = ModelConfig.from_model_dir(model_dir).vocab_size
     columns: dict[str, dict[str, float]] = {}

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.model_store import pull
+from store.model_store import pull
 from retrieval.chunking import Chunk, ChunkingConfig, chunk_text
 from retrieval.collections import Collections
 from retrieval.document_store import DocumentStore, EmbeddedDocument

@@ -49,7 +49,7 @@ def _server_plans(args: argparse.Namespace, log_stem: Path,
         binary: list[Path] = []  # found or built when its turn comes
 
         def start_llama() -> AbstractContextManager[str]:
-            from engine.model_store import extract_gguf  # the harness finds the weights; the client talks HTTP
+            from store.model_store import extract_gguf  # the harness finds the weights; the client talks HTTP
 
             binary.append(find_or_build_llama_server(args.llama_server))
             return llama_server(binary[-1], extract_gguf(DEFAULT_MODEL, progress=False), num_slots=args.concurrency,

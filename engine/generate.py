@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from cache.kv_pool import KVPool, KVPoolShape
-from engine.models.llama import LlamaForCausalLM
-from engine.weights import load_model
+from model.llama import LlamaForCausalLM
+from model.weights import load_model
 from kernels.paged_attention import AttentionInputs
 
 PAGE_SIZE = 16

@@ -21,7 +21,7 @@ from engine.request import FinishReason, Request, RequestOutput
 from engine.sampler import Sampler, make_sampling_state
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledChunk, Scheduler
-from engine.weights import load_model
+from model.weights import load_model
 
 
 # Busy engines trim the heap this often too (engine/heap.py), not only when idle.

@@ -8,7 +8,7 @@ tokens (a finished prefill or a decode), never for mid-prompt rows.
 import torch
 
 from cache.kv_pool import KVPool
-from engine.models.llama import LlamaForCausalLM
+from model.llama import LlamaForCausalLM
 from engine.scheduler import ScheduledChunk
 from kernels.paged_attention import AttentionInputs
 

@@ -15,7 +15,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from engine.errors import RadixserveError
+from store.errors import RadixserveError
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
@@ -35,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from engine.model_store import DEFAULT_MODEL, MODEL_PACKAGES
+    from store.model_store import DEFAULT_MODEL, MODEL_PACKAGES
 
     parser = argparse.ArgumentParser(prog="radixserve", description="LLM serving with a radix-tree KV cache.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -133,14 +133,14 @@ def _add_ingest_parser(commands) -> None:
 
 
 def _pull(args: argparse.Namespace) -> int:
-    from engine.model_store import pull
+    from store.model_store import pull
 
     print(pull(args.model, progress=not args.quiet))
     return 0
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from engine.model_store import pull
+    from store.model_store import pull
     from server.generate_command import generate_text
 
     model_dir = pull(args.model, progress=True)

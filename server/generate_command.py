@@ -4,9 +4,10 @@ from pathlib import Path
 
 from assembly.chat_template import ChatTemplate, TemplateError
 from assembly.tokenizer import Tokenizer
-from engine.errors import ModelFormatError, RequestError
+from engine.errors import RequestError
+from store.errors import ModelFormatError
 from engine.generate import greedy_generate, load
-from engine.model_config import ModelConfig
+from model.config import ModelConfig
 
 
 def generate_text(model_dir: Path, prompt: str, *, max_new_tokens: int, chat: bool, dtype: str) -> str:

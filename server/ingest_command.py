@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from engine.errors import RadixserveError
+from store.errors import RadixserveError
 from retrieval.collections import Collections, NewDocument
 from retrieval.errors import CollectionExistsError, RetrievalError
 from server.retrieval_service import load_default_embedder

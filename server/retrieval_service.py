@@ -16,14 +16,14 @@ from retrieval.errors import (CollectionExistsError, CollectionNotFoundError, Do
                               EmbedderMismatchError, InvalidInputError, RetrievalError)
 from server.errors import APIError, invalid_request
 
-EMBEDDING_MODEL = "all-minilm-l6-v2"  # a name `engine.model_store.pull` knows
+EMBEDDING_MODEL = "all-minilm-l6-v2"  # a name `store.model_store.pull` knows
 EMBEDDING_MODEL_ALIASES = {EMBEDDING_MODEL, "sentence-transformers/all-minilm-l6-v2"}
 MAX_DOCUMENTS_PER_REQUEST = 512
 MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit
 
 
 def load_default_embedder() -> Embedder:
-    from engine.model_store import pull
+    from store.model_store import pull
 
     return Embedder(pull(EMBEDDING_MODEL, progress=False))
 

@@ -9,7 +9,7 @@ import uvicorn
 
 from assembly.chat_template import ChatTemplate, TemplateError
 from engine.engine_config import EngineConfig, parse_kv_cache_memory, resolve_device
-from engine.errors import RadixserveError
+from store.errors import RadixserveError
 from server.settings import ServerSettings, api_key_from_environment
 
 logger = logging.getLogger("radixserve.server")
@@ -78,7 +78,7 @@ def _configure_logging() -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from engine.model_store import pull
+    from store.model_store import pull
     from server.app import create_app
 
     model_dir = pull(args.model, progress=True)

@@ -18,7 +18,7 @@ DEFAULT_TOOL_PIN_SECONDS = 30.0  # a tool-call turn's cached prefix outlives evi
 
 def default_collections_dir() -> Path:
     """`$RADIXSERVE_HOME/collections`."""
-    from engine.model_store import radixserve_home
+    from store.model_store import radixserve_home
 
     return radixserve_home() / "collections"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine import model_store
+from store import model_store
 from retrieval.chunking import TokenSpans
 from retrieval.embedder import EmbeddingBatch
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import model_store
-from engine.errors import ModelFormatError, PullError
+from store import model_store
+from store.errors import ModelFormatError, PullError
 from server import cli
 
 

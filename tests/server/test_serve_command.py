@@ -2,8 +2,8 @@
 
 import pytest
 
-from engine.errors import RadixserveError
-from engine.model_store import DEFAULT_MODEL
+from store.errors import RadixserveError
+from store.model_store import DEFAULT_MODEL
 from server import cli
 from server.serve_command import settings_from_args
 
@@ -47,9 +47,9 @@ def test_engine_options_reach_the_engine_config(smollm2_dir):
     (("--port", "70000"), "port"),
 ])
 def test_bad_values_are_one_line_errors(monkeypatch, capsys, smollm2_dir, argv, fragment):
-    import engine.model_store
+    import store.model_store
 
-    monkeypatch.setattr(engine.model_store, "pull", lambda name, progress=True: smollm2_dir)
+    monkeypatch.setattr(store.model_store, "pull", lambda name, progress=True: smollm2_dir)
     assert cli.main(["serve", *argv]) == cli.EXIT_ERROR
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("radixserve: error: ") and fragment in lines[0]

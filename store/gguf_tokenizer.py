@@ -26,7 +26,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers, processors
 from tokenizers.models import BPE
 
-from engine.errors import ModelFormatError
+from store.errors import ModelFormatError
 
 # llama.cpp's token kinds (`tokenizer.ggml.token_type`).
 TOKEN_TYPE_CONTROL = 3  # special tokens like <|im_start|>: matched whole, skipped when decoding

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from engine.model_config import ModelConfig
+from model.config import ModelConfig
 from kernels.activation import silu_and_mul
 from kernels.cpu_decode_ops import CpuDecodeOps
 from kernels.cpu_matvec import BLOCKS_MAX_ROWS, BlockWeight, CpuMatvec
@@ -159,7 +159,7 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Parameters are created empty on `device`/`dtype`; `engine.weights` fills them."""
+    """Parameters are created empty on `device`/`dtype`; `model.weights` fills them."""
 
     def __init__(self, config: ModelConfig, device: torch.device, dtype: torch.dtype):
         super().__init__()

@@ -6,10 +6,10 @@ import random
 import pytest
 
 from engine.engine_config import EngineConfig
-from engine.errors import ModelFormatError
-from engine.gguf_import import BLOCKS_FILE, convert_gguf
+from store.errors import ModelFormatError
+from store.gguf_import import BLOCKS_FILE, convert_gguf
 from engine.llm_engine import LLMEngine
-from engine.model_store import radixserve_home
+from store.model_store import radixserve_home
 from engine.sampling_params import SamplingParams
 from kernels import cpu_matvec
 from kernels.cpu_matvec import BLOCKS_MAX_ROWS

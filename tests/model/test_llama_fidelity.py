@@ -5,7 +5,7 @@ import torch
 import transformers
 
 from engine.generate import greedy_generate, load
-from engine.weights import load_model
+from model.weights import load_model
 
 TINY = dict(
     vocab_size=128,

@@ -3,8 +3,8 @@
 import pytest
 from tokenizers import Tokenizer
 
-from engine.errors import ModelFormatError
-from engine.gguf_tokenizer import build_tokenizer
+from store.errors import ModelFormatError
+from store.gguf_tokenizer import build_tokenizer
 
 STRINGS = [
     "Hello world",
@@ -85,7 +85,7 @@ def test_chat_markers_are_single_tokens(ours):
 @pytest.mark.model
 def test_smollm_digits_split_as_smollm2_does(ours, reference):
     """SmolLM2's own tokenizer (and llama.cpp) isolate digits first; transformers'
-    GGUF loading does not (see engine/gguf_tokenizer.py). We follow the model."""
+    GGUF loading does not (see store/gguf_tokenizer.py). We follow the model."""
     text = "\n\n1."
     double_newline, digit_one, dot = ours.token_to_id("ĊĊ"), ours.token_to_id("1"), ours.token_to_id(".")
     assert ours.encode(text).ids == [double_newline, digit_one, dot]

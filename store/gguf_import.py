@@ -4,7 +4,7 @@ Out come config.json, generation_config.json, model.safetensors (float32,
 dequantized, HF tensor names), tokenizer.json and tokenizer_config.json, and,
 when the file holds Q4_1 or Q8_0 tensors, gguf_blocks.safetensors: those
 tensors' blocks as the file stores them (uint8 rows, same HF names), which
-decode reads instead of the float32 copy (engine/block_weights.py).
+decode reads instead of the float32 copy (store/block_file.py).
 Supported: llama (SmolLM, Llama 2/3 sizes, Mistral, which llama.cpp also calls
 llama) and qwen2. Everything else is refused with the file and the
 architecture named.
@@ -25,8 +25,8 @@ from gguf import GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 from tqdm import tqdm
 
-from engine.errors import ModelFormatError
-from engine.gguf_tokenizer import build_tokenizer, special_token_str
+from store.errors import ModelFormatError
+from store.gguf_tokenizer import build_tokenizer, special_token_str
 from kernels.cpu_matvec import GGUF_BLOCK_BYTES
 
 # Bumped when the converter's output changes, so models converted earlier are redone.

@@ -12,12 +12,12 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from engine.block_weights import fused, read_block_weights
-from engine.errors import ModelFormatError
-from engine.gguf_import import BLOCKS_FILE
-from engine.model_config import ModelConfig
-from engine.models.llama import LlamaForCausalLM
-from engine.model_store import radixserve_home
+from store.block_file import fused, read_block_weights
+from store.errors import ModelFormatError
+from store.gguf_import import BLOCKS_FILE
+from model.config import ModelConfig
+from model.llama import LlamaForCausalLM
+from store.model_store import radixserve_home
 from kernels import cpu_decode_ops, cpu_matvec, packed_linear
 from kernels.cpu_matvec import BlockWeight
 

@@ -1,7 +1,7 @@
 """The GGUF block copies of a converted model's weights (gguf_blocks.safetensors).
 
 A model converted from a GGUF file keeps its Q4_1 / Q8_0 tensors' blocks
-beside the float32 weights (engine/gguf_import.py). Both hold the same values:
+beside the float32 weights (store/gguf_import.py). Both hold the same values:
 the float32 file is the blocks' dequantization. Projections with few input
 rows (decode steps) read the blocks, 6 or 9 bits a weight instead of 32
 (kernels/cpu_matvec.py); larger batches and prefill run the float32 GEMM.
@@ -12,8 +12,8 @@ from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
 
-from engine.errors import ModelFormatError
-from engine.gguf_import import BLOCKS_FILE
+from store.errors import ModelFormatError
+from store.gguf_import import BLOCKS_FILE
 from kernels.cpu_matvec import BLOCK_SIZE, GGUF_BLOCK_BYTES, BlockWeight
 
 

@@ -4,7 +4,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.errors import ModelFormatError
+from store.errors import ModelFormatError
 
 # Architectures the one Llama-family implementation covers. Qwen2 differs only by
 # q/k/v biases; Mistral and SmolLM are Llama with other sizes.

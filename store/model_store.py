@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from engine.errors import ModelFormatError, PullError
-from engine.gguf_import import CONVERTER_VERSION, convert_gguf
+from store.errors import ModelFormatError, PullError
+from store.gguf_import import CONVERTER_VERSION, convert_gguf
 
 HOME_ENV_VAR = "RADIXSERVE_HOME"
 DEFAULT_HOME = "~/.cache/radixserve"

@@ -11,10 +11,10 @@ from safetensors import safe_open
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from engine import model_store
-from engine.block_weights import read_block_weights
-from engine.errors import ModelFormatError
-from engine.gguf_import import BLOCKS_FILE, convert_gguf
+from store import model_store
+from store.block_file import read_block_weights
+from store.errors import ModelFormatError
+from store.gguf_import import BLOCKS_FILE, convert_gguf
 
 transformers = pytest.importorskip("transformers")
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint  # noqa: E402
