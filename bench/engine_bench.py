@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from engine.engine_config import EngineConfig
-from store.gguf_import import BLOCKS_FILE
+from store.block_file import BLOCKS_FILE
 from engine.llm_engine import LLMEngine
 from store.model_store import pull
 from engine.sampling_params import SamplingParams

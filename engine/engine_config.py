@@ -63,12 +63,15 @@ class EngineConfig:
     page_size: int = 16
     kv_cache_bytes: int | None = None  # exact pool size in bytes; else a fraction:
     kv_cache_fraction: float = 0.25  # of available memory at start-up
-    max_num_batched_tokens: int = 2048  # the per-step token budget (decodes + prefill chunks)
+    max_num_batched_tokens: int | None = None  # the per-step token budget (decodes + prefill chunks);
+    # None: the backend's (model/backends: 512 on CPU, 2048 on CUDA)
     max_num_seqs: int = 64  # requests admitted (prefilling or running) at once
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     schedule: str = "fcfs"  # or "lpm": longest cached prefix first
     enable_prefix_cache: bool = True
     gguf_blocks: bool = True  # decode reads the GGUF blocks a converted model keeps (CPU, float32)
+    backend: str = "auto"  # what executes the model: auto, torch or cpu (model/backends)
+    few_rows_crossover: str = "measure"  # cpu: few-rows kernel limits timed per weight shape at load, or "fixed"
 
     def __post_init__(self):
         if self.page_size <= 0 or self.page_size & (self.page_size - 1):
@@ -77,7 +80,7 @@ class EngineConfig:
             raise ValueError(f"kv_cache_bytes must be positive, got {self.kv_cache_bytes}")
         if not 0 < self.kv_cache_fraction < 1:
             raise ValueError(f"kv_cache_fraction must be in (0, 1), got {self.kv_cache_fraction}")
-        if self.max_num_batched_tokens < 1:
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")

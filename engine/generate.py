@@ -2,33 +2,37 @@
 
 Used by `radixserve generate` and as the reference the batched engine is tested
 against. The sequence's KV lives in a private pool whose pages are simply
-0, 1, 2, ... in order.
+0, 1, 2, ... in order. Device, dtype, backend and stop tokens resolve as the
+engine's do (engine/engine_config.py, `stop_token_ids`).
 """
 
+import json
 from pathlib import Path
 
 import torch
 
 from cache.kv_pool import KVPool, KVPoolShape
+from engine.engine_config import resolve_device, resolve_dtype
+from engine.step_batch import SequenceChunk, build_step_batch, run_step
 from model.llama import LlamaForCausalLM
 from model.weights import load_model
-from kernels.paged_attention import AttentionInputs
 
 PAGE_SIZE = 16
 
 
-def resolve_dtype(name: str) -> torch.dtype:
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "auto": torch.float32}
-    if name not in dtypes:
-        raise ValueError(f"unknown dtype {name!r}; choose one of {', '.join(dtypes)}")
-    return dtypes[name]
+def stop_token_ids(model_dir: Path, eos_token_ids: tuple[int, ...]) -> frozenset[int]:
+    """The model's end-of-sequence ids: config.json's and generation_config.json's."""
+    path = Path(model_dir) / "generation_config.json"
+    eos = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
+    extra = () if eos is None else tuple(eos) if isinstance(eos, list) else (int(eos),)
+    return frozenset(eos_token_ids + extra)
 
 
 def greedy_generate(
     model: LlamaForCausalLM,
     prompt_ids: list[int],
     max_new_tokens: int,
-    stop_token_ids: tuple[int, ...] = (),
+    stop_token_ids: frozenset[int] | tuple[int, ...] = (),
 ) -> list[int]:
     """Greedy continuation of `prompt_ids`: new token ids, ending at a stop
     token (included) or after `max_new_tokens`."""
@@ -41,20 +45,8 @@ def greedy_generate(
     page_ids = list(range(num_pages))
 
     def step(token_ids: list[int], start: int) -> torch.Tensor:
-        attn = AttentionInputs.build(
-            slot_ids=list(range(start, start + len(token_ids))),  # pages in order: slot == position
-            query_lens=[len(token_ids)],
-            context_lens=[start + len(token_ids)],
-            page_ids_per_seq=[page_ids],
-            device=device,
-        )
-        hidden = model(
-            torch.tensor(token_ids, device=device),
-            attn.positions,
-            pool.layers,
-            attn,
-        )
-        return model.compute_logits(hidden[-1:])[0]  # (V,)
+        batch = build_step_batch([SequenceChunk(token_ids, start, page_ids)], PAGE_SIZE, device)
+        return run_step(model, pool.layers, batch)[0]  # (V,)
 
     output_ids: list[int] = []
     logits = step(prompt_ids, 0)
@@ -66,5 +58,7 @@ def greedy_generate(
         logits = step([next_id], len(prompt_ids) + len(output_ids) - 1)
 
 
-def load(model_dir: Path, dtype: str = "float32", device: str = "cpu") -> LlamaForCausalLM:
-    return load_model(Path(model_dir), torch.device(device), resolve_dtype(dtype))
+def load(model_dir: Path, dtype: str = "auto", device: str = "auto", backend: str = "auto") -> LlamaForCausalLM:
+    """The model as the engine loads it for the same settings."""
+    resolved_device = resolve_device(device)
+    return load_model(Path(model_dir), resolved_device, resolve_dtype(dtype, resolved_device), backend=backend)

@@ -4,7 +4,7 @@ One step reads like the loop it is: schedule, run, commit, sample, postprocess.
 Not thread-safe: `AsyncEngine` owns it from a single thread.
 """
 
-import json
+import dataclasses
 import time
 from pathlib import Path
 
@@ -13,6 +13,7 @@ import torch
 from cache.kv_pool import KVPool, KVPoolShape
 from engine.engine_config import EngineConfig, available_memory_bytes, resolve_device, resolve_dtype
 from engine.errors import RequestError
+from engine.generate import stop_token_ids
 from engine.heap import release_free_heap
 from engine.metrics import EngineMetrics, EngineStats
 from engine.model_runner import ModelRunner
@@ -21,33 +22,30 @@ from engine.request import FinishReason, Request, RequestOutput
 from engine.sampler import Sampler, make_sampling_state
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledChunk, Scheduler
+from model.backends import select_backend
+from model.config import ModelConfig
 from model.weights import load_model
+from store.model_store import radixserve_home
 
 
 # Busy engines trim the heap this often too (engine/heap.py), not only when idle.
 HEAP_TRIM_EVERY_STEPS = 512
 
 
-def _generation_eos_ids(model_dir: Path) -> tuple[int, ...]:
-    path = model_dir / "generation_config.json"
-    if not path.is_file():
-        return ()
-    eos = json.loads(path.read_text()).get("eos_token_id")
-    if eos is None:
-        return ()
-    return tuple(eos) if isinstance(eos, list) else (int(eos),)
-
-
 class LLMEngine:
     def __init__(self, config: EngineConfig):
-        self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         model_dir = Path(config.model_dir)
-        self.model = load_model(model_dir, self.device, self.dtype, gguf_blocks=config.gguf_blocks)
+        self.backend = select_backend(self.device, self.dtype, ModelConfig.from_model_dir(model_dir), config.backend,
+                                      build_dir=radixserve_home() / "kernels", crossover=config.few_rows_crossover)
+        self.model = load_model(model_dir, self.device, self.dtype, self.backend, gguf_blocks=config.gguf_blocks)
+        if config.max_num_batched_tokens is None:
+            config = dataclasses.replace(config, max_num_batched_tokens=self.backend.policy.max_num_batched_tokens)
+        self.config = config
         model_config = self.model.config
         self.vocab_size = model_config.vocab_size
-        self.eos_token_ids = frozenset(model_config.eos_token_ids + _generation_eos_ids(model_dir))
+        self.eos_token_ids = stop_token_ids(model_dir, model_config.eos_token_ids)
         self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                                  model_config.max_position_embeddings)
 

@@ -8,9 +8,9 @@ tokens (a finished prefill or a decode), never for mid-prompt rows.
 import torch
 
 from cache.kv_pool import KVPool
-from model.llama import LlamaForCausalLM
 from engine.scheduler import ScheduledChunk
-from kernels.paged_attention import AttentionInputs
+from engine.step_batch import SequenceChunk, build_step_batch, run_step
+from model.llama import LlamaForCausalLM
 
 
 class ModelRunner:
@@ -22,40 +22,9 @@ class ModelRunner:
 
     def run(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor | None, list[ScheduledChunk]]:
         """Returns (logits (M, V) float32 or None, the M chunks they belong to)."""
-        page_size = self.page_size
-        input_ids: list[int] = []
-        slot_ids: list[int] = []
-        query_lens: list[int] = []
-        context_lens: list[int] = []
-        page_ids_per_seq: list[list[int]] = []
-        logit_rows: list[int] = []
-        sampled_chunks: list[ScheduledChunk] = []
-        for chunk in chunks:
-            request = chunk.request
-            end = chunk.start + chunk.num_tokens
-            page_ids = request.page_ids
-            input_ids.extend(request.token_ids_between(chunk.start, end))
-            slot_ids.extend(page_ids[p // page_size] * page_size + p % page_size for p in range(chunk.start, end))
-            query_lens.append(chunk.num_tokens)
-            context_lens.append(end)
-            page_ids_per_seq.append(page_ids)
-            if chunk.completes_request_tokens:
-                logit_rows.append(len(input_ids) - 1)
-                sampled_chunks.append(chunk)
-        attn = AttentionInputs.build(
-            slot_ids=slot_ids,
-            query_lens=query_lens,
-            context_lens=context_lens,
-            page_ids_per_seq=page_ids_per_seq,
-            device=self.device,
-        )
-        hidden = self.model(
-            torch.tensor(input_ids, device=self.device),
-            attn.positions,
-            self.kv_pool.layers,
-            attn,
-        )  # (N, d)
-        if not logit_rows:
-            return None, []
-        rows = torch.tensor(logit_rows, device=self.device)
-        return self.model.compute_logits(hidden.index_select(0, rows)), sampled_chunks
+        batch = build_step_batch(
+            [SequenceChunk(chunk.request.token_ids_between(chunk.start, chunk.start + chunk.num_tokens), chunk.start,
+                           chunk.request.page_ids, chunk.completes_request_tokens) for chunk in chunks],
+            self.page_size, self.device)
+        logits = run_step(self.model, self.kv_pool.layers, batch)
+        return logits, [chunk for chunk in chunks if chunk.completes_request_tokens]

@@ -8,7 +8,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from kernels.attention_plan import AttentionPlan, make_plan
+from kernels.attention_plan import AttentionPlan, AttentionPolicy, make_plan
+
+
+def slot_ids_of(page_ids: list[int], start: int, end: int, page_size: int) -> list[int]:
+    """The flat KV slot of each position in [start, end) of a sequence whose pages are
+    page_ids, in order: page_ids[p // page_size] * page_size + p % page_size."""
+    return [page_ids[p // page_size] * page_size + p % page_size for p in range(start, end)]
 
 
 @dataclass(frozen=True, eq=False)
@@ -27,7 +33,7 @@ class AttentionInputs:
     query_starts: list[int]  # (B+1,) cumulative: sequence b's new tokens are rows [qs[b], qs[b+1])
     context_lens: list[int]  # (B,) tokens in sequence b's KV after this step, new tokens included
     page_table: Tensor  # (B, max_pages) int64, pages in order; padding: any valid page id
-    _plans: dict[tuple[int, bool], AttentionPlan] = field(default_factory=dict, init=False, repr=False)
+    _plans: dict[tuple[int, AttentionPolicy], AttentionPlan] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self):
         num_seqs = len(self.context_lens)
@@ -63,6 +69,16 @@ class AttentionInputs:
             page_table=torch.tensor(padded, dtype=torch.int64, device=device).view(len(padded), max_pages),
         )
 
+    @classmethod
+    def for_chunks(cls, chunks: list[tuple[list[int], int, int]], page_size: int, device) -> AttentionInputs:
+        """One step of sequences given as (page_ids, start, end): each adds the tokens of
+        positions [start, end) to its pages, attending to positions [0, end)."""
+        slot_ids: list[int] = []
+        for page_ids, start, end in chunks:
+            slot_ids.extend(slot_ids_of(page_ids, start, end, page_size))
+        return cls.build(slot_ids, [end - start for _, start, end in chunks], [end for _, _, end in chunks],
+                         [page_ids for page_ids, _, _ in chunks], device)
+
     @property
     def num_seqs(self) -> int:
         return len(self.context_lens)
@@ -95,10 +111,10 @@ class AttentionInputs:
         ]
         return torch.tensor(positions, dtype=torch.int64, device=self.slot_ids.device)
 
-    def plan(self, page_size: int, fused_decode: bool = False) -> AttentionPlan:
+    def plan(self, page_size: int, policy: AttentionPolicy) -> AttentionPlan:
         """Gather indices and masks for this step, built on the first layer's call."""
-        key = (page_size, fused_decode)
+        key = (page_size, policy)
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[key] = make_plan(self, page_size, fused_decode)
+            plan = self._plans[key] = make_plan(self, page_size, policy)
         return plan

@@ -1,19 +1,13 @@
 """Per-step gather indices and masks for paged attention, built once and shared by all layers.
 
-Decode sequences (one new token) are attended in chunks: sorted by context length, packed
-into chunks of at most CPU_DECODE_TOKEN_BUDGET padded KV positions, and each chunk is one
-gather + one SDPA call. Measured on 2 cores (min single-thread CPU time per call; H=9,
-KVH=3, D=64, page_size=16, fp32 / bf16), one call per sequence vs chunks vs one padded batch:
-16 sequences of 100..1500 tokens: 5.4-6.0 / 4.8 ms, 5.0-6.6 / 4.4 ms, 10-29 / 8.3 ms;
-64 sequences of 50..500 tokens: 8.9-10.0 / 7.7 ms, 7.4-8.0 / 5.9 ms, 38-44 / 33 ms.
-One big gather falls out of cache (and its fresh allocation page-faults), and padding to the
-longest sequence adds work; per-sequence calls pay Python and launch overhead per sequence.
-On accelerators launch overhead dominates, so the whole decode batch is one chunk.
-
-Prefills (more than one new token) run one sequence at a time. With a cached prefix the
-causal mask is bottom-right aligned; SDPA cannot skip masked blocks of an explicit mask, so
-on CPU the query rows go in blocks of CPU_PREFILL_BLOCK_ROWS, each attending only to the keys it
-can see (2048 new tokens after a 100-token prefix: 177 ms in one call, 98 ms in blocks).
+How the work is cut is an `AttentionPolicy`, which the execution backend chooses once
+(model/backends): decode sequences (one new token) go either all at once to a fused
+kernel that reads pages itself, or in chunks: sorted by context length, packed into
+chunks of at most `decode_token_budget` padded KV positions, each chunk one gather + one
+SDPA call. Prefills (more than one new token) run one sequence at a time; with a cached
+prefix the causal mask is bottom-right aligned, and SDPA cannot skip masked blocks of an
+explicit mask, so the query rows go in blocks of `prefill_block_rows`, each attending only
+to the keys it can see. The measurements behind the CPU values: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -28,8 +22,29 @@ from torch import Tensor
 if TYPE_CHECKING:
     from kernels.attention_inputs import AttentionInputs
 
+# On CPU one big gather falls out of cache and padding adds work, while per-sequence calls pay
+# Python overhead each: chunks of this many padded positions measured fastest (docs/performance.md).
 CPU_DECODE_TOKEN_BUDGET = 2048
+# Row blocks of a prefill after a cached prefix, so masked keys are skipped (measured 1.8x).
 CPU_PREFILL_BLOCK_ROWS = 256
+
+
+@dataclass(frozen=True)
+class AttentionPolicy:
+    """How a step's attention is cut into calls; chosen once by the execution backend."""
+
+    decode_token_budget: int  # padded KV positions per decode chunk (sys.maxsize: the whole batch)
+    prefill_block_rows: int  # query rows per SDPA call when a prefill has a cached prefix
+    fused_decode: bool = False  # every decode sequence to one kernel that reads the pages itself
+
+    def __post_init__(self):
+        if self.decode_token_budget < 1 or self.prefill_block_rows < 1:
+            raise ValueError(f"attention policy needs positive sizes, got {self}")
+
+
+# Accelerators: launch overhead dominates, so the whole decode batch is one chunk, a prefill one call.
+ONE_CALL_ATTENTION = AttentionPolicy(decode_token_budget=sys.maxsize, prefill_block_rows=sys.maxsize)
+CPU_ATTENTION = AttentionPolicy(CPU_DECODE_TOKEN_BUDGET, CPU_PREFILL_BLOCK_ROWS)
 
 
 @dataclass(frozen=True)
@@ -71,26 +86,22 @@ class AttentionPlan:
     prefill_block_rows: int  # query rows per SDPA call when a prefill has a cached prefix
 
 
-def make_plan(inputs: AttentionInputs, page_size: int, fused_decode: bool = False) -> AttentionPlan:
-    device = inputs.page_table.device
-    is_cpu = device.type == "cpu"
+def make_plan(inputs: AttentionInputs, page_size: int, policy: AttentionPolicy) -> AttentionPlan:
     decode_seqs = [b for b, query_len in enumerate(inputs.query_lens) if query_len == 1]
     decode_chunks, decode_batch = [], None
-    if fused_decode and decode_seqs:
+    if policy.fused_decode and decode_seqs:
         decode_batch = _decode_batch(inputs, decode_seqs)
     elif decode_seqs:
-        budget = CPU_DECODE_TOKEN_BUDGET if is_cpu else sys.maxsize
         decode_chunks = [
             _decode_chunk(inputs, group, page_size)
-            for group in _pack_by_length(decode_seqs, inputs.context_lens, budget)
+            for group in _pack_by_length(decode_seqs, inputs.context_lens, policy.decode_token_budget)
         ]
     prefills = [
         _prefill_seq(inputs, b, page_size)
         for b, query_len in enumerate(inputs.query_lens)
         if query_len > 1
     ]
-    block_rows = CPU_PREFILL_BLOCK_ROWS if is_cpu else sys.maxsize
-    return AttentionPlan(decode_chunks, decode_batch, prefills, block_rows)
+    return AttentionPlan(decode_chunks, decode_batch, prefills, policy.prefill_block_rows)
 
 
 def _decode_batch(inputs: AttentionInputs, seqs: list[int]) -> DecodeBatch:

@@ -30,8 +30,8 @@ arguments saves ~1.5-3 us per call.
 
 The kernels live in kernels/csrc/row_ops.c and decode_attention.c (AVX2 + FMA +
 OpenMP, float32 only), built into one library once per source hash by `native_build.load_library` and called
-through ctypes. `load()` returns None where they cannot run (not x86-64, no
-AVX2/FMA, no compiler); callers then keep the torch ops in kernels/, which stay
+through ctypes. `load()` raises native_build.NativeUnavailable where they cannot
+run (not x86-64, no AVX2/FMA, no compiler); callers then keep the torch ops in kernels/, which stay
 the reference the tests compare against (rms_norm_reference, silu_and_mul,
 RotaryEmbedding.apply + store_kv, paged_attention_reference).
 
@@ -251,11 +251,10 @@ class CpuDecodeOps:
             raise ValueError(_ATTENTION_ERRORS[status % 4].format(b=status // 4))
 
 
-def load(build_dir: Path) -> CpuDecodeOps | None:
-    """Build (once, cached by source hash) and load the kernels; None where they
-    cannot run here."""
-    library = native_build.load_library("decode_ops", build_dir)
-    return CpuDecodeOps(library) if library is not None else None
+def load(build_dir: Path, compiler: str | None = native_build.FIND_COMPILER) -> CpuDecodeOps:
+    """Build (once, cached by source hash) and load the kernels; raises
+    native_build.NativeUnavailable where they cannot run here."""
+    return CpuDecodeOps(native_build.load_library("decode_ops", build_dir, compiler))
 
 
 def _bind(function):

@@ -19,7 +19,7 @@ weight stream's. Two kernels:
   32, so a decode step reads a fraction of the bytes. It takes up to a few
   rows of x at a time, decoding each block of the weight once for all of them.
 
-`load()` returns None where the kernels cannot run (kernels/native_build.py);
+`load()` raises native_build.NativeUnavailable where the kernels cannot run;
 callers then keep their torch path, which is also the tests' reference.
 """
 
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from kernels.native_build import load_library
+from kernels.native_build import FIND_COMPILER, load_library
 
 BLOCK_SIZE = 32  # weights per block along a row, both formats
 # As GGUF stores a block: Q4_1 {fp16 d, fp16 min, 16 B of nibbles}, Q8_0 {fp16 d, 32 int8}.
@@ -144,7 +144,7 @@ class CpuMatvec:
         return out
 
 
-def load(build_dir: Path) -> CpuMatvec | None:
-    """Build (once, cached by source hash) and load the kernels; None where they cannot run here."""
-    library = load_library("matvec", build_dir)
-    return CpuMatvec(library) if library is not None else None
+def load(build_dir: Path, compiler: str | None = FIND_COMPILER) -> CpuMatvec:
+    """Build (once, cached by source hash) and load the kernels; raises
+    native_build.NativeUnavailable where they cannot run here."""
+    return CpuMatvec(load_library("matvec", build_dir, compiler))

@@ -4,9 +4,11 @@ Each library is plain C with OpenMP and AVX2/FMA/F16C intrinsics, built from
 the sources LIBRARIES names (plus the shared headers in csrc): no torch
 headers, so a build takes about a second with the system C compiler. The
 library is cached under `build_dir` by the hash of its sources, headers and
-flags and loaded with ctypes. `load_library` returns None where it cannot run (not
-x86-64, no AVX2/FMA/F16C, no compiler, a failed build); callers then keep
-their torch path, which is also the tests' reference.
+flags and loaded with ctypes. `load_library` raises NativeUnavailable, with the
+reason in one line, where it cannot run (not x86-64, no AVX2/FMA/F16C, no
+compiler, a failed build); callers then keep their torch path, which is also
+the tests' reference. `compiler=None` says "no compiler here": tests use it to
+run the fallback a machine without one gets.
 """
 
 import ctypes
@@ -30,42 +32,57 @@ LIBRARIES = {
 
 logger = logging.getLogger("radixserve.kernels")
 
+FIND_COMPILER = "find"  # load_library's default: $CC, else cc, else gcc
 
-def load_library(name: str, build_dir: Path) -> ctypes.CDLL | None:
-    """Library `name` (LIBRARIES) built (once, cached by content) into build_dir and loaded."""
+
+class NativeUnavailable(Exception):
+    """A library cannot run here; str(error) is the reason, one line."""
+
+
+def find_compiler() -> str | None:
+    """The C compiler to build with: $CC, else cc, else gcc; None when there is none."""
+    return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+
+
+def load_library(name: str, build_dir: Path, compiler: str | None = FIND_COMPILER) -> ctypes.CDLL:
+    """Library `name` (LIBRARIES) built (once, cached by content) into build_dir and loaded.
+    `compiler`: a path, FIND_COMPILER, or None (no compiler: raises NativeUnavailable)."""
     if platform.machine() not in ("x86_64", "AMD64") or not cpu_has_flags(REQUIRED_CPU_FLAGS):
-        logger.warning("%s: this CPU lacks %s; the torch path runs instead", name, "/".join(REQUIRED_CPU_FLAGS))
-        return None
-    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+        raise _unavailable(f"{name}: this CPU lacks {'/'.join(REQUIRED_CPU_FLAGS)}")
+    if compiler == FIND_COMPILER:
+        compiler = find_compiler()
     if compiler is None:
-        logger.warning("%s: no C compiler (cc or gcc, or $CC); the torch path runs instead", name)
-        return None
+        raise _unavailable(f"{name}: no C compiler (cc or gcc, or $CC)")
     sources = [SOURCE_DIR / file_name for file_name in LIBRARIES[name]]
     digest = hashlib.sha256()
     for path in [*sources, *sorted(SOURCE_DIR.glob("*.h"))]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     digest.update(" ".join(COMPILE_FLAGS).encode())
     library_path = Path(build_dir) / f"{name}-{digest.hexdigest()[:16]}.so"
-    if not library_path.is_file() and not _build(compiler, name, sources, library_path):
-        return None
+    if not library_path.is_file():
+        _build(compiler, name, sources, library_path)
     try:
         return ctypes.CDLL(str(library_path))
     except OSError as error:
-        logger.warning("%s: cannot load %s (%s); the torch path runs instead", name, library_path, error)
-        return None
+        raise _unavailable(f"{name}: cannot load {library_path} ({error})") from None
 
 
-def _build(compiler: str, name: str, sources: list[Path], library_path: Path) -> bool:
+def _unavailable(reason: str) -> NativeUnavailable:
+    logger.warning("%s; the torch path runs instead", reason)
+    return NativeUnavailable(reason)
+
+
+def _build(compiler: str, name: str, sources: list[Path], library_path: Path) -> None:
     library_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=library_path.parent) as scratch:
         partial = Path(scratch) / library_path.name
         command = [compiler, *COMPILE_FLAGS, f"-I{SOURCE_DIR}", *map(str, sources), "-o", str(partial)]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
-            logger.warning("building %s failed; the torch path runs instead:\n%s", name, result.stderr[-2000:])
-            return False
+            logger.warning("building %s failed:\n%s", name, result.stderr[-2000:])
+            first_error = next((line for line in result.stderr.splitlines() if "error" in line), "see the log")
+            raise _unavailable(f"{name}: building failed ({first_error.strip()[:200]})")
         os.replace(partial, library_path)  # atomic: concurrent builders never see half a file
-    return True
 
 
 def cpu_has_flags(flags: tuple[str, ...]) -> bool:

@@ -3,7 +3,7 @@
 KV layout: per layer a pair of tensors (num_pages, page_size, KVH, D); viewed flat as
 (num_pages * page_size, KVH, D), token slot s = page_id * page_size + offset in page.
 The fast path uses only torch ops (SDPA), so it runs wherever torch does; how it batches
-work is chosen per device when the step's plan is built (see attention_plan).
+work is the caller's `AttentionPolicy` (see attention_plan), chosen by the execution backend.
 """
 
 import torch
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kernels.attention_inputs import AttentionInputs
-from kernels.attention_plan import DecodeChunk, PrefillSeq
+from kernels.attention_plan import AttentionPolicy, DecodeChunk, PrefillSeq
 from kernels.cpu_decode_ops import CpuDecodeOps
 from kernels.paged_attention_reference import paged_attention_reference
 
@@ -38,18 +38,22 @@ def paged_attention(
     v_cache: Tensor,
     inputs: AttentionInputs,
     scale: float,
+    policy: AttentionPolicy,
     decode_ops: CpuDecodeOps | None = None,
 ) -> Tensor:
     """q (N, H, D) -> (N, H, D) in q.dtype; same contract as paged_attention_reference.
 
     The step's new K/V must already be in the cache (store_kv). Decode sequences go in
-    length-sorted chunks, or, given `decode_ops`, all in one call of its kernel, which
-    reads the pages itself; prefills one by one; results land in their rows of the output.
+    length-sorted chunks, or, when the policy says fused_decode, all in one call of
+    `decode_ops`' kernel, which reads the pages itself; prefills one by one; results land
+    in their rows of the output.
     """
+    if policy.fused_decode and decode_ops is None:
+        raise ValueError("a fused-decode attention policy needs the decode kernel")
     _, page_size, num_kv_heads, head_dim = k_cache.shape
     if q.shape[0] != inputs.num_tokens or q.shape[1] % num_kv_heads:
         raise ValueError(f"q {tuple(q.shape)} does not fit {inputs.num_tokens} tokens, {num_kv_heads} KV heads")
-    plan = inputs.plan(page_size, fused_decode=decode_ops is not None)
+    plan = inputs.plan(page_size, policy)
     k_slots = k_cache.view(-1, num_kv_heads, head_dim)  # (S, KVH, D)
     v_slots = v_cache.view(-1, num_kv_heads, head_dim)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)

@@ -1,8 +1,9 @@
-"""Loading HF safetensors weights into `LlamaForCausalLM`.
+"""Loading a model: its config, the backend that runs it, and its weights.
 
 HF keeps q/k/v and gate/up as separate tensors; the model fuses them, so each
-fused parameter is filled slice by slice. Every tensor is checked for presence
-and shape, and every failure names the file and the tensor.
+fused parameter is filled slice by slice, as the checkpoint-name map says
+(store/checkpoint_names.py). Every tensor is checked for presence and shape,
+and every failure names the file and the tensor.
 """
 
 import json
@@ -12,14 +13,14 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from store.block_file import fused, read_block_weights
-from store.errors import ModelFormatError
-from store.gguf_import import BLOCKS_FILE
+from kernels.cpu_matvec import BlockWeight
+from model.backends import Backend, select_backend
 from model.config import ModelConfig
 from model.llama import LlamaForCausalLM
+from store.block_file import BLOCKS_FILE, GGUFBlocks, read_block_file
+from store.checkpoint_names import FUSED_LAYER_MODULES, PROJECTIONS, TOP_MODULES, hf_parts
+from store.errors import ModelFormatError
 from store.model_store import radixserve_home
-from kernels import cpu_decode_ops, cpu_matvec, packed_linear
-from kernels.cpu_matvec import BlockWeight
 
 logger = logging.getLogger("radixserve.engine")
 
@@ -41,29 +42,22 @@ def safetensors_files(model_dir: Path) -> list[Path]:
 def _parameter_slices(model: LlamaForCausalLM) -> dict[str, tuple[torch.Tensor, int, int]]:
     """HF tensor name -> (our parameter, first row, end row) it fills."""
     config = model.config
-    q, kv, inter = config.q_size, config.kv_size, config.intermediate_size
+    modules = list(TOP_MODULES) + [f"layers.{i}.{local}" for i in range(config.num_layers)
+                                   for local in FUSED_LAYER_MODULES]
+    if config.tie_word_embeddings:
+        modules.remove("lm_head")  # the embedding table, filled once
     slices: dict[str, tuple[torch.Tensor, int, int]] = {}
-
-    def whole(name: str, param: torch.Tensor) -> None:
-        slices[name] = (param, 0, param.shape[0])
-
-    whole("model.embed_tokens.weight", model.embed_tokens.weight)
-    whole("model.norm.weight", model.norm.weight)
-    if not config.tie_word_embeddings:
-        whole("lm_head.weight", model.lm_head.weight)
-    for i, layer in enumerate(model.layers):
-        prefix = f"model.layers.{i}."
-        attn, mlp = layer.self_attn, layer.mlp
-        for part, start, end in (("q", 0, q), ("k", q, q + kv), ("v", q + kv, q + 2 * kv)):
-            slices[f"{prefix}self_attn.{part}_proj.weight"] = (attn.qkv_proj.weight, start, end)
-            if config.has_qkv_bias:
-                slices[f"{prefix}self_attn.{part}_proj.bias"] = (attn.qkv_proj.bias, start, end)
-        whole(f"{prefix}self_attn.o_proj.weight", attn.o_proj.weight)
-        slices[f"{prefix}mlp.gate_proj.weight"] = (mlp.gate_up_proj.weight, 0, inter)
-        slices[f"{prefix}mlp.up_proj.weight"] = (mlp.gate_up_proj.weight, inter, 2 * inter)
-        whole(f"{prefix}mlp.down_proj.weight", mlp.down_proj.weight)
-        whole(f"{prefix}input_layernorm.weight", layer.input_layernorm.weight)
-        whole(f"{prefix}post_attention_layernorm.weight", layer.post_attention_layernorm.weight)
+    for name in modules:
+        module = model.get_submodule(name)
+        for suffix in ("weight", "bias"):
+            param = getattr(module, suffix, None)
+            if param is None:
+                continue
+            start = 0
+            for hf_module, size_field in hf_parts(name, config.tie_word_embeddings):
+                rows = param.shape[0] if size_field is None else getattr(config, size_field)
+                slices[f"{hf_module}.{suffix}"] = (param, start, start + rows)
+                start += rows
     return slices
 
 
@@ -106,45 +100,33 @@ def load_weights(model: LlamaForCausalLM, model_dir: Path) -> None:
 
 
 def load_model(
-    model_dir: Path, device: torch.device, dtype: torch.dtype, pack_weights: bool = True, gguf_blocks: bool = True
+    model_dir: Path, device: torch.device, dtype: torch.dtype, backend: str | Backend = "auto", gguf_blocks: bool = True
 ) -> LlamaForCausalLM:
-    """The model with its weights. On CPU in float32, unless `pack_weights` is
-    False (the plain path): projections move to oneDNN's prepacked layout, and
-    few-row products (decode) go through the AVX2 kernels of
-    kernels/cpu_matvec.py, built once under $RADIXSERVE_HOME/kernels. Those read
-    the GGUF blocks a converted model keeps (unless `gguf_blocks` is False),
-    else a kept row-major copy of each float32 weight (twice the weight memory,
-    for ~20% faster batch-1 decode). Norms, RoPE + KV store, decode attention
-    and SwiGLU run as fused C kernels (kernels/cpu_decode_ops.py)."""
+    """The model with its weights, run by `backend` (a name for select_backend, or one
+    already made). A backend that reads GGUF blocks (cpu) gets those of a converted model
+    unless `gguf_blocks` is False. Logs what runs (Backend.describe)."""
+    model_dir = Path(model_dir)
     config = ModelConfig.from_model_dir(model_dir)
-    model = LlamaForCausalLM(config, device, dtype)
-    load_weights(model, Path(model_dir))
-    if pack_weights and packed_linear.is_available(device, dtype):
-        build_dir = radixserve_home() / "kernels"
-        kernels = cpu_matvec.load(build_dir)
-        blocks = module_blocks(model, read_block_weights(Path(model_dir))) if kernels and gguf_blocks else {}
-        ops = cpu_decode_ops.load(build_dir)
-        model.pack_weights(kernels, blocks, ops)
-        if blocks:
-            formats = "/".join(sorted({weight.format for weight in blocks.values()}))
-            weights = f"GGUF blocks ({formats}) for {len(blocks)} of {4 * config.num_layers + 1} weights"
-        else:
-            weights = "float32 weights" + (" (row-major copies)" if kernels else " (oneDNN)")
-        logger.info("CPU float32: decode reads %s; small ops run as %s", weights,
-                    "fused C kernels" if ops else "torch ops")
+    if isinstance(backend, str):
+        backend = select_backend(device, dtype, config, backend, build_dir=radixserve_home() / "kernels")
+    model = LlamaForCausalLM(config, device, dtype, backend)
+    load_weights(model, model_dir)
+    blocks = module_blocks(config, read_block_file(model_dir)) if gguf_blocks and backend.reads_blocks else {}
+    backend.prepare(model, blocks)
+    logger.info("%s", backend.describe())
     return model.eval()
 
 
-def module_blocks(model: LlamaForCausalLM, weights: dict[str, BlockWeight]) -> dict[str, BlockWeight]:
-    """Module name -> the GGUF blocks of its (fused) weight, for the modules whose
-    every part has blocks of one format; the rest stay float32."""
-    by_module: dict[str, BlockWeight | None] = {}
-    for i in range(model.config.num_layers):
-        hf, ours = f"model.layers.{i}.", f"layers.{i}."
-        by_module[ours + "self_attn.qkv_proj"] = fused(weights, [hf + f"self_attn.{p}_proj.weight" for p in "qkv"])
-        by_module[ours + "self_attn.o_proj"] = fused(weights, [hf + "self_attn.o_proj.weight"])
-        by_module[ours + "mlp.gate_up_proj"] = fused(weights, [hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight"])
-        by_module[ours + "mlp.down_proj"] = fused(weights, [hf + "mlp.down_proj.weight"])
-    head = "model.embed_tokens.weight" if model.config.tie_word_embeddings else "lm_head.weight"
-    by_module["lm_head"] = fused(weights, [head])
-    return {name: blocks for name, blocks in by_module.items() if blocks is not None}
+def module_blocks(config: ModelConfig, weights: dict[str, GGUFBlocks]) -> dict[str, BlockWeight]:
+    """Module name -> the GGUF blocks of its (fused) weight, in the kernels' layout, for the
+    projections (and the LM head) whose every part has blocks of one format; the rest
+    stay float32."""
+    names = [f"layers.{i}.{local}" for i in range(config.num_layers) for local in PROJECTIONS] + ["lm_head"]
+    by_module = {}
+    for name in names:
+        parts = [weights.get(f"{hf_module}.weight") for hf_module, _ in hf_parts(name, config.tie_word_embeddings)]
+        if any(part is None for part in parts) or len({part.format for part in parts}) != 1:
+            continue
+        kernel_parts = [BlockWeight.from_gguf(part.format, part.rows, part.cols) for part in parts]
+        by_module[name] = kernel_parts[0] if len(parts) == 1 else BlockWeight.concat(kernel_parts)
+    return by_module

@@ -17,6 +17,9 @@ from collections.abc import Sequence
 
 from store.errors import RadixserveError
 
+# model.backends.BACKEND_CHOICES, spelled out so that `--help` does not import torch (a test holds them equal)
+BACKEND_CHOICES = ("auto", "cpu", "torch")
+
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
 
@@ -62,6 +65,9 @@ def _build_parser() -> argparse.ArgumentParser:
         command.add_argument("--max-tokens", type=_positive_int, default=64, help="new tokens at most (default: 64)")
         command.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                              help="weight and activation dtype (default: auto)")
+        command.add_argument("--device", default="auto", help="auto, cpu or cuda[:N] (default: auto)")
+        command.add_argument("--backend", default="auto", choices=BACKEND_CHOICES,
+                             help="what executes the model (default: auto: cpu on CPU in float32, else torch)")
         if name == "generate":
             command.add_argument("--raw", action="store_true", help="continue PROMPT as plain text, no chat template")
         command.set_defaults(handler=_generate, chat=is_chat, raw=False)
@@ -95,6 +101,9 @@ def _add_serve_parser(commands, default_model: str) -> None:
     serve.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                        help="weight and activation dtype (default: auto)")
     serve.add_argument("--device", default="auto", help="auto, cpu or cuda[:N] (default: auto)")
+    serve.add_argument("--backend", default="auto", choices=BACKEND_CHOICES,
+                       help="what executes the model: cpu (oneDNN + C kernels; CPU, float32) or torch (the "
+                       "reference; CUDA, bfloat16). Default auto: cpu where it runs, else torch")
     serve.add_argument("--schedule", default="fcfs", choices=("fcfs", "lpm"),
                        help="admission order: first come first served, or longest cached prefix first")
     serve.add_argument("--no-prefix-cache", action="store_true", help="do not reuse KV of shared prefixes")
@@ -145,7 +154,8 @@ def _generate(args: argparse.Namespace) -> int:
 
     model_dir = pull(args.model, progress=True)
     chat = args.chat and not args.raw
-    print(generate_text(model_dir, args.prompt, max_new_tokens=args.max_tokens, chat=chat, dtype=args.dtype))
+    print(generate_text(model_dir, args.prompt, max_new_tokens=args.max_tokens, chat=chat, dtype=args.dtype,
+                        device=args.device, backend=args.backend))
     return 0
 
 

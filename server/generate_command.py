@@ -6,13 +6,15 @@ from assembly.chat_template import ChatTemplate, TemplateError
 from assembly.tokenizer import Tokenizer
 from engine.errors import RequestError
 from store.errors import ModelFormatError
-from engine.generate import greedy_generate, load
+from engine.generate import greedy_generate, load, stop_token_ids
 from model.config import ModelConfig
 
 
-def generate_text(model_dir: Path, prompt: str, *, max_new_tokens: int, chat: bool, dtype: str) -> str:
+def generate_text(model_dir: Path, prompt: str, *, max_new_tokens: int, chat: bool, dtype: str = "auto",
+                  device: str = "auto", backend: str = "auto") -> str:
     """The model's greedy answer: `prompt` as a user message through the chat
-    template when `chat`, else as raw text to continue."""
+    template when `chat`, else as raw text to continue. Device, dtype, backend and
+    stop tokens resolve as the server's engine does."""
     if not prompt:
         raise RequestError("the prompt is empty")
     try:
@@ -33,6 +35,10 @@ def generate_text(model_dir: Path, prompt: str, *, max_new_tokens: int, chat: bo
             f"prompt ({len(prompt_ids)} tokens) + max tokens ({max_new_tokens}) exceeds the context "
             f"length {config.max_position_embeddings}"
         )
-    model = load(model_dir, dtype=dtype)
-    output_ids = greedy_generate(model, prompt_ids, max_new_tokens, stop_token_ids=config.eos_token_ids)
+    try:
+        model = load(model_dir, dtype=dtype, device=device, backend=backend)
+    except ValueError as error:  # a device or backend that cannot run here
+        raise RequestError(str(error)) from None
+    stops = stop_token_ids(model_dir, config.eos_token_ids)
+    output_ids = greedy_generate(model, prompt_ids, max_new_tokens, stop_token_ids=stops)
     return tokenizer.decode(output_ids, skip_special_tokens=True)

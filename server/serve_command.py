@@ -8,18 +8,14 @@ from pathlib import Path
 import uvicorn
 
 from assembly.chat_template import ChatTemplate, TemplateError
-from engine.engine_config import EngineConfig, parse_kv_cache_memory, resolve_device
+from engine.engine_config import EngineConfig, parse_kv_cache_memory, resolve_device, resolve_dtype
+from model.backends import check_backend_choice
 from store.errors import RadixserveError
 from server.settings import ServerSettings, api_key_from_environment
 
 logger = logging.getLogger("radixserve.server")
 
 GRACEFUL_SHUTDOWN_SECONDS = 5  # streams still open after this are cut on Ctrl-C / SIGTERM
-# The step's token budget when serving on CPU. Measured with bench.serve_bench (two runs, the four
-# workloads at concurrency 4): against the engine's 2048, TTFT p50 fell in all 8 cases (up to 2x)
-# and p99 in 7 of 8, because a 2048-token prefill chunk stalls every other request for seconds on
-# CPU; TPOT rose on prefill-heavy workloads. On CUDA a chunk takes milliseconds: 2048 stays.
-CPU_SERVE_MAX_NUM_BATCHED_TOKENS = 512
 
 
 class _Server(uvicorn.Server):
@@ -46,10 +42,10 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             if getattr(args, name) is not None:
                 engine_fields[name] = getattr(args, name)
-        if args.max_num_batched_tokens is None and resolve_device(args.device).type == "cpu":
-            engine_fields["max_num_batched_tokens"] = CPU_SERVE_MAX_NUM_BATCHED_TOKENS
+        device = resolve_device(args.device)
+        check_backend_choice(args.backend, device, resolve_dtype(args.dtype, device))
         engine = EngineConfig(model_dir=model_dir, device=args.device, dtype=args.dtype, schedule=args.schedule,
-                              enable_prefix_cache=not args.no_prefix_cache, gguf_blocks=not args.no_gguf_blocks,
+                              enable_prefix_cache=not args.no_prefix_cache, gguf_blocks=not args.no_gguf_blocks, backend=args.backend,
                               **engine_fields)
         return ServerSettings(
             engine=engine,

@@ -25,13 +25,13 @@ from gguf import GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 from tqdm import tqdm
 
+from store.block_file import BLOCKS_FILE, GGUF_BLOCK_BYTES
+from store.checkpoint_names import hf_tensor_name
 from store.errors import ModelFormatError
 from store.gguf_tokenizer import build_tokenizer, special_token_str
-from kernels.cpu_matvec import GGUF_BLOCK_BYTES
 
 # Bumped when the converter's output changes, so models converted earlier are redone.
 CONVERTER_VERSION = 3
-BLOCKS_FILE = "gguf_blocks.safetensors"  # the tensors in a format the CPU kernels read (GGUF_BLOCK_BYTES)
 
 GGUF_MAGIC = b"GGUF"
 # general.architecture -> (HF architectures entry, HF model_type)
@@ -39,24 +39,6 @@ SUPPORTED_ARCHITECTURES = {
     "llama": ("LlamaForCausalLM", "llama"),
     "qwen2": ("Qwen2ForCausalLM", "qwen2"),
 }
-# GGUF per-layer tensor name -> HF name under model.layers.N.
-_LAYER_TENSOR_NAMES = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_TOP_TENSOR_NAMES = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-}
-
 
 class TensorSpec(NamedTuple):
     """One tensor of the output: its HF name and shape, and the GGUF tensor it comes from."""
@@ -189,7 +171,7 @@ def tensor_specs(reader: GGUFReader, config: dict[str, Any], gguf_path: Path) ->
     """HF name and shape of every tensor to write, in the file's order."""
     specs = []
     for index, tensor in enumerate(reader.tensors):
-        hf_name = _hf_tensor_name(tensor.name)
+        hf_name = hf_tensor_name(tensor.name)
         if hf_name is None:
             raise ModelFormatError(gguf_path, f"unexpected tensor {tensor.name} for a {config['model_type']} model")
         # GGUF lists dimensions fastest-first; HF wants them row-major
@@ -200,16 +182,6 @@ def tensor_specs(reader: GGUFReader, config: dict[str, Any], gguf_path: Path) ->
     if missing:
         raise ModelFormatError(gguf_path, f"missing tensors: {', '.join(missing)}")
     return specs
-
-
-def _hf_tensor_name(gguf_name: str) -> str | None:
-    stem, _, suffix = gguf_name.rpartition(".")  # suffix: weight / bias
-    parts = stem.split(".")
-    if len(parts) == 1 and stem in _TOP_TENSOR_NAMES:
-        return f"{_TOP_TENSOR_NAMES[stem]}.{suffix}"
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_TENSOR_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_TENSOR_NAMES[parts[2]]}.{suffix}"
-    return None
 
 
 def _hf_arrays(

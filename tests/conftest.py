@@ -189,6 +189,22 @@ def engine_device() -> str:
     return TEST_DEVICE
 
 
+# Engine and model tests run once per execution backend (model/backends). `cpu-no-compiler` is
+# `cpu` as a machine without a C compiler gets it: forced here, so the fallback always runs.
+BACKENDS = ("torch", "cpu", "cpu-no-compiler") if TEST_DEVICE == "cpu" else ("torch",)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request, monkeypatch) -> str:
+    """The backend name to load with (EngineConfig.backend, load_model's backend)."""
+    if request.param == "cpu-no-compiler":
+        from kernels import native_build
+
+        monkeypatch.setattr(native_build, "find_compiler", lambda: None)
+        return "cpu"
+    return request.param
+
+
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory) -> Path:
     """A small random Llama (GQA 4/2 heads, 2 layers, vocab 256) saved by

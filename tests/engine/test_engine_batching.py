@@ -1,4 +1,4 @@
-"""The batched engine gives each request exactly what it gets alone."""
+"""The batched engine gives each request exactly what it gets alone, on every backend."""
 
 import os
 import random
@@ -27,7 +27,7 @@ def _mixed_prompts(vocab_size: int, seed: int = 0) -> list[list[int]]:
 
 def _engine(model_dir, **overrides) -> LLMEngine:
     settings = dict(model_dir=model_dir, device=TEST_DEVICE, dtype="float32", page_size=PAGE_SIZE,
-                    kv_cache_bytes=None, max_num_batched_tokens=2048, max_num_seqs=64)
+                    kv_cache_bytes=None, max_num_batched_tokens=2048, max_num_seqs=64, few_rows_crossover="fixed")
     settings.update(overrides)
     if settings["kv_cache_bytes"] is None:
         settings["kv_cache_bytes"] = 64 << 20
@@ -69,8 +69,8 @@ def tiny_dir(tiny_llama_dir):
         ("few-seqs", dict(max_num_seqs=3, max_num_batched_tokens=50)),
     ],
 )
-def test_tiny_batched_equals_alone(tiny_dir, name, overrides):
-    engine = _engine(tiny_dir, **overrides)
+def test_tiny_batched_equals_alone(tiny_dir, name, overrides, backend):
+    engine = _engine(tiny_dir, backend=backend, **overrides)
     prompts = _mixed_prompts(256)
     expected = _alone(engine, prompts, 12)
     _run_and_check(engine, prompts, expected, 12)
@@ -80,10 +80,10 @@ def test_tiny_batched_equals_alone(tiny_dir, name, overrides):
         assert engine.stats().num_prefix_hit_tokens > 0
 
 
-def test_tiny_small_pool_forces_eviction_and_preemption(tiny_dir):
-    probe = _engine(tiny_dir)
+def test_tiny_small_pool_forces_eviction_and_preemption(tiny_dir, backend):
+    probe = _engine(tiny_dir, backend=backend)
     # Room for about three requests at once: admissions evict cache, decodes preempt.
-    engine = _engine(tiny_dir, kv_cache_bytes=_page_bytes(probe) * 20, max_num_batched_tokens=64)
+    engine = _engine(tiny_dir, kv_cache_bytes=_page_bytes(probe) * 20, max_num_batched_tokens=64, backend=backend)
     prompts = _mixed_prompts(256, seed=1)
     expected = _alone(probe, prompts, 16)
     _run_and_check(engine, prompts, expected, 16)
@@ -92,13 +92,13 @@ def test_tiny_small_pool_forces_eviction_and_preemption(tiny_dir):
 
 
 @pytest.mark.model
-def test_smollm2_16_requests_batched_equal_alone(smollm2_dir):
-    probe = _engine(smollm2_dir)
+def test_smollm2_16_requests_batched_equal_alone(smollm2_dir, backend):
+    probe = _engine(smollm2_dir, backend=backend)
     prompts = _mixed_prompts(49152, seed=3)
     expected = _alone(probe, prompts, 10)
     for overrides in ({}, dict(max_num_batched_tokens=32),
                       dict(kv_cache_bytes=_page_bytes(probe) * 24, max_num_batched_tokens=64)):
-        engine = _engine(smollm2_dir, **overrides)
+        engine = _engine(smollm2_dir, backend=backend, **overrides)
         _run_and_check(engine, prompts, expected, 10)
         if "kv_cache_bytes" in overrides:  # the small pool really was short of pages
             assert engine.scheduler.num_evicted_pages > 0

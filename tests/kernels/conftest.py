@@ -8,16 +8,17 @@ import pytest
 import torch
 
 from kernels import cpu_decode_ops, cpu_matvec
-from kernels.attention_inputs import AttentionInputs
+from kernels.native_build import NativeUnavailable
+from kernels.attention_inputs import AttentionInputs, slot_ids_of
 from kernels.paged_attention import store_kv
 from kernels.paged_attention_reference import paged_attention_reference
 
 
 def _load_or_skip(load, tmp_path_factory, name: str):
-    loaded = load(tmp_path_factory.mktemp(name))
-    if loaded is None:
-        pytest.skip("no C compiler or no AVX2/FMA/F16C here")
-    return loaded
+    try:
+        return load(tmp_path_factory.mktemp(name))
+    except NativeUnavailable as error:
+        pytest.skip(str(error))
 
 
 @pytest.fixture(scope="session")
@@ -67,7 +68,7 @@ def _decode_case(context_lens, page_size, num_heads, num_kv_heads, head_dim, see
     for context_len, count in zip(context_lens, pages_per_seq):
         pages, free = free[:count], free[count:]
         page_ids.append(pages)
-        slots = torch.tensor([pages[p // page_size] * page_size + p % page_size for p in range(context_len)])
+        slots = torch.tensor(slot_ids_of(pages, 0, context_len, page_size))
         k = torch.randn(context_len, num_kv_heads, head_dim, generator=gen)
         v = torch.randn(context_len, num_kv_heads, head_dim, generator=gen)
         store_kv(k_cache, v_cache, k, v, slots)

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from kernels.attention_inputs import AttentionInputs
-from kernels.attention_plan import _pack_by_length
+from kernels.attention_plan import CPU_ATTENTION, ONE_CALL_ATTENTION, _pack_by_length
 
 
 def _mixed() -> AttentionInputs:
@@ -39,12 +39,13 @@ def test_decode_only():
 
 def test_plan_is_built_once_per_page_size():
     inputs = _mixed()
-    assert inputs.plan(4) is inputs.plan(4)
-    assert inputs.plan(4) is not inputs.plan(16)
+    assert inputs.plan(4, CPU_ATTENTION) is inputs.plan(4, CPU_ATTENTION)
+    assert inputs.plan(4, CPU_ATTENTION) is not inputs.plan(16, CPU_ATTENTION)
+    assert inputs.plan(4, CPU_ATTENTION) is not inputs.plan(4, ONE_CALL_ATTENTION)
 
 
 def test_plan_splits_decodes_from_prefills():
-    plan = _mixed().plan(4)
+    plan = _mixed().plan(4, CPU_ATTENTION)
     assert [(p.start, p.end) for p in plan.prefills] == [(0, 3), (4, 6)]
     assert plan.prefills[0].slot_ids.tolist() == [8, 9, 10, 11, 12]  # pages 2, 3 of size 4
     assert plan.prefills[0].mask.tolist() == [

@@ -23,12 +23,12 @@ def sources(tmp_path, monkeypatch):
 
 def test_builds_once_and_rebuilds_when_a_header_changes(sources, tmp_path):
     build_dir = tmp_path / "build"
-    library = native_build.load_library("probe", build_dir)
-    if library is None:
+    if native_build.find_compiler() is None:
         pytest.skip("no C compiler here")
+    library = native_build.load_library("probe", build_dir)
     assert library.answer() == 42
     (first,) = build_dir.glob("probe-*.so")
-    assert native_build.load_library("probe", build_dir) is not None
+    native_build.load_library("probe", build_dir)
     assert list(build_dir.glob("probe-*.so")) == [first]  # reused, not rebuilt
     (sources / "shared.h").write_text("#define ANSWER 7\n")
     assert native_build.load_library("probe", build_dir).answer() == 7
@@ -37,14 +37,24 @@ def test_builds_once_and_rebuilds_when_a_header_changes(sources, tmp_path):
 
 def test_failed_build_is_logged_with_the_compiler_error(sources, tmp_path, caplog):
     (sources / "probe.c").write_text("int answer(void) { return undeclared_name; }\n")
-    with caplog.at_level(logging.WARNING, logger="radixserve.kernels"):
-        assert native_build.load_library("probe", tmp_path / "build") is None
+    if native_build.find_compiler() is None:
+        pytest.skip("no C compiler here")
+    with caplog.at_level(logging.WARNING, logger="radixserve.kernels"), \
+            pytest.raises(native_build.NativeUnavailable, match="probe: building failed .*undeclared_name"):
+        native_build.load_library("probe", tmp_path / "build")
     assert "building probe failed" in caplog.text and "undeclared_name" in caplog.text
 
 
 def test_missing_compiler_is_logged(sources, tmp_path, caplog, monkeypatch):
     monkeypatch.setenv("CC", "no-such-compiler")
     monkeypatch.setattr(native_build.shutil, "which", lambda name: None)
-    with caplog.at_level(logging.WARNING, logger="radixserve.kernels"):
-        assert native_build.load_library("probe", tmp_path / "build") is None
+    assert native_build.find_compiler() is None
+    with caplog.at_level(logging.WARNING, logger="radixserve.kernels"), \
+            pytest.raises(native_build.NativeUnavailable, match="probe: no C compiler"):
+        native_build.load_library("probe", tmp_path / "build")
     assert "no C compiler" in caplog.text
+
+
+def test_no_compiler_can_be_said_explicitly(sources, tmp_path):
+    with pytest.raises(native_build.NativeUnavailable, match="no C compiler"):
+        native_build.load_library("probe", tmp_path / "build", compiler=None)

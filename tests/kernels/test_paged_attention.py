@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import attention_plan
+from kernels.attention_plan import CPU_ATTENTION, ONE_CALL_ATTENTION, AttentionPolicy
+from kernels.attention_inputs import slot_ids_of
 from kernels.paged_attention import AttentionInputs, paged_attention, paged_attention_reference, store_kv
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -47,7 +48,7 @@ def make_case(seqs, page_size, num_kv_heads, group, dtype, device, head_dim=32, 
     for context_len, query_len in seqs:
         pages, shuffled = shuffled[: math.ceil(context_len / page_size)], shuffled[math.ceil(context_len / page_size) :]
         page_ids_per_seq.append(pages)
-        slots = [pages[p // page_size] * page_size + p % page_size for p in range(context_len)]
+        slots = slot_ids_of(pages, 0, context_len, page_size)
         k = torch.randn(context_len, num_kv_heads, head_dim, generator=gen).to(dtype)
         v = torch.randn(context_len, num_kv_heads, head_dim, generator=gen).to(dtype)
         q = torch.randn(query_len, num_heads, head_dim, generator=gen).to(dtype)
@@ -95,16 +96,22 @@ def test_matches_dense_attention(batch, page_size, group, dtype, device):
     case = make_case(BATCHES[batch], page_size, num_kv_heads=2, group=group, dtype=dtype, device=device)
     args = (case.q, case.k_cache, case.v_cache, case.inputs, case.scale)
     _check(paged_attention_reference(*args), case, dtype)
-    _check(paged_attention(*args), case, dtype)
+    _check(paged_attention(*args, CPU_ATTENTION if device == "cpu" else ONE_CALL_ATTENTION), case, dtype)
 
 
 @pytest.mark.parametrize("budget, block_rows", [(1, 5), (40, 7), (10**9, 10**9)])
-def test_chunking_and_row_blocks_do_not_change_results(monkeypatch, budget, block_rows):
-    monkeypatch.setattr(attention_plan, "CPU_DECODE_TOKEN_BUDGET", budget)
-    monkeypatch.setattr(attention_plan, "CPU_PREFILL_BLOCK_ROWS", block_rows)
+def test_chunking_and_row_blocks_do_not_change_results(budget, block_rows):
     seqs = BATCHES["mixed"] + BATCHES["decode"] + [(60, 23)]
     case = make_case(seqs, page_size=4, num_kv_heads=2, group=3, dtype=torch.float32, device="cpu", seed=1)
-    _check(paged_attention(case.q, case.k_cache, case.v_cache, case.inputs, case.scale), case, torch.float32)
+    policy = AttentionPolicy(budget, block_rows)
+    _check(paged_attention(case.q, case.k_cache, case.v_cache, case.inputs, case.scale, policy), case, torch.float32)
+
+
+def test_fused_decode_policy_needs_the_kernel():
+    case = make_case(BATCHES["decode"], page_size=4, num_kv_heads=2, group=1, dtype=torch.float32, device="cpu")
+    with pytest.raises(ValueError, match="decode kernel"):
+        paged_attention(case.q, case.k_cache, case.v_cache, case.inputs, case.scale,
+                        AttentionPolicy(16, 16, fused_decode=True))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -112,25 +119,25 @@ def test_smollm_decode_batch(dtype):
     """The shape the decode path was tuned on: 16 sequences, 100..1500 tokens, H=9, KVH=3, D=64."""
     lengths = torch.randint(100, 1501, (16,), generator=torch.Generator().manual_seed(2)).tolist()
     case = make_case([(n, 1) for n in lengths], 16, num_kv_heads=3, group=3, dtype=dtype, device="cpu", head_dim=64)
-    _check(paged_attention(case.q, case.k_cache, case.v_cache, case.inputs, case.scale), case, dtype)
+    _check(paged_attention(case.q, case.k_cache, case.v_cache, case.inputs, case.scale, CPU_ATTENTION), case, dtype)
 
 
 def test_page_table_padding_value_is_irrelevant():
     case = make_case(BATCHES["mixed"], page_size=4, num_kv_heads=2, group=3, dtype=torch.float32, device="cpu")
     args = (case.q, case.k_cache, case.v_cache)
-    before = paged_attention(*args, case.inputs, case.scale)
+    before = paged_attention(*args, case.inputs, case.scale, CPU_ATTENTION)
     page_table = case.inputs.page_table.clone()
     num_pages = [math.ceil(c / 4) for c in case.inputs.context_lens]
     for b, n in enumerate(num_pages):
         page_table[b, n:] = case.k_cache.shape[0] - 1
     repadded = AttentionInputs(case.inputs.slot_ids, case.inputs.query_starts, case.inputs.context_lens, page_table)
-    assert torch.equal(paged_attention(*args, repadded, case.scale), before)
+    assert torch.equal(paged_attention(*args, repadded, case.scale, CPU_ATTENTION), before)
 
 
 def test_rejects_q_that_does_not_fit():
     case = make_case(BATCHES["decode"], page_size=4, num_kv_heads=2, group=1, dtype=torch.float32, device="cpu")
     with pytest.raises(ValueError):
-        paged_attention(case.q[:-1], case.k_cache, case.v_cache, case.inputs, case.scale)
+        paged_attention(case.q[:-1], case.k_cache, case.v_cache, case.inputs, case.scale, CPU_ATTENTION)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -1,4 +1,4 @@
-"""Our Llama-family model against transformers on the same weights."""
+"""Our Llama-family model against transformers on the same weights, once per backend."""
 
 import pytest
 import torch
@@ -65,7 +65,7 @@ def _our_logits(model, token_ids: list[int], chunk_sizes: list[int]) -> torch.Te
     """Logits of every position, feeding the prompt in the given chunks so the
     later chunks attend to KV already in pages."""
     from cache.kv_pool import KVPool, KVPoolShape
-    from kernels.paged_attention import AttentionInputs
+    from engine.step_batch import SequenceChunk, build_step_batch
 
     config = model.config
     page_size = 4
@@ -77,38 +77,31 @@ def _our_logits(model, token_ids: list[int], chunk_sizes: list[int]) -> torch.Te
     page_ids = list(reversed(range(num_pages)))
     rows, start = [], 0
     for size in chunk_sizes:
-        positions = list(range(start, start + size))
-        slots = [page_ids[p // page_size] * page_size + p % page_size for p in positions]
-        attn = AttentionInputs.build(
-            slot_ids=slots,
-            query_lens=[size],
-            context_lens=[start + size],
-            page_ids_per_seq=[page_ids],
-            device=torch.device("cpu"),
-        )
-        hidden = model(torch.tensor(token_ids[start : start + size]), torch.tensor(positions), pool.layers, attn)
-        rows.append(model.compute_logits(hidden))
+        batch = build_step_batch([SequenceChunk(token_ids[start : start + size], start, page_ids)], page_size,
+                                 torch.device("cpu"))
+        hidden = model(batch.input_ids, batch.attn.positions, pool.layers, batch.attn)
+        rows.append(model.compute_logits(hidden))  # every row, not only the step's logit row
         start += size
     return torch.cat(rows)
 
 
 @pytest.mark.parametrize("chunks", [[37], [10, 1, 26], [16, 16, 5]])
-def test_tiny_logits_match_transformers(tiny_model_dir, chunks):
+def test_tiny_logits_match_transformers(tiny_model_dir, chunks, backend):
     model_dir, hf_model = tiny_model_dir
     token_ids = torch.randint(0, TINY["vocab_size"], (37,), generator=torch.Generator().manual_seed(1)).tolist()
     with torch.no_grad():
         expected = hf_model(torch.tensor([token_ids])).logits[0].float()
-    ours = _our_logits(load_model(model_dir, torch.device("cpu"), torch.float32), token_ids, chunks)
+    ours = _our_logits(load_model(model_dir, torch.device("cpu"), torch.float32, backend=backend), token_ids, chunks)
     assert (ours - expected).abs().max().item() <= 1e-4
 
 
-def test_tiny_packed_and_plain_paths_agree(tiny_model_dir):
+def test_tiny_backend_and_reference_agree(tiny_model_dir, backend):
     model_dir, _ = tiny_model_dir
     token_ids = list(range(1, 30))
-    plain = _our_logits(load_model(model_dir, torch.device("cpu"), torch.float32, pack_weights=False), token_ids, [29])
-    packed_model = load_model(model_dir, torch.device("cpu"), torch.float32)
-    packed = _our_logits(packed_model, token_ids, [20, 9])
-    assert (packed - plain).abs().max().item() <= 1e-4
+    plain = _our_logits(load_model(model_dir, torch.device("cpu"), torch.float32, backend="torch"), token_ids, [29])
+    model = load_model(model_dir, torch.device("cpu"), torch.float32, backend=backend)
+    ours = _our_logits(model, token_ids, [20, 9])
+    assert (ours - plain).abs().max().item() <= 1e-4
 
 
 def test_tiny_bf16_close_to_fp32(tiny_model_dir):
@@ -123,12 +116,12 @@ def test_tiny_bf16_close_to_fp32(tiny_model_dir):
 
 
 @pytest.mark.model
-def test_smollm2_logits_match_transformers(smollm2_dir):
+def test_smollm2_logits_match_transformers(smollm2_dir, backend):
     hf_model = transformers.LlamaForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
     token_ids = torch.randint(0, 49152, (200,), generator=torch.Generator().manual_seed(2)).tolist()
     with torch.no_grad():
         expected = hf_model(torch.tensor([token_ids])).logits[0].float()
-    ours = _our_logits(load(smollm2_dir), token_ids, [200])
+    ours = _our_logits(load(smollm2_dir, dtype="float32", device="cpu", backend=backend), token_ids, [200])
     assert (ours - expected).abs().max().item() <= 1e-3
 
 
@@ -140,14 +133,14 @@ CHAT_PROMPTS = [
 
 
 @pytest.mark.model
-def test_smollm2_greedy_matches_transformers(smollm2_dir):
+def test_smollm2_greedy_matches_transformers(smollm2_dir, backend):
     from assembly.chat_template import ChatTemplate
     from assembly.tokenizer import Tokenizer
 
     template = ChatTemplate.from_model_dir(smollm2_dir)
     tokenizer = Tokenizer(smollm2_dir)
     hf_model = transformers.LlamaForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
-    model = load(smollm2_dir)
+    model = load(smollm2_dir, dtype="float32", device="cpu", backend=backend)
     for prompt in CHAT_PROMPTS:
         prompt_ids = tokenizer.encode(template.render([{"role": "user", "content": prompt}]))
         with torch.no_grad():

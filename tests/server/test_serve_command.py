@@ -23,10 +23,24 @@ def test_defaults_and_the_api_key_from_the_environment(monkeypatch, smollm2_dir)
     assert settings_from_args(_args(), smollm2_dir).api_key is None
 
 
-def test_serving_on_cpu_takes_a_smaller_step_budget_unless_told(smollm2_dir):
-    assert settings_from_args(_args("--device", "cpu"), smollm2_dir).engine.max_num_batched_tokens == 512
+def test_the_step_budget_is_the_backends_unless_told(smollm2_dir):
+    import torch
+
+    from model.backends.torch_backend import step_policy_for
+
+    assert settings_from_args(_args("--device", "cpu"), smollm2_dir).engine.max_num_batched_tokens is None
+    assert step_policy_for(torch.device("cpu")).max_num_batched_tokens == 512  # what the engine then takes
     told = settings_from_args(_args("--device", "cpu", "--max-num-batched-tokens", "4096"), smollm2_dir)
     assert told.engine.max_num_batched_tokens == 4096
+
+
+def test_backend_choice_reaches_the_engine_and_a_bad_one_is_one_line(smollm2_dir):
+    from model.backends import BACKEND_CHOICES
+
+    assert set(cli.BACKEND_CHOICES) == set(BACKEND_CHOICES)
+    assert settings_from_args(_args("--backend", "torch"), smollm2_dir).engine.backend == "torch"
+    with pytest.raises(RadixserveError, match="backend cpu runs float32, not bfloat16"):
+        settings_from_args(_args("--backend", "cpu", "--device", "cpu", "--dtype", "bfloat16"), smollm2_dir)
 
 
 def test_engine_options_reach_the_engine_config(smollm2_dir):

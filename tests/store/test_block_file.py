@@ -6,19 +6,23 @@ import random
 import pytest
 
 from engine.engine_config import EngineConfig
-from store.errors import ModelFormatError
-from store.gguf_import import BLOCKS_FILE, convert_gguf
 from engine.llm_engine import LLMEngine
-from store.model_store import radixserve_home
 from engine.sampling_params import SamplingParams
 from kernels import cpu_matvec
-from kernels.cpu_matvec import BLOCKS_MAX_ROWS
+from kernels.cpu_matvec import BLOCK_BYTES, BLOCKS_MAX_ROWS
+from kernels.native_build import NativeUnavailable
+from store.block_file import BLOCKS_FILE, GGUF_BLOCK_BYTES
+from store.errors import ModelFormatError
+from store.gguf_import import convert_gguf
+from store.model_store import radixserve_home
 
 
 @pytest.fixture(scope="module")
 def kernels_available():
-    if cpu_matvec.load(radixserve_home() / "kernels") is None:
-        pytest.skip("no C compiler or no AVX2/FMA/F16C here")
+    try:
+        cpu_matvec.load(radixserve_home() / "kernels")
+    except NativeUnavailable as error:
+        pytest.skip(str(error))
 
 
 def _quantized_model(tmp_path, tiny_gguf, tie: bool):
@@ -28,7 +32,13 @@ def _quantized_model(tmp_path, tiny_gguf, tie: bool):
 
 def _engine(model_dir, gguf_blocks: bool) -> LLMEngine:
     return LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", kv_cache_bytes=16 << 20,
-                                  gguf_blocks=gguf_blocks))
+                                  max_num_batched_tokens=2048, gguf_blocks=gguf_blocks, backend="cpu",
+                                  few_rows_crossover="fixed"))
+
+
+def test_the_store_keeps_the_formats_the_kernels_read():
+    assert set(GGUF_BLOCK_BYTES) == set(BLOCK_BYTES) == set(cpu_matvec.GGUF_BLOCK_BYTES)
+    assert GGUF_BLOCK_BYTES == cpu_matvec.GGUF_BLOCK_BYTES
 
 
 @pytest.mark.parametrize("tie", [True, False])
@@ -39,20 +49,24 @@ def test_greedy_outputs_equal_float32_weights(tmp_path, tiny_gguf, kernels_avail
     prompts = [[rng.randrange(3, 200) for _ in range(rng.randrange(2, 40))] for _ in range(num_requests)]
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     with_blocks = _engine(model_dir, gguf_blocks=True)
-    layer = with_blocks.model.layers[0]
-    assert layer.self_attn.qkv_proj.block_weight is not None  # the block path is the one running
-    assert layer.mlp.gate_up_proj.block_weight.format == "Q4_1"
-    assert layer.mlp.down_proj.block_weight is None  # 48 columns: no blocks, float32 kept
-    assert with_blocks.model.packed_head.block_weight.format == ("Q8_0" if tie else "Q4_1")  # embedding: Q8_0
+    linears = with_blocks.backend.plan().linears  # the block path is the one running
+    assert "Q4_1 blocks" in linears["layers.0.self_attn.qkv_proj"].few_rows
+    assert linears["layers.0.mlp.gate_up_proj"].few_rows_max == BLOCKS_MAX_ROWS["Q4_1"]
+    assert "float32" in linears["layers.0.mlp.down_proj"].few_rows  # 48 columns: no blocks, float32 kept
+    head_format = "Q8_0" if tie else "Q4_1"  # the tied head is the embedding: Q8_0
+    assert f"{head_format} blocks" in linears["lm_head"].few_rows
+    assert f"{head_format} blocks" in with_blocks.backend.describe()
     without = _engine(model_dir, gguf_blocks=False)
-    assert without.model.layers[0].self_attn.qkv_proj.block_weight is None
+    assert "float32 row-major" in without.backend.plan().linears["layers.0.self_attn.qkv_proj"].few_rows
     assert with_blocks.generate(prompts, params) == without.generate(prompts, params)
 
 
 def test_projection_without_float32_copy_once_on_blocks(tmp_path, tiny_gguf, kernels_available):
-    """A projection reading blocks drops its row-major float32 weight (only the packed GEMM layout stays)."""
+    """A projection reading blocks keeps no row-major float32 weight (only the packed GEMM layout)."""
     engine = _engine(_quantized_model(tmp_path, tiny_gguf, tie=True), gguf_blocks=True)
-    assert engine.model.layers[0].self_attn.o_proj.weight.numel() == 0
+    o_proj = engine.model.layers[0].self_attn.o_proj
+    assert not any(param.numel() for param in o_proj.parameters())
+    assert [name for name, _ in o_proj.named_buffers()] == []
 
 
 def test_corrupt_blocks_file_is_named(tmp_path, tiny_gguf, kernels_available):

@@ -12,9 +12,9 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from store import model_store
-from store.block_file import read_block_weights
+from store.block_file import BLOCKS_FILE, read_block_file
 from store.errors import ModelFormatError
-from store.gguf_import import BLOCKS_FILE, convert_gguf
+from store.gguf_import import convert_gguf
 
 transformers = pytest.importorskip("transformers")
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint  # noqa: E402
@@ -173,7 +173,7 @@ def test_quantized_conversion_keeps_blocks_of_the_same_values(tmp_path, tiny_ggu
     out = convert_gguf(tmp_path / "tiny.gguf", tmp_path / "out", progress=False)
     ours = _our_state_dict(out)
     _assert_same_tensors(ours, {name: torch.from_numpy(array) for name, array in hf.items()}, atol=0)
-    blocks = read_block_weights(out)
+    blocks = read_block_file(out)
     expected_formats = {name: "Q8_0" if "embed_tokens" in name else "Q4_1"
                         for name, array in hf.items() if array.ndim == 2 and array.shape[1] % 32 == 0}
     assert {name: weight.format for name, weight in blocks.items()} == expected_formats

@@ -1,0 +1,146 @@
+"""The execution-backend contract: what runs each op of the model, chosen once at load.
+
+The model (model/llama.py) is the math; every op with more than one implementation
+is a call on its backend, which it never asks about. A backend also owns the step
+policy its ops are fastest under (the default step token budget, how attention cuts
+a step into calls), and says in one line what runs and why each fallback happened.
+New fast paths (document stitching, speculative verification, CUDA graphs) are added
+to a backend, not as branches in the model.
+
+Calls happen under torch.inference_mode from the engine's single thread; a backend
+holds no per-step state.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from torch import Tensor, nn
+
+from kernels.attention_inputs import AttentionInputs
+from kernels.attention_plan import AttentionPolicy
+from model.linear import Linear
+
+
+@dataclass(frozen=True)
+class StepPolicy:
+    """How the engine should cut work for this backend."""
+
+    max_num_batched_tokens: int  # the default per-step token budget (decodes + prefill chunks)
+    attention: AttentionPolicy
+
+    def __post_init__(self):
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+
+
+@dataclass(frozen=True)
+class LinearPlan:
+    """What one kind of projection runs: `large` for most row counts, and below it the
+    few-rows kernel for up to `few_rows_max` rows (0: none)."""
+
+    large: str  # e.g. "oneDNN prepacked", "torch F.linear"
+    few_rows: str = ""  # e.g. "C matvec over Q4_1 blocks"
+    few_rows_max: int = 0
+
+    def __str__(self) -> str:
+        if not self.few_rows_max:
+            return self.large
+        return f"{self.few_rows} for <= {self.few_rows_max} rows, else {self.large}"
+
+
+@dataclass(frozen=True)
+class BackendPlan:
+    """What runs, as data (describe() renders it; tests assert on it)."""
+
+    name: str  # the registered name ("torch", "cpu")
+    device: str
+    dtype: str
+    linears: dict[str, LinearPlan]  # module name ("layers.0.mlp.down_proj", "lm_head") -> its path
+    row_ops: str  # RMSNorm, residual add + RMSNorm, RoPE + KV store, SwiGLU
+    decode_attention: str
+    prefill_attention: str
+    fallbacks: tuple[str, ...] = ()  # each one line: what did not run, and why
+    notes: tuple[str, ...] = field(default=())  # measured choices (crossovers), one line each
+
+    def describe(self) -> str:
+        kinds: dict[str, list[str]] = {}
+        for name, plan in self.linears.items():
+            kinds.setdefault(str(plan), []).append(_kind(name))
+        linears = "; ".join(f"{'/'.join(sorted(set(names)))}: {path}" for path, names in kinds.items())
+        text = (f"backend {self.name} ({self.device}, {self.dtype}): linear [{linears}]; row ops: {self.row_ops}; "
+                f"decode attention: {self.decode_attention}; prefill attention: {self.prefill_attention}")
+        if self.notes:
+            text += "; " + "; ".join(self.notes)
+        if self.fallbacks:
+            text += "; fallbacks: " + "; ".join(self.fallbacks)
+        return text
+
+
+def _kind(module_name: str) -> str:
+    """"layers.3.self_attn.qkv_proj" -> "qkv_proj"."""
+    return module_name.rsplit(".", 1)[-1]
+
+
+class Backend(ABC):
+    """One object per loaded model. `prepare(model, blocks)` runs once after the
+    weights are loaded; the ops below are then called by the model on every step."""
+
+    name: str
+    policy: StepPolicy
+    reads_blocks: bool = False  # whether make_linear uses a weight's GGUF blocks (the loader reads them then)
+
+    # ------------------------------------------------------------ load time
+
+    @abstractmethod
+    def make_linear(self, name: str, layer: nn.Module, blocks: object | None) -> nn.Module:
+        """The layer object that runs `layer` (a model.linear.Linear with its weights
+        loaded): `layer` itself, or a faster one of the backend's own with the same
+        contract, x (M, in) -> (M, out). `blocks`: the GGUF blocks of the weight
+        (kernels.cpu_matvec.BlockWeight) when the model has them, else None."""
+
+    def prepare(self, model: nn.Module, blocks: dict[str, object]) -> None:
+        """Swap every Linear of `model` for make_linear's layer (in place). `blocks`
+        maps module names to their GGUF blocks."""
+        for name, module in list(model.named_modules()):
+            for child_name, child in list(module.named_children()):
+                if isinstance(child, Linear):
+                    full_name = f"{name}.{child_name}" if name else child_name
+                    setattr(module, child_name, self.make_linear(full_name, child, blocks.get(full_name)))
+
+    @abstractmethod
+    def plan(self) -> BackendPlan:
+        """What runs (complete after prepare)."""
+
+    def describe(self) -> str:
+        """One line: what runs, and why each fallback happened."""
+        return self.plan().describe()
+
+    # ------------------------------------------------------------ the ops
+
+    @abstractmethod
+    def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        """x (N, d) -> x / sqrt(mean(x^2) + eps) * weight, a new tensor."""
+
+    @abstractmethod
+    def add_rms_norm(self, residual: Tensor, x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+        """-> (rms_norm(residual + x), residual + x). The stream may be `residual`
+        updated in place; callers use the returned one."""
+
+    @abstractmethod
+    def rope_store_kv(self, qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                      slot_ids: Tensor, num_heads: int) -> Tensor:
+        """qkv (N, H + 2*KVH, D): q heads, k heads, v heads of the step's tokens. Rotates q
+        and k, writes k and v into slots slot_ids (N,) of the caches (num_pages, page_size,
+        KVH, D) -> the rotated q (N, H, D), possibly a view of qkv (which may be modified)."""
+
+    @abstractmethod
+    def attention(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, attn: AttentionInputs,
+                  scale: float) -> Tensor:
+        """Paged attention of the step's queries q (N, H, D) over the caches, prefills and
+        decodes alike (kernels.paged_attention_reference is the contract) -> (N, H, D)."""
+
+    @abstractmethod
+    def silu_and_mul(self, gate_up: Tensor) -> Tensor:
+        """gate_up (N, 2*I) -> silu(gate) * up (N, I), gate the first half."""

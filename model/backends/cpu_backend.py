@@ -1,0 +1,116 @@
+"""`cpu`: CPU float32 on oneDNN's prepacked GEMMs, C kernels for few-row products
+(float32 or GGUF blocks) and fused C ops for the small ops of a step.
+
+What a machine gets depends on what loaded, and describe() says which and why:
+- oneDNN prepacked linear layers always (kernels/packed_linear.py);
+- with the C kernels built (kernels/native_build.py: a C compiler, AVX2/FMA/F16C):
+  few-row products read the GGUF blocks of a converted model (or, without blocks, a kept
+  row-major float32 copy for single rows: twice the weight memory), up to a row count
+  measured per weight shape at load (crossover.py); RMSNorm, residual add + RMSNorm,
+  RoPE + KV store, SwiGLU and decode attention run as fused C kernels
+  (kernels/cpu_decode_ops.py), decode attention in one call that reads the pages itself;
+- without them (no compiler), the same oneDNN GEMMs with the torch ops around them.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor, nn
+
+from kernels.attention_inputs import AttentionInputs
+from kernels.attention_plan import AttentionPolicy
+from kernels.cpu_decode_ops import CpuDecodeOps
+from kernels.cpu_matvec import BLOCKS_MAX_ROWS, BlockWeight, CpuMatvec
+from kernels.packed_linear import pack_weight, packed_linear
+from kernels.paged_attention import paged_attention
+from model.backends.base import BackendPlan, LinearPlan, StepPolicy
+from model.backends.cpu_linear import CpuLinear
+from model.backends.crossover import CANDIDATE_ROWS, measure_crossover
+from model.backends.torch_backend import TorchBackend
+
+MEASURE = "measure"  # few-rows limits timed per weight shape at load
+FIXED = "fixed"  # the limits of kernels.cpu_matvec.BLOCKS_MAX_ROWS (and 1 row for float32)
+MATVEC_F32_MAX_ROWS = 1  # the float32 matvec kernel takes one row
+
+
+class CpuBackend(TorchBackend):
+    name = "cpu"
+
+    def __init__(self, matvec: CpuMatvec | None, ops: CpuDecodeOps | None, fallbacks: tuple[str, ...] = (),
+                 crossover: str = MEASURE):
+        super().__init__(torch.device("cpu"), torch.float32, fallbacks)
+        if crossover not in (MEASURE, FIXED):
+            raise ValueError(f"crossover must be {MEASURE!r} or {FIXED!r}, got {crossover!r}")
+        self.matvec = matvec
+        self.ops = ops
+        self.reads_blocks = matvec is not None
+        self.crossover = crossover
+        self._crossovers: dict[tuple, int] = {}  # (weight kind, out, in) -> measured few_rows_max
+        self.policy = StepPolicy(self.policy.max_num_batched_tokens,
+                                 AttentionPolicy(self.policy.attention.decode_token_budget,
+                                                 self.policy.attention.prefill_block_rows,
+                                                 fused_decode=ops is not None))
+        if ops is not None:  # chosen once: the fused kernels replace the torch ops
+            self.rms_norm = self._fused_rms_norm
+            self.add_rms_norm = self._fused_add_rms_norm
+            self.rope_store_kv = self._fused_rope_store_kv
+            self.silu_and_mul = ops.silu_and_mul
+
+    # ------------------------------------------------------------ load time
+
+    def make_linear(self, name: str, layer: nn.Module, blocks: BlockWeight | None) -> nn.Module:
+        weight, bias = layer.weight, layer.bias
+        out_features, in_features = weight.shape
+        packed = pack_weight(weight)
+        few_rows, limit, kind = None, 0, ""
+        if self.matvec is not None and blocks is not None:
+            if (blocks.rows, blocks.cols) != (out_features, in_features):
+                raise ValueError(f"{name}: block weight ({blocks.rows}, {blocks.cols}) does not fit a "
+                                 f"({out_features}, {in_features}) projection")
+            few_rows = functools.partial(self.matvec.matmul_blocks, weight=blocks)
+            kind, limit = f"{blocks.format} blocks", BLOCKS_MAX_ROWS[blocks.format]
+            if self.crossover == MEASURE:
+                limit = max(CANDIDATE_ROWS)
+        elif self.matvec is not None and self.matvec.fits(weight):
+            few_rows = functools.partial(self.matvec, weight=weight)  # keeps the row-major copy
+            kind, limit = "float32 row-major", MATVEC_F32_MAX_ROWS
+        if few_rows is not None and self.crossover == MEASURE:
+            key = (kind, out_features, in_features)
+            if key not in self._crossovers:
+                self._crossovers[key] = measure_crossover(
+                    few_rows, functools.partial(packed_linear, packed_weight=packed, bias=None), in_features, limit)
+            limit = self._crossovers[key]
+        self._linears[name] = LinearPlan("oneDNN prepacked", f"C matvec over {kind}" if limit else "", limit)
+        return CpuLinear(packed, bias, out_features, few_rows if limit else None, limit)
+
+    def plan(self) -> BackendPlan:
+        notes = ()
+        if self._crossovers:
+            notes = ("measured few-rows limits " + ", ".join(
+                f"{kind} ({rows}x{cols}): {limit}" for (kind, rows, cols), limit in sorted(self._crossovers.items())),)
+        return BackendPlan(
+            self.name, "cpu", "float32", dict(self._linears),
+            row_ops="fused C kernels" if self.ops is not None else "torch ops",
+            decode_attention=("fused C kernel over pages" if self.ops is not None
+                              else "SDPA in length-sorted chunks"),
+            prefill_attention="SDPA", fallbacks=self.fallbacks, notes=notes)
+
+    # ------------------------------------------------------------ fused ops
+
+    def _fused_rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        return self.ops.rms_norm(x, weight, eps)
+
+    def _fused_add_rms_norm(self, residual: Tensor, x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+        return self.ops.add_rms_norm(residual, x, weight, eps), residual  # residual updated in place
+
+    def _fused_rope_store_kv(self, qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                             slot_ids: Tensor, num_heads: int) -> Tensor:
+        # rotates q and k in place in qkv, then writes k and v into their slots
+        self.ops.rope_store_kv(qkv, cos, sin, k_cache, v_cache, slot_ids)
+        return qkv[:, :num_heads]  # (N, H, D), a strided view
+
+    def attention(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, attn: AttentionInputs,
+                  scale: float) -> Tensor:
+        return paged_attention(q, k_cache, v_cache, attn, scale, self.policy.attention, self.ops)

@@ -1,0 +1,52 @@
+"""Where a few-rows C kernel stops beating oneDNN's GEMM: measured per weight shape at load.
+
+The C kernels stream a weight once for up to 8 input rows (kernels/cpu_matvec.py); oneDNN's
+GEMM reads its prepacked float32 weight at a rate that grows with the rows. Which is faster
+at m rows depends on the weight's shape, its format (Q4_1 nibbles cost more to decode than
+Q8_0 bytes), the cores and their caches, so a constant measured on one machine was wrong on
+another (docs/performance.md). `measure_crossover` times both on the real weight, interleaved,
+best of a few runs, and returns the largest row count up to which the kernel wins at every
+candidate; a short pass (~0.5 s for SmolLM2's five shapes) that runs once per shape.
+"""
+
+import time
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+# Row counts tried; the kernel's share ends at the first one it loses.
+CANDIDATE_ROWS = (1, 2, 4, 6, 8, 12, 16)
+TIMED_RUNS = 5  # best of; the first call of each path is a warm-up
+# The kernel keeps a row count unless it is slower by more than this: on a busy machine a single
+# noisy best-of-5 must not move a clear win (2-3x at one row) off the kernel.
+LOSS_MARGIN = 1.1
+
+
+def measure_crossover(few_rows: Callable[[Tensor], Tensor], large: Callable[[Tensor], Tensor], in_features: int,
+                      max_rows: int) -> int:
+    """The largest m <= max_rows in CANDIDATE_ROWS such that few_rows(x) took no longer than
+    LOSS_MARGIN times large(x) for every candidate up to m; 0 when it loses at one row."""
+    best = 0
+    generator = torch.Generator().manual_seed(0)
+    for rows in (m for m in CANDIDATE_ROWS if m <= max_rows):
+        x = torch.randn(rows, in_features, generator=generator)
+        few_seconds, large_seconds = _best_seconds(few_rows, large, x)
+        if few_seconds > LOSS_MARGIN * large_seconds:
+            break
+        best = rows
+    return best
+
+
+def _best_seconds(first: Callable[[Tensor], Tensor], second: Callable[[Tensor], Tensor],
+                  x: Tensor) -> tuple[float, float]:
+    """Best wall time of each, the two called in turn so that noise hits both alike."""
+    first(x), second(x)
+    best_first = best_second = float("inf")
+    for _ in range(TIMED_RUNS):
+        started = time.perf_counter()
+        first(x)
+        middle = time.perf_counter()
+        second(x)
+        best_first, best_second = min(best_first, middle - started), min(best_second, time.perf_counter() - middle)
+    return best_first, best_second

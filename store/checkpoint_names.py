@@ -1,0 +1,65 @@
+"""The checkpoint-name map, stated once: GGUF names -> HF names -> the model's fused modules.
+
+The model (model/llama.py) fuses q|k|v and gate|up into one projection each; HF checkpoints
+keep them apart, and GGUF files name them their own way. The GGUF converter
+(store/gguf_import.py), the safetensors loader and the GGUF block loader (model/weights.py)
+all read this map.
+"""
+
+# GGUF per-layer tensor stem -> HF module under model.layers.N.
+GGUF_LAYER_MODULES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+# GGUF top-level tensor stem -> HF module.
+GGUF_TOP_MODULES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+
+# The model's per-layer module -> the HF modules (under model.layers.N.) its weight concatenates
+# row-wise, in order, each with the ModelConfig size of its rows (None: the whole tensor).
+FUSED_LAYER_MODULES: dict[str, tuple[tuple[str, str | None], ...]] = {
+    "self_attn.qkv_proj": (("self_attn.q_proj", "q_size"), ("self_attn.k_proj", "kv_size"),
+                           ("self_attn.v_proj", "kv_size")),
+    "self_attn.o_proj": (("self_attn.o_proj", None),),
+    "mlp.gate_up_proj": (("mlp.gate_proj", "intermediate_size"), ("mlp.up_proj", "intermediate_size")),
+    "mlp.down_proj": (("mlp.down_proj", None),),
+    "input_layernorm": (("input_layernorm", None),),
+    "post_attention_layernorm": (("post_attention_layernorm", None),),
+}
+# The model's top-level module -> its HF module. A tied lm_head is the embedding table.
+TOP_MODULES = {"embed_tokens": "model.embed_tokens", "norm": "model.norm", "lm_head": "lm_head"}
+TIED_LM_HEAD = "model.embed_tokens"
+
+# The projections (the modules a backend may run its own linear layer for).
+PROJECTIONS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+
+
+def hf_tensor_name(gguf_name: str) -> str | None:
+    """"blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight"; None for a name outside the map."""
+    stem, _, suffix = gguf_name.rpartition(".")  # suffix: weight / bias
+    parts = stem.split(".")
+    if len(parts) == 1 and stem in GGUF_TOP_MODULES:
+        return f"{GGUF_TOP_MODULES[stem]}.{suffix}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in GGUF_LAYER_MODULES:
+        return f"model.layers.{parts[1]}.{GGUF_LAYER_MODULES[parts[2]]}.{suffix}"
+    return None
+
+
+def hf_parts(module_name: str, tie_word_embeddings: bool) -> tuple[tuple[str, str | None], ...]:
+    """The model's module ("layers.3.mlp.gate_up_proj", "lm_head") -> its (HF module, row size) parts."""
+    if module_name == "lm_head" and tie_word_embeddings:
+        return ((TIED_LM_HEAD, None),)
+    if module_name in TOP_MODULES:
+        return ((TOP_MODULES[module_name], None),)
+    _, index, local = module_name.split(".", 2)
+    return tuple((f"model.layers.{index}.{hf}", size) for hf, size in FUSED_LAYER_MODULES[local])

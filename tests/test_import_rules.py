@@ -1,0 +1,55 @@
+"""The house's import rule: each package imports only the packages below it (docs/architecture.md)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# package -> the project packages it may import (besides itself)
+ALLOWED = {
+    "kernels": set(),
+    "cache": {"kernels"},
+    "store": set(),
+    "model": {"kernels", "store"},
+    "engine": {"cache", "kernels", "model", "store"},
+    "assembly": {"retrieval"},
+    "retrieval": set(),
+    "server": {"kernels", "cache", "store", "model", "engine", "assembly", "retrieval"},
+}
+PROJECT_PACKAGES = set(ALLOWED) | {"bench", "tests"}
+
+
+def _imported_packages(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names & PROJECT_PACKAGES
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_package_imports_only_what_it_may(package):
+    bad = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        extra = _imported_packages(path) - ALLOWED[package] - {package}
+        if extra:
+            bad[str(path.relative_to(ROOT))] = sorted(extra)
+    assert bad == {}, f"imports against the house table: {bad}"
+
+
+def test_server_reaches_the_engine_only_through_its_async_handle():
+    """server/ may use engine's value types and config, but never LLMEngine itself."""
+    offenders = [str(path.relative_to(ROOT)) for path in sorted((ROOT / "server").rglob("*.py"))
+                 if "engine.llm_engine" in path.read_text() or ".engine.engine" in path.read_text()]
+    assert offenders == []
+
+
+def test_the_serving_bench_talks_http_only():
+    engine_users = {path.name for path in (ROOT / "bench").glob("*.py")
+                    if _imported_packages(path) - {"bench"}}
+    assert engine_users <= {"engine_bench.py", "server_overhead.py", "retrieval_bench.py", "suite.py",
+                            "rag_retrieval_bench.py", "agent_tool_loop.py", "local_server.py"}
