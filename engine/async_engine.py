@@ -24,6 +24,18 @@ logger = logging.getLogger("radixserve.engine")
 
 
 @dataclass(frozen=True)
+class EngineFacts:
+    """What the server needs to know about the loaded model and engine, fixed at load."""
+
+    vocab_size: int
+    eos_token_ids: frozenset[int]
+    max_model_len: int  # the context length requests get
+    max_num_request_tokens: int  # prompt + output of one request at most: the context, and the whole KV pool
+    backend: str  # the execution backend's name ("cpu", "torch")
+    backend_description: str  # Backend.describe(): what runs, and why each fallback happened
+
+
+@dataclass(frozen=True)
 class _Add:
     request_id: str
     prompt_token_ids: list[int]
@@ -48,6 +60,10 @@ class _Pin:
 class AsyncEngine:
     def __init__(self, engine: LLMEngine):
         self.engine = engine
+        num_pool_tokens = engine.scheduler.allocator.num_pages * engine.config.page_size
+        self.facts = EngineFacts(engine.vocab_size, engine.eos_token_ids, engine.max_model_len,
+                                 min(engine.max_model_len, num_pool_tokens), engine.backend.name,
+                                 engine.backend.describe())
         self._commands: queue.Queue = queue.Queue()
         # request_id -> (loop, asyncio.Queue); touched by the engine thread only.
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}

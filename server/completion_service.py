@@ -135,10 +135,8 @@ class CompletionService:
         self.grammars = grammars
         self.settings = settings
         self.turns = turns
-        llm = engine.engine
         # The longest prompt + output one request can have: the context, and the whole KV pool.
-        num_pool_tokens = engine.stats().num_pages * llm.config.page_size
-        self.max_num_request_tokens = min(llm.max_model_len, num_pool_tokens)
+        self.max_num_request_tokens = engine.facts.max_num_request_tokens
 
     # ---- requests -> jobs ---------------------------------------------------
 

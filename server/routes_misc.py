@@ -10,7 +10,8 @@ from server.metrics import CONTENT_TYPE
 
 def _model_card(state: State) -> dict:
     return {"id": state.settings.served_model_name, "object": "model", "created": state.started_at,
-            "owned_by": "radixserve", "max_model_len": state.service.max_num_request_tokens}
+            "owned_by": "radixserve", "max_model_len": state.service.max_num_request_tokens,
+            "backend": state.engine.facts.backend}
 
 
 @get("/models")
@@ -27,9 +28,11 @@ async def get_model(state: State, model_id: FromPath[str]) -> dict:
 
 
 @get("/health")
-async def health() -> dict:
-    """200 once the lifespan has loaded the model (before that the server does not accept connections)."""
-    return {"status": "ok"}
+async def health(state: State) -> dict:
+    """200 once the lifespan has loaded the model (before that the server does not accept connections);
+    says which execution backend runs it, and what runs there."""
+    facts = state.engine.facts
+    return {"status": "ok", "backend": facts.backend, "backend_description": facts.backend_description}
 
 
 @get("/metrics")

@@ -169,7 +169,10 @@ def test_models_health_metrics(openai_client, server, http):
     models = openai_client.models.list()
     assert [m.id for m in models.data] == [server.model]
     assert openai_client.models.retrieve(server.model).id == server.model
-    assert http.get("/health", headers={"Authorization": ""}).json() == {"status": "ok"}
+    health = http.get("/health", headers={"Authorization": ""}).json()
+    assert (health["status"], health["backend"]) == ("ok", "cpu")  # float32 on the CPU: the cpu backend
+    assert health["backend_description"].startswith("backend cpu (cpu, float32): linear [")
+    assert http.get(f"/v1/models/{server.model}").json()["backend"] == "cpu"
     metrics = http.get("/metrics", headers={"Authorization": ""})
     assert metrics.status_code == 200
     for name in ("time_to_first_token_seconds_bucket", "inter_token_latency_seconds_count",

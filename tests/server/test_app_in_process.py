@@ -4,12 +4,12 @@ through the service, per-app metrics. Fast, and deterministic where a real model
 import asyncio
 import dataclasses
 import json
-from types import SimpleNamespace
 
 import pytest
 from litestar.testing import TestClient
 
 from assembly.tokenizer import Tokenizer
+from engine.async_engine import EngineFacts
 from engine.engine_config import EngineConfig
 from engine.metrics import EngineMetrics, EngineStats
 from engine.request import FinishReason, RequestOutput
@@ -24,7 +24,8 @@ class FakeEngine:
     """AsyncEngine's surface, answering every request with `script` (token ids) and recording closes."""
 
     def __init__(self, config: EngineConfig, script: list[int]):
-        self.engine = SimpleNamespace(max_model_len=2048, config=config, vocab_size=49152, eos_token_ids=frozenset({2}))
+        self.facts = EngineFacts(vocab_size=49152, eos_token_ids=frozenset({2}), max_model_len=2048,
+                                 max_num_request_tokens=2048, backend="fake", backend_description="backend fake")
         self.metrics = EngineMetrics()
         self.script = script
         self.num_waiting = 0
