@@ -3,30 +3,10 @@
 Around its matvecs a decode step runs ~7 small torch ops per layer (RMSNorm,
 residual adds, RoPE, store_kv, the attention gather + SDPA, silu * mul), each
 paying torch's dispatch and allocation costs on a few hundred floats. These
-kernels do each group in one call. Measured on the 2-core AVX2 machines,
-SmolLM2-135M shapes (hidden 576, inter 1536, H 9, KVH 3, D 64, page 16), best of
-runs, microseconds per call with torch's 2 threads (torch path -> this module;
-the C call alone in brackets):
-
-    one decode token                       torch    fused  (C alone)
-    rms_norm                                17.3      3.9     (0.8)
-    residual add + rms_norm                 33.7     10.0     (0.9)
-    silu_and_mul                            15.9      7.3     (1.7)
-    rope + store_kv                         83.1      9.3     (0.8)
-    attention, context 512                 272       42      (33)
-    attention, context 2048                500      205     (196)
-    16 sequences (16 rows)
-    rms_norm                                34.2     10.1     (3.6)
-    silu_and_mul                            51.9     16.3    (10.8)
-    rope + store_kv                         94.1     12.5     (3.5)
-    attention, contexts 512               2593     1098    (1070)
-    attention, contexts 2048              8760     3162    (3074)
-
-(attention with the KV of 30 layers cycled, so out of cache as in a real step;
-the shared machines are noisy, ±30% between runs.) For the small ops most of
-what is left is Python: argument checks and the output allocation, ~3-5 us;
-passing the arguments packed in one bytes object rather than as ~10-18 ctypes
-arguments saves ~1.5-3 us per call.
+kernels do each group in one call: 3-9x faster than the torch ops for one
+token, 2-3x for decode attention over 16 sequences (docs/performance.md); what
+is left per call is mostly Python (checks, the output allocation), and the
+arguments go packed in one bytes object rather than as ~10-18 ctypes arguments.
 
 The kernels live in kernels/csrc/row_ops.c and decode_attention.c (AVX2 + FMA +
 OpenMP, float32 only), built into one library once per source hash by `native_build.load_library` and called

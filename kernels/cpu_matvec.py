@@ -3,15 +3,8 @@
 Batch-1 decode streams every weight once per token, so its speed is the
 weight stream's. Two kernels:
 
-- `matvec` over a row-major float32 weight. Measured on the 2-core AVX2
-  machines with the layer shapes of SmolLM2 (weights out of cache), GB/s:
-
-      shape (out, in)   oneDNN prepacked   this kernel
-      (960, 576)        14.3               24.9
-      (576, 576)        10.3               21.7
-      (3072, 576)       19.7               23.0
-      (576, 1536)       16.0               26.3
-      (49152, 576)      20.6               23.7
+- `matvec` over a row-major float32 weight: 22-26 GB/s on SmolLM2's shapes
+  against 10-20 for oneDNN's prepacked GEMM at one row (docs/performance.md).
 
 - `matmul_blocks` over a weight kept in the GGUF block format it was shipped
   in (Q4_1 or Q8_0, `BlockWeight`): the same weight values the float32 copy
@@ -41,13 +34,8 @@ GGUF_BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}
 # Q4_1 {f32 d, f32 min, 16 B of nibbles}, Q8_0 {f32 d, 32 int8}.
 BLOCK_BYTES = {"Q4_1": 24, "Q8_0": 36}
 _FORMAT_CODES = {"Q4_1": 0, "Q8_0": 1}
-# Inputs of up to this many rows read the blocks; more run oneDNN's float32 GEMM.
-# Measured on SmolLM2 (best of 3, weights out of cache), ms:
-#     rows                               1     4     8     12    16
-#     210 Q4_1 projections, blocks       10.9  18.1  26.2  39.4  48.5
-#                           oneDNN f32   36.7  34.2  33.4  38.8  45.8
-#     Q8_0 head (49152, 576), blocks     2.0   3.3   8.7   11.8  15.0
-#                             oneDNN     5.6   5.9   7.0   9.4   10.1
+# The fixed crossover: up to this many rows the blocks beat oneDNN's float32 GEMM on SmolLM2
+# (docs/performance.md); the cpu backend measures it per shape at load by default.
 BLOCKS_MAX_ROWS = {"Q4_1": 8, "Q8_0": 4}
 
 

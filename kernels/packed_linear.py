@@ -1,13 +1,8 @@
 """Linear layers on oneDNN's prepacked weight layout (CPU, float32).
 
 oneDNN reorders a weight once into the blocked layout its GEMM kernels read,
-instead of repacking it on every call. Measured on the 2-core AVX2 machines,
-over 283 MB of (3072, 576) weights:
-
-    rows M   plain x @ W^T   prepacked
-    1        13-17 GB/s      23 GB/s      (decode: bound by the weight stream)
-    16       33 GFLOP/s      73 GFLOP/s   (batched decode)
-    1024     119 GFLOP/s     127 GFLOP/s  (prefill)
+instead of repacking it on every call: 1.1x faster for prefill GEMMs, 2.2x at 16
+rows, 1.5x at one row (docs/performance.md).
 
 These are private torch ops (the ones inductor's CPU freezing uses), so the
 plain path stays the reference: `is_available()` says whether this path can
@@ -34,11 +29,9 @@ def is_available(device: torch.device, dtype: torch.dtype) -> bool:
     )
 
 
-# oneDNN caches one primitive per GEMM shape, and the token count of a step is
-# part of the shape, so with its default capacity (1024) the cache kept growing
-# with every new prompt length: measured, half the RSS creep over 1,000 mixed
-# requests. 64 entries covered a serving mix at unchanged speed (measured).
-# oneDNN reads the variable once, at its first primitive; a user's value wins.
+# oneDNN caches one primitive per GEMM shape (the step's token count is part of it): its
+# default 1024 grew with every prompt length, 64 kept speed (docs/performance.md). oneDNN
+# reads the variable once, at its first primitive; a user's value wins.
 PRIMITIVE_CACHE_CAPACITY = "64"
 
 
