@@ -1,13 +1,13 @@
 """Chained page hashes: a name for a cached prefix that is the same in every process.
 
-    hash_i = blake2b(hash_{i-1} || extra_key || tokens of page i), 16-byte digest,
+    hash_i = blake2b(hash_{i-1} || cache_salt || tokens of page i), 16-byte digest,
     with hash_{-1} = ROOT_PAGE_HASH = b""
 
-so equal hashes mean equal (extra_key, prefix up to and including that page), across
+so equal hashes mean equal (cache_salt, prefix up to and including that page), across
 processes and replicas (routing, a host or disk tier). Python's hash() is salted per process
 and is never used. The byte encoding is fixed:
 
-    extra_key  None -> b"\\x00"; a str -> b"\\x01" + uint32 LE byte length + UTF-8 bytes
+    cache_salt  None -> b"\\x00"; a str -> b"\\x01" + uint32 LE byte length + UTF-8 bytes
                (tagged and length-prefixed, so None, "" and any key stay distinct and no key
                can run into the tokens)
     tokens     each id as uint32 little-endian
@@ -21,28 +21,28 @@ PAGE_HASH_NUM_BYTES = 16
 ROOT_PAGE_HASH = b""
 
 
-def encode_extra_key(extra_key: str | None) -> bytes:
-    if extra_key is None:
+def encode_cache_salt(cache_salt: str | None) -> bytes:
+    if cache_salt is None:
         return b"\x00"
-    key_bytes = extra_key.encode("utf-8")
+    key_bytes = cache_salt.encode("utf-8")
     return b"\x01" + struct.pack("<I", len(key_bytes)) + key_bytes
 
 
-def hash_page(parent_hash: bytes, page_token_ids: Sequence[int], extra_key: str | None) -> bytes:
+def hash_page(parent_hash: bytes, page_token_ids: Sequence[int], cache_salt: str | None) -> bytes:
     """Hash of one page given the hash of the page before it (ROOT_PAGE_HASH for the first)."""
     digest = hashlib.blake2b(digest_size=PAGE_HASH_NUM_BYTES)
     digest.update(parent_hash)
-    digest.update(encode_extra_key(extra_key))
+    digest.update(encode_cache_salt(cache_salt))
     digest.update(struct.pack(f"<{len(page_token_ids)}I", *page_token_ids))
     return digest.digest()
 
 
 def hash_pages(
-    parent_hash: bytes, token_ids: Sequence[int], page_size: int, extra_key: str | None
+    parent_hash: bytes, token_ids: Sequence[int], page_size: int, cache_salt: str | None
 ) -> list[bytes]:
     """Chained hashes of each full page of ``token_ids``; a trailing partial page is ignored."""
     page_hashes = []
     for start in range(0, len(token_ids) - page_size + 1, page_size):
-        parent_hash = hash_page(parent_hash, token_ids[start : start + page_size], extra_key)
+        parent_hash = hash_page(parent_hash, token_ids[start : start + page_size], cache_salt)
         page_hashes.append(parent_hash)
     return page_hashes

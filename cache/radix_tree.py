@@ -3,8 +3,8 @@
 Invariants:
   - The root holds no pages. Every other node holds a run of >= 1 full pages:
     len(token_ids) == num_pages * page_size, one page id and one page hash per page.
-  - Children are keyed by (extra_key, tokens of their first page), so siblings never share a
-    first page and a prefix has at most one path. Folding extra_key into every key keeps
+  - Children are keyed by (cache_salt, tokens of their first page), so siblings never share a
+    first page and a prefix has at most one path. Folding cache_salt into every key keeps
     tenants apart: sequences with different keys never share a node (None is a key too).
   - Only full pages are cached. Sequences that diverge inside a page get different pages.
   - lock_ref(node) >= lock_ref(child): lock/unlock walk the whole path to the root.
@@ -75,7 +75,7 @@ class RadixTree:
     def num_locked_pages(self) -> int:
         return self._num_locked_pages
 
-    def match_prefix(self, token_ids: Sequence[int], extra_key: str | None = None) -> MatchResult:
+    def match_prefix(self, token_ids: Sequence[int], cache_salt: str | None = None) -> MatchResult:
         """Longest cached prefix of ``token_ids`` made of full pages.
 
         Changes no cached content, but stamps the matched path's access time and hit count,
@@ -83,12 +83,12 @@ class RadixTree:
         reference: lock(result.last_node) before anything may evict.
         """
         num_pages = len(token_ids) // self.page_size
-        last_node, page_ids = self._descend(token_ids, num_pages, extra_key)
+        last_node, page_ids = self._descend(token_ids, num_pages, cache_salt)
         self._touch(last_node, is_hit=True)
         return MatchResult(page_ids, len(page_ids) * self.page_size, last_node)
 
     def insert(
-        self, token_ids: Sequence[int], page_ids: Sequence[int], extra_key: str | None = None
+        self, token_ids: Sequence[int], page_ids: Sequence[int], cache_salt: str | None = None
     ) -> int:
         """Cache the full pages of ``token_ids``, held in ``page_ids`` (extra ids ignored).
 
@@ -100,13 +100,13 @@ class RadixTree:
         num_pages = len(token_ids) // page_size
         if len(page_ids) < num_pages:
             raise ValueError(f"{num_pages} full pages of tokens but only {len(page_ids)} page ids")
-        node, cached_page_ids = self._descend(token_ids, num_pages, extra_key)
+        node, cached_page_ids = self._descend(token_ids, num_pages, cache_salt)
         num_cached_pages = len(cached_page_ids)
         if num_cached_pages < num_pages:
             new_page_ids = list(page_ids[num_cached_pages:num_pages])
             self._allocator.retain(new_page_ids)  # first, so a bad id leaves the tree as it was
             new_token_ids = tuple(token_ids[num_cached_pages * page_size : num_pages * page_size])
-            node = self._add_child(node, new_token_ids, new_page_ids, extra_key)
+            node = self._add_child(node, new_token_ids, new_page_ids, cache_salt)
         self._touch(node, is_hit=False)
         return num_cached_pages * page_size
 
@@ -176,7 +176,7 @@ class RadixTree:
         self._num_evictable_pages = 0
 
     def _descend(
-        self, token_ids: Sequence[int], num_pages: int, extra_key: str | None
+        self, token_ids: Sequence[int], num_pages: int, cache_salt: str | None
     ) -> tuple[TreeNode, list[int]]:
         """Follow the longest cached run of the first ``num_pages`` pages of ``token_ids``.
 
@@ -187,7 +187,7 @@ class RadixTree:
         node, matched_page_ids = self._root, []
         while len(matched_page_ids) < num_pages:
             start = len(matched_page_ids) * page_size
-            child = node.children.get((extra_key, tokens[start : start + page_size]))
+            child = node.children.get((cache_salt, tokens[start : start + page_size]))
             if child is None:
                 break
             # The key matched the first page; count how many more of the child's pages match.
@@ -216,7 +216,7 @@ class RadixTree:
             token_ids=node.token_ids[:num_upper_tokens],
             page_ids=node.page_ids[:num_upper_pages],
             page_hashes=node.page_hashes[:num_upper_pages],
-            extra_key=node.extra_key,
+            cache_salt=node.cache_salt,
             lock_ref=node.lock_ref,
             last_access_time=node.last_access_time,
             hit_count=node.hit_count,
@@ -234,11 +234,11 @@ class RadixTree:
         parent: TreeNode,
         token_ids: tuple[int, ...],
         page_ids: list[int],
-        extra_key: str | None,
+        cache_salt: str | None,
     ) -> TreeNode:
         parent_hash = parent.page_hashes[-1] if parent.page_hashes else ROOT_PAGE_HASH
-        page_hashes = hash_pages(parent_hash, token_ids, self.page_size, extra_key)
-        child = TreeNode(parent, token_ids, page_ids, page_hashes, extra_key)
+        page_hashes = hash_pages(parent_hash, token_ids, self.page_size, cache_salt)
+        child = TreeNode(parent, token_ids, page_ids, page_hashes, cache_salt)
         parent.children[self._key_of(child)] = child
         self._num_evictable_pages += child.num_pages
         return child
@@ -259,7 +259,7 @@ class RadixTree:
             node = node.parent
 
     def _key_of(self, node: TreeNode) -> tuple[str | None, tuple[int, ...]]:
-        return (node.extra_key, node.token_ids[: self.page_size])
+        return (node.cache_salt, node.token_ids[: self.page_size])
 
     def _check_in_tree(self, node: TreeNode) -> None:
         if node is not self._root and node.parent is None:
@@ -275,4 +275,4 @@ class RadixTree:
 
 
 def _new_root() -> TreeNode:
-    return TreeNode(parent=None, token_ids=(), page_ids=[], page_hashes=[], extra_key=None)
+    return TreeNode(parent=None, token_ids=(), page_ids=[], page_hashes=[], cache_salt=None)

@@ -7,7 +7,7 @@ from cache.page_hash import ROOT_PAGE_HASH, hash_pages
 from cache.radix_tree import RadixTree
 from cache.tree_node import TreeNode
 
-# (extra_key, tokens of a full-page prefix) -> id of the page holding that prefix's last page
+# (cache_salt, tokens of a full-page prefix) -> id of the page holding that prefix's last page
 PrefixPages = dict[tuple[str | None, tuple[int, ...]], int]
 
 
@@ -18,7 +18,7 @@ def cached_prefix_pages(tree: RadixTree) -> PrefixPages:
         start = len(path_token_ids) - len(node.token_ids)
         for page_index, page_id in enumerate(node.page_ids):
             end = start + (page_index + 1) * tree.page_size
-            prefix_pages[(node.extra_key, path_token_ids[:end])] = page_id
+            prefix_pages[(node.cache_salt, path_token_ids[:end])] = page_id
     return prefix_pages
 
 
@@ -37,10 +37,10 @@ def check_tree_invariants(tree: RadixTree) -> None:
         _require(node.num_pages >= 1, f"{node} holds no pages")
         _require(len(node.token_ids) == node.num_pages * page_size, f"{node} has a partial page")
         _require(len(node.page_hashes) == node.num_pages, f"{node} has a page without a hash")
-        key = (node.extra_key, node.token_ids[:page_size])
+        key = (node.cache_salt, node.token_ids[:page_size])
         _require(parent.children.get(key) is node, f"{node} is not under its key in its parent")
-        is_same_key = parent is tree.root or parent.extra_key == node.extra_key
-        _require(is_same_key, "extra_key mixed on a path")
+        is_same_key = parent is tree.root or parent.cache_salt == node.cache_salt
+        _require(is_same_key, "cache_salt mixed on a path")
         _require(node.lock_ref >= 0, f"{node} has a negative lock_ref")
         if parent is not tree.root:
             _require(parent.lock_ref >= node.lock_ref, f"{node} locked more than its parent")
@@ -51,7 +51,7 @@ def check_tree_invariants(tree: RadixTree) -> None:
         _require(seen_page_ids.isdisjoint(node.page_ids), f"{node} shares a page with another node")
         seen_page_ids.update(node.page_ids)
         parent_hash = parent.page_hashes[-1] if parent.page_hashes else ROOT_PAGE_HASH
-        expected_hashes = hash_pages(parent_hash, node.token_ids, page_size, node.extra_key)
+        expected_hashes = hash_pages(parent_hash, node.token_ids, page_size, node.cache_salt)
         _require(node.page_hashes == expected_hashes, f"{node} has wrong page hashes")
         if node.lock_ref:
             num_locked_pages += node.num_pages

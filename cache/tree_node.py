@@ -14,7 +14,7 @@ class TreeNode:
         "token_ids",
         "page_ids",
         "page_hashes",
-        "extra_key",
+        "cache_salt",
         "lock_ref",
         "last_access_time",
         "hit_count",
@@ -26,19 +26,19 @@ class TreeNode:
         token_ids: tuple[int, ...],
         page_ids: list[int],
         page_hashes: list[bytes],
-        extra_key: str | None,
+        cache_salt: str | None,
         lock_ref: int = 0,
         last_access_time: int = 0,
         hit_count: int = 0,
     ):
         # None for the root, and for a node taken out of its tree (evicted, or the tree reset).
         self.parent = parent
-        # (extra_key, tokens of the child's first page) -> child
+        # (cache_salt, tokens of the child's first page) -> child
         self.children: dict[tuple[str | None, tuple[int, ...]], TreeNode] = {}
         self.token_ids = token_ids  # (num_pages * page_size,)
         self.page_ids = page_ids  # (num_pages,) page i holds token_ids[i*page_size:(i+1)*page_size]
         self.page_hashes = page_hashes  # (num_pages,) chained hash of the prefix ending at page i
-        self.extra_key = extra_key
+        self.cache_salt = cache_salt
         self.lock_ref = lock_ref  # running requests whose locked path passes through this node
         self.last_access_time = last_access_time  # tree clock tick of the last match/insert here
         self.hit_count = hit_count  # matches that reached this node

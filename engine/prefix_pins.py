@@ -24,10 +24,10 @@ class PrefixPins:
     def __len__(self) -> int:
         return len(self._deadlines)
 
-    def pin(self, token_ids: Sequence[int], extra_key: str | None, seconds: float,
+    def pin(self, token_ids: Sequence[int], cache_salt: str | None, seconds: float,
             now: float | None = None) -> int:
         """Lock the longest cached prefix of `token_ids` until now + seconds; returns its token count."""
-        match = self.tree.match_prefix(token_ids, extra_key)
+        match = self.tree.match_prefix(token_ids, cache_salt)
         if match.num_tokens == 0 or seconds <= 0:
             return 0
         self.tree.lock(match.last_node)

@@ -46,7 +46,7 @@ class Request:
     request_id: str
     prompt_token_ids: list[int]
     sampling: SamplingState
-    cache_salt: str | None = None  # the radix tree's extra_key: tenants share KV only with the same salt
+    cache_salt: str | None = None  # the tenant's salt (None is a salt too): tenants share KV only with the same one
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     timings: Timings = field(default_factory=Timings)

@@ -28,7 +28,7 @@ def test_chaining_makes_hash_depend_on_the_whole_prefix():
     )
 
 
-def test_extra_keys_are_distinct_namespaces():
+def test_cache_salts_are_distinct_namespaces():
     hashes = {hash_page(b"", [7, 8], key) for key in (None, "", "a", "\x00")}
     assert len(hashes) == 4
 

@@ -1,6 +1,6 @@
 """Property tests: the tree, driven like the engine drives it, against a naive reference.
 
-The reference keeps one entry per cached full-page prefix, keyed (extra_key, prefix tokens),
+The reference keeps one entry per cached full-page prefix, keyed (cache_salt, prefix tokens),
 with the page id that holds the prefix's last page, its last access tick and its hit count.
 Longest-prefix matching on it is a loop over prefix lengths. Every step then compares the
 whole tree (every prefix, page id, lock, access time, ref count) with the reference.
@@ -37,7 +37,7 @@ MAX_RUNNING_REQUESTS = 4
 @dataclass
 class Request:
     token_ids: tuple[int, ...]
-    extra_key: str | None
+    cache_salt: str | None
     locked_node: object
     num_locked_pages: int  # pages of the prefix pinned by locked_node
     page_table: list[int]  # one page per token page, the last one maybe partial
@@ -52,21 +52,21 @@ class CacheMachine(RuleBasedStateMachine):
         self.page_size = page_size
         self.allocator = PageAllocator(NUM_POOL_PAGES)
         self.tree = RadixTree(page_size, self.allocator, self.policy_class())
-        self.ref_page_ids = {}  # (extra_key, prefix) -> page id of the prefix's last page
-        self.ref_access_times = {}  # (extra_key, prefix) -> tick of the last match/insert over it
-        self.ref_hit_counts = {}  # (extra_key, prefix) -> matches over it
+        self.ref_page_ids = {}  # (cache_salt, prefix) -> page id of the prefix's last page
+        self.ref_access_times = {}  # (cache_salt, prefix) -> tick of the last match/insert over it
+        self.ref_hit_counts = {}  # (cache_salt, prefix) -> matches over it
         self.clock = 0  # ticks once per match/insert, like the tree's
         self.requests: list[Request] = []
         self.seen_token_ids: list[tuple[int, ...]] = []
 
     # -- reference model ------------------------------------------------------------------
 
-    def prefix_keys(self, token_ids, extra_key, num_pages):
-        return [(extra_key, token_ids[: k * self.page_size]) for k in range(1, num_pages + 1)]
+    def prefix_keys(self, token_ids, cache_salt, num_pages):
+        return [(cache_salt, token_ids[: k * self.page_size]) for k in range(1, num_pages + 1)]
 
-    def expected_match(self, token_ids, extra_key) -> list[int]:
+    def expected_match(self, token_ids, cache_salt) -> list[int]:
         page_ids = []
-        for key in self.prefix_keys(token_ids, extra_key, len(token_ids) // self.page_size):
+        for key in self.prefix_keys(token_ids, cache_salt, len(token_ids) // self.page_size):
             if key not in self.ref_page_ids:
                 break
             page_ids.append(self.ref_page_ids[key])
@@ -82,7 +82,7 @@ class CacheMachine(RuleBasedStateMachine):
             key
             for request in self.requests
             for key in self.prefix_keys(
-                request.token_ids, request.extra_key, request.num_locked_pages
+                request.token_ids, request.cache_salt, request.num_locked_pages
             )
         }
 
@@ -97,24 +97,24 @@ class CacheMachine(RuleBasedStateMachine):
             return base[:cut] + tuple(suffix)
         return data.draw(TOKENS)
 
-    def match(self, token_ids, extra_key):
-        expected_page_ids = self.expected_match(token_ids, extra_key)
-        result = self.tree.match_prefix(token_ids, extra_key)
+    def match(self, token_ids, cache_salt):
+        expected_page_ids = self.expected_match(token_ids, cache_salt)
+        result = self.tree.match_prefix(token_ids, cache_salt)
         assert result.page_ids == expected_page_ids
         assert result.num_tokens == len(expected_page_ids) * self.page_size
         self.clock += 1
-        for key in self.prefix_keys(token_ids, extra_key, len(expected_page_ids)):
+        for key in self.prefix_keys(token_ids, cache_salt, len(expected_page_ids)):
             self.ref_access_times[key] = self.clock
             self.ref_hit_counts[key] += 1
         return result
 
-    def insert(self, token_ids, page_table, extra_key):
+    def insert(self, token_ids, page_table, cache_salt):
         num_pages = len(token_ids) // self.page_size
-        num_cached_pages = len(self.expected_match(token_ids, extra_key))
-        num_cached_tokens = self.tree.insert(token_ids, page_table, extra_key)
+        num_cached_pages = len(self.expected_match(token_ids, cache_salt))
+        num_cached_tokens = self.tree.insert(token_ids, page_table, cache_salt)
         assert num_cached_tokens == num_cached_pages * self.page_size
         self.clock += 1
-        for page_index, key in enumerate(self.prefix_keys(token_ids, extra_key, num_pages)):
+        for page_index, key in enumerate(self.prefix_keys(token_ids, cache_salt, num_pages)):
             if page_index >= num_cached_pages:
                 self.ref_page_ids[key] = page_table[page_index]
                 self.ref_hit_counts[key] = 0
@@ -151,22 +151,22 @@ class CacheMachine(RuleBasedStateMachine):
     def end_request(self, request, is_finished):
         self.requests.remove(request)
         if is_finished:
-            self.insert(request.token_ids, request.page_table, request.extra_key)
+            self.insert(request.token_ids, request.page_table, request.cache_salt)
         self.tree.unlock(request.locked_node)
         self.allocator.release(request.own_page_ids)
 
     # -- rules -------------------------------------------------------------------------------
 
     @precondition(lambda self: len(self.requests) < MAX_RUNNING_REQUESTS)
-    @rule(data=st.data(), extra_key=EXTRA_KEYS)
-    def start_request(self, data, extra_key):
+    @rule(data=st.data(), cache_salt=EXTRA_KEYS)
+    def start_request(self, data, cache_salt):
         token_ids = self.draw_token_ids(data)
         self.seen_token_ids.append(token_ids)
-        matched = self.match(token_ids, extra_key)
+        matched = self.match(token_ids, cache_salt)
         self.tree.lock(matched.last_node)
         num_matched_pages = len(matched.page_ids)
         request = Request(
-            token_ids, extra_key, matched.last_node, num_matched_pages, list(matched.page_ids), []
+            token_ids, cache_salt, matched.last_node, num_matched_pages, list(matched.page_ids), []
         )
         self.requests.append(request)
         num_new_pages = -(-len(token_ids) // self.page_size) - len(matched.page_ids)
@@ -191,8 +191,8 @@ class CacheMachine(RuleBasedStateMachine):
         num_full_pages = len(request.token_ids) // self.page_size
         num_chunk_pages = data.draw(st.integers(request.num_locked_pages, num_full_pages))
         chunk_token_ids = request.token_ids[: num_chunk_pages * self.page_size]
-        self.insert(chunk_token_ids, request.page_table, request.extra_key)
-        matched = self.match(chunk_token_ids, request.extra_key)
+        self.insert(chunk_token_ids, request.page_table, request.cache_salt)
+        matched = self.match(chunk_token_ids, request.cache_salt)
         assert len(matched.page_ids) == num_chunk_pages
         self.tree.lock(matched.last_node)
         self.tree.unlock(request.locked_node)
@@ -208,9 +208,9 @@ class CacheMachine(RuleBasedStateMachine):
     def end_some_request(self, data, is_finished):
         self.end_request(data.draw(st.sampled_from(self.requests)), is_finished)
 
-    @rule(data=st.data(), extra_key=EXTRA_KEYS)
-    def match_only(self, data, extra_key):
-        self.match(self.draw_token_ids(data), extra_key)
+    @rule(data=st.data(), cache_salt=EXTRA_KEYS)
+    def match_only(self, data, cache_salt):
+        self.match(self.draw_token_ids(data), cache_salt)
 
     @rule(num_pages=st.integers(-1, 4))
     def evict_pages(self, num_pages):
@@ -239,11 +239,11 @@ class CacheMachine(RuleBasedStateMachine):
         assert self.tree.num_cached_pages == len(self.ref_page_ids)
         assert self.tree.num_locked_pages == len(self.locked_keys())
         for node, path_token_ids in walk_nodes(self.tree):
-            key = (node.extra_key, path_token_ids)
+            key = (node.cache_salt, path_token_ids)
             assert node.last_access_time == self.ref_access_times[key]
             assert node.hit_count == self.ref_hit_counts[key]
             assert node.lock_ref == sum(
-                request.extra_key == node.extra_key
+                request.cache_salt == node.cache_salt
                 and request.num_locked_pages * self.page_size >= len(path_token_ids)
                 and request.token_ids[: len(path_token_ids)] == path_token_ids
                 for request in self.requests
@@ -299,17 +299,17 @@ def test_page_hashes_name_prefixes_across_trees(page_size, sequences, num_offset
     allocator_b.allocate(num_offset_pages)
     tree_a, tree_b = RadixTree(page_size, allocator_a), RadixTree(page_size, allocator_b)
     for tree, allocator, order in ((tree_a, allocator_a, 1), (tree_b, allocator_b, -1)):
-        for token_ids, extra_key in sequences[::order]:
+        for token_ids, cache_salt in sequences[::order]:
             page_ids = allocator.allocate(len(token_ids) // page_size)
-            tree.insert(token_ids, page_ids, extra_key)
+            tree.insert(token_ids, page_ids, cache_salt)
             allocator.release(page_ids)
-    for token_ids, extra_key in sequences:
-        match_a = tree_a.match_prefix(token_ids, extra_key)
-        match_b = tree_b.match_prefix(token_ids, extra_key)
+    for token_ids, cache_salt in sequences:
+        match_a = tree_a.match_prefix(token_ids, cache_salt)
+        match_b = tree_b.match_prefix(token_ids, cache_salt)
         assert match_a.num_tokens == match_b.num_tokens == len(token_ids) // page_size * page_size
         hashes = tree_a.page_hashes(match_a.last_node)
         assert hashes == tree_b.page_hashes(match_b.last_node)
-        assert hashes == hash_pages(b"", token_ids, page_size, extra_key)
-        for other_key in {None, "", "t"} - {extra_key}:
+        assert hashes == hash_pages(b"", token_ids, page_size, cache_salt)
+        for other_key in {None, "", "t"} - {cache_salt}:
             other_hashes = hash_pages(b"", token_ids, page_size, other_key)
             assert set(hashes).isdisjoint(other_hashes)

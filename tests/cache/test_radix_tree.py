@@ -14,10 +14,10 @@ def make_tree(page_size=2, num_pages=32, policy=None):
     return RadixTree(page_size, allocator, policy), allocator
 
 
-def cache_tokens(tree, allocator, token_ids, extra_key=None):
+def cache_tokens(tree, allocator, token_ids, cache_salt=None):
     """Insert like a finished request: allocate, insert, drop the request's own references."""
     page_ids = allocator.allocate(len(token_ids) // tree.page_size)
-    num_cached_tokens = tree.insert(token_ids, page_ids, extra_key)
+    num_cached_tokens = tree.insert(token_ids, page_ids, cache_salt)
     allocator.release(page_ids)
     check_tree_invariants(tree)
     return page_ids, num_cached_tokens
@@ -155,7 +155,7 @@ def test_bad_unlock_and_stale_nodes_raise():
     tree.unlock(tree.root)
 
 
-def test_extra_keys_never_share_pages():
+def test_cache_salts_never_share_pages():
     tree, allocator = make_tree(page_size=2)
     page_ids_by_key = {
         key: cache_tokens(tree, allocator, [1, 2, 3, 4], key)[0] for key in (None, "", "t")
