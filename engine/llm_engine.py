@@ -190,7 +190,8 @@ class LLMEngine:
             in_use.update(request.page_ids)
         num_free = allocator.num_free_pages
         return EngineStats(
-            num_running=scheduler.num_running,
+            num_admitted=scheduler.num_admitted,
+            num_prefilling=scheduler.num_prefilling,
             num_waiting=scheduler.num_waiting,
             num_pages=allocator.num_pages,
             num_free_pages=num_free,
@@ -199,6 +200,8 @@ class LLMEngine:
             num_pages_in_use=len(in_use),
             num_prefix_query_tokens=scheduler.num_prefix_query_tokens,
             num_prefix_hit_tokens=scheduler.num_prefix_hit_tokens,
+            num_preemptions=scheduler.num_preemptions,
+            num_evicted_pages=scheduler.num_evicted_pages,
         )
 
     # ---- offline use (tests, benchmarks) --------------------------------

@@ -56,7 +56,8 @@ class EngineMetrics:
 class EngineStats:
     """A snapshot of the engine's state, safe to read from any thread."""
 
-    num_running: int
+    num_admitted: int  # requests prefilling or decoding (what vLLM calls running)
+    num_prefilling: int  # of those, the ones whose prompt is not all in KV yet
     num_waiting: int
     num_pages: int
     num_free_pages: int
@@ -65,3 +66,5 @@ class EngineStats:
     num_pages_in_use: int  # pages running requests use (their own + tree pages they lock)
     num_prefix_query_tokens: int
     num_prefix_hit_tokens: int
+    num_preemptions: int = 0  # requests preempted (freed, recomputed later) so far
+    num_evicted_pages: int = 0  # cached pages the tree evicted so far

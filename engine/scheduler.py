@@ -86,8 +86,13 @@ class Scheduler:
         return len(self.waiting)
 
     @property
-    def num_running(self) -> int:
+    def num_admitted(self) -> int:
+        """Requests prefilling or decoding."""
         return len(self.admitted)
+
+    @property
+    def num_prefilling(self) -> int:
+        return sum(1 for request in self.admitted if request.status is RequestStatus.PREFILLING)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.admitted)

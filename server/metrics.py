@@ -36,8 +36,10 @@ def _kv_cache_usage(stats: EngineStats) -> float:
 
 # (family, name, help, value from EngineStats)
 _STATS_METRICS = (
-    (GaugeMetricFamily, "num_requests_running", "Requests admitted (prefilling or decoding).",
-     lambda s: s.num_running),
+    (GaugeMetricFamily, "num_requests_running", "Requests admitted (prefilling or decoding), as vLLM counts.",
+     lambda s: s.num_admitted),
+    (GaugeMetricFamily, "num_requests_prefilling", "Admitted requests whose prompt is not all in KV yet.",
+     lambda s: s.num_prefilling),
     (GaugeMetricFamily, "num_requests_waiting", "Requests queued for admission.", lambda s: s.num_waiting),
     (GaugeMetricFamily, "kv_cache_usage_perc", "Share of KV pages used by running requests (0..1).",
      _kv_cache_usage),
@@ -46,6 +48,10 @@ _STATS_METRICS = (
      lambda s: s.num_prefix_query_tokens),
     (CounterMetricFamily, "prefix_cache_hits", "Prompt tokens found in the prefix cache.",
      lambda s: s.num_prefix_hit_tokens),
+    (CounterMetricFamily, "num_preemptions", "Requests preempted for lack of KV pages (recomputed later).",
+     lambda s: s.num_preemptions),
+    (CounterMetricFamily, "kv_cache_evicted_pages", "Cached KV pages evicted from the prefix tree.",
+     lambda s: s.num_evicted_pages),
 )
 
 

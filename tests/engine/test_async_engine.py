@@ -24,7 +24,7 @@ def _wait_idle(engine: AsyncEngine, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         stats = engine.stats()
-        if stats.num_running == 0 and stats.num_waiting == 0:
+        if stats.num_admitted == 0 and stats.num_waiting == 0:
             return
         time.sleep(0.01)
     raise AssertionError(f"engine still busy: {engine.stats()}")

@@ -44,7 +44,7 @@ def _run_and_check(engine: LLMEngine, prompts, expected, max_tokens):
     for i, (got, want) in enumerate(zip(outputs, expected)):
         assert got == want, f"request {i} diverged"
     stats = engine.stats()
-    assert stats.num_running == stats.num_waiting == 0
+    assert stats.num_admitted == stats.num_waiting == 0
     # After draining: every page is either free or held by the prefix tree.
     assert stats.num_free_pages + stats.num_cached_pages == stats.num_pages
     assert stats.num_held_pages == 0
@@ -101,8 +101,8 @@ def test_smollm2_16_requests_batched_equal_alone(smollm2_dir, backend):
         engine = _engine(smollm2_dir, backend=backend, **overrides)
         _run_and_check(engine, prompts, expected, 10)
         if "kv_cache_bytes" in overrides:  # the small pool really was short of pages
-            assert engine.scheduler.num_evicted_pages > 0
-            assert engine.scheduler.num_preemptions > 0
+            assert engine.stats().num_evicted_pages > 0
+            assert engine.stats().num_preemptions > 0
 
 
 def test_refuses_request_that_can_never_fit(tiny_dir):
@@ -129,7 +129,7 @@ def test_abort_frees_every_page(tiny_dir, abort_after_steps):
     assert engine.stats().num_free_pages < engine.stats().num_pages
     assert engine.abort("a")
     stats = engine.stats()
-    assert stats.num_free_pages == stats.num_pages and stats.num_running == 0
+    assert stats.num_free_pages == stats.num_pages and stats.num_admitted == 0
 
 
 def test_requests_arriving_together_compute_their_shared_prefix_once(tiny_dir):

@@ -177,7 +177,8 @@ def test_models_health_metrics(openai_client, server, http):
     assert metrics.status_code == 200
     for name in ("time_to_first_token_seconds_bucket", "inter_token_latency_seconds_count",
                  "e2e_request_latency_seconds_sum", "num_requests_running", "num_requests_waiting",
-                 "kv_cache_usage_perc", "prefix_cache_queries_total", "prefix_cache_hits_total"):
+                 "kv_cache_usage_perc", "prefix_cache_queries_total", "prefix_cache_hits_total",
+                 "num_requests_prefilling", "num_preemptions_total", "kv_cache_evicted_pages_total"):
         assert f"radixserve:{name}" in metrics.text
 
 

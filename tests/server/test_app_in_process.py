@@ -37,7 +37,7 @@ class FakeEngine:
         self.is_shut_down = False
 
     def stats(self) -> EngineStats:
-        return EngineStats(num_running=0, num_waiting=self.num_waiting, num_pages=128, num_free_pages=128,
+        return EngineStats(num_admitted=0, num_prefilling=0, num_waiting=self.num_waiting, num_pages=128, num_free_pages=128,
                            num_cached_pages=0, num_held_pages=0, num_pages_in_use=0, num_prefix_query_tokens=7,
                            num_prefix_hit_tokens=3)
 
