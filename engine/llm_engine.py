@@ -79,8 +79,9 @@ class LLMEngine:
         params.check_vocab_size(self.vocab_size)
         if self.scheduler.find(request_id) is not None:
             raise RequestError(f"request id {request_id!r} is already in use")
-        state = make_sampling_state(params, list(prompt_token_ids), self.device)
-        request = Request(request_id, list(prompt_token_ids), state, cache_salt)
+        output_token_ids: list[int] = []
+        state = make_sampling_state(params, list(prompt_token_ids), self.device, output_token_ids)
+        request = Request(request_id, list(prompt_token_ids), state, cache_salt, output_token_ids=output_token_ids)
         self.scheduler.add(request)
         return request
 

@@ -58,19 +58,21 @@ class Request:
     num_computed_tokens: int = 0  # tokens of all_token_ids whose KV is in page_ids
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (first admission)
     num_preemptions: int = 0
+    # The generated tokens, owned here: the engine appends each one; the sampling state reads it.
+    output_token_ids: list[int] = field(default_factory=list)
 
-    @property
-    def output_token_ids(self) -> list[int]:
-        return self.sampling.output_token_ids
+    def __post_init__(self):
+        if self.sampling.output_token_ids is not self.output_token_ids:
+            raise ValueError("the sampling state must read the request's own output_token_ids list")
 
     @property
     def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.sampling.output_token_ids
+        return self.prompt_token_ids + self.output_token_ids
 
     def token_ids_between(self, start: int, end: int) -> list[int]:
         """all_token_ids[start:end] without building the whole concatenation
         (the runner asks for one decode token of a long prompt every step)."""
-        prompt, output = self.prompt_token_ids, self.sampling.output_token_ids
+        prompt, output = self.prompt_token_ids, self.output_token_ids
         if end <= len(prompt):
             return prompt[start:end]
         if start >= len(prompt):
@@ -79,7 +81,7 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.sampling.output_token_ids)
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
     def num_uncomputed_tokens(self) -> int:

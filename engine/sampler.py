@@ -39,7 +39,7 @@ class SamplingState:
     """One request's sampling inputs, owned by the engine's request object."""
     params: SamplingParams
     prompt_token_ids: list[int]
-    output_token_ids: list[int]          # append-only; the engine appends each generated token
+    output_token_ids: list[int]          # the request's own list (engine/request.py), read here, never written
     generator: torch.Generator | None    # seeded from params.seed on the logits' device
     # penalty caches, built on first use: the prompt's distinct ids, and output_token_ids
     # as a tensor extended by the new ids each step (rebuilt if the list ever shrinks)
@@ -48,12 +48,14 @@ class SamplingState:
 
 
 def make_sampling_state(params: SamplingParams, prompt_token_ids: Sequence[int],
-                        device: torch.device | str) -> SamplingState:
+                        device: torch.device | str, output_token_ids: list[int] | None = None) -> SamplingState:
+    """`output_token_ids`: the list the request appends its tokens to (a new one when None)."""
     generator = None
     if params.seed is not None:
         generator = torch.Generator(device=device)
         generator.manual_seed(params.seed)
-    return SamplingState(params, list(prompt_token_ids), [], generator)
+    return SamplingState(params, list(prompt_token_ids), [] if output_token_ids is None else output_token_ids,
+                         generator)
 
 
 class SampleOutput(NamedTuple):

@@ -29,7 +29,7 @@ from cache import (
 TOKENS = st.integers(0, 12).flatmap(
     lambda num_tokens: st.lists(st.integers(0, 2), min_size=num_tokens, max_size=num_tokens)
 ).map(tuple)
-EXTRA_KEYS = st.sampled_from([None, "", "t"])
+CACHE_SALTS = st.sampled_from([None, "", "t"])
 NUM_POOL_PAGES = 16
 MAX_RUNNING_REQUESTS = 4
 
@@ -158,7 +158,7 @@ class CacheMachine(RuleBasedStateMachine):
     # -- rules -------------------------------------------------------------------------------
 
     @precondition(lambda self: len(self.requests) < MAX_RUNNING_REQUESTS)
-    @rule(data=st.data(), cache_salt=EXTRA_KEYS)
+    @rule(data=st.data(), cache_salt=CACHE_SALTS)
     def start_request(self, data, cache_salt):
         token_ids = self.draw_token_ids(data)
         self.seen_token_ids.append(token_ids)
@@ -208,7 +208,7 @@ class CacheMachine(RuleBasedStateMachine):
     def end_some_request(self, data, is_finished):
         self.end_request(data.draw(st.sampled_from(self.requests)), is_finished)
 
-    @rule(data=st.data(), cache_salt=EXTRA_KEYS)
+    @rule(data=st.data(), cache_salt=CACHE_SALTS)
     def match_only(self, data, cache_salt):
         self.match(self.draw_token_ids(data), cache_salt)
 
@@ -290,7 +290,7 @@ TestLFUCacheMachine.settings = settings(max_examples=60, stateful_step_count=40,
 @settings(max_examples=100, deadline=None)
 @given(
     page_size=st.integers(1, 4),
-    sequences=st.lists(st.tuples(TOKENS, EXTRA_KEYS), min_size=1, max_size=6),
+    sequences=st.lists(st.tuples(TOKENS, CACHE_SALTS), min_size=1, max_size=6),
     num_offset_pages=st.integers(0, 5),
 )
 def test_page_hashes_name_prefixes_across_trees(page_size, sequences, num_offset_pages):
