@@ -2,8 +2,9 @@
 
     .venv/bin/python -m bench.engine_bench [--dtypes float32,bfloat16] [--skip-hf] [--skip-rss]
 
-Prints one table (each timing the median of 3 runs; in float32 on CPU radixserve runs twice: decode
-over the GGUF blocks the model ships in, the default, and over float32 weights alone): cold prefill tok/s
+Prints one table (each timing the median of 3 runs; in float32 on CPU radixserve runs twice, the two
+engines loaded together and every run alternating between them: decode over the GGUF blocks the model
+ships in, the default, and over float32 weights alone): cold prefill tok/s
 at 1k/2k/4k prompt tokens, TTFT of 32 new
 tokens after a cached 2k prefix as a fraction of the cold 2k TTFT, batch-1 decode
 tok/s, aggregate decode tok/s at 16 concurrent sequences; then process RSS after
@@ -29,6 +30,9 @@ PREFILL_LENGTHS = (1024, 2048, 4096)
 REPEATS = 3  # each timing is the median of this many runs (the machines are noisy)
 DECODE_TOKENS = 64
 NUM_CONCURRENT = 16
+# Enough for a 4k prompt or 16 x 97 tokens of SmolLM2 several times over, and small enough that the
+# variants' engines fit in memory together (bench_radixserve loads them at once).
+KV_CACHE_BYTES = 512 << 20
 
 
 def _random_prompt(rng: random.Random, length: int, vocab_size: int) -> list[int]:
@@ -62,43 +66,47 @@ def _time_request(engine: LLMEngine, prompt: list[int], max_tokens: int) -> tupl
 
 
 def bench_radixserve(model_dir: Path, dtype: str, vocab_size: int, device: str,
-                     gguf_blocks: bool = True) -> dict[str, float]:
+                     variants: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """One engine per variant (EngineConfig overrides), all loaded at once and measured in
+    turn, every repeat of every metric alternating between them: a noisy neighbour then
+    slows every variant alike instead of whichever happened to run first. -> variant -> metrics."""
     rng = random.Random(0)
-    engine = LLMEngine(EngineConfig(model_dir=model_dir, device=device, dtype=dtype, kv_cache_bytes=2 << 30,
-                                    max_num_batched_tokens=4096, gguf_blocks=gguf_blocks))
-    results: dict[str, float] = {}
-    _time_request(engine, _random_prompt(rng, 64, vocab_size), 2)  # warm-up
+    engines = {name: LLMEngine(EngineConfig(model_dir=model_dir, device=device, dtype=dtype,
+                                            kv_cache_bytes=KV_CACHE_BYTES, max_num_batched_tokens=4096, **fields))
+               for name, fields in variants.items()}
+    results: dict[str, dict[str, float]] = {name: {} for name in engines}
+    for engine in engines.values():
+        print(f"  {engine.backend.describe()}", flush=True)
+        _time_request(engine, _random_prompt(rng, 64, vocab_size), 2)  # warm-up
+
+    def alternate(metric: str, measure, summarize) -> None:
+        samples: dict[str, list] = {name: [] for name in engines}
+        for _ in range(REPEATS):
+            for name, engine in engines.items():
+                samples[name].append(measure(engine))
+        for name in engines:
+            results[name][metric] = summarize(samples[name])
+
     for length in PREFILL_LENGTHS:
-        seconds = _median(_time_request(engine, _random_prompt(rng, length, vocab_size), 1)[0] for _ in range(REPEATS))
-        results[f"prefill tok/s @{length // 1024}k"] = length / seconds
-    ratios = []
-    for _ in range(REPEATS):
+        alternate(f"prefill tok/s @{length // 1024}k",
+                  lambda engine: _time_request(engine, _random_prompt(rng, length, vocab_size), 1)[0],
+                  lambda seconds: length / _median(seconds))
+
+    def cached_ratio(engine: LLMEngine) -> float:
         prefix = _random_prompt(rng, 2048, vocab_size)
         cold_ttft, _ = _time_request(engine, prefix + _random_prompt(rng, 32, vocab_size), 1)
         warm_ttft, _ = _time_request(engine, prefix + _random_prompt(rng, 32, vocab_size), 1)
-        ratios.append(warm_ttft / cold_ttft)
-    results["cached-2k TTFT / cold"] = _median(ratios)
-    decode_seconds = []
-    for _ in range(REPEATS):
+        return warm_ttft / cold_ttft
+
+    alternate("cached-2k TTFT / cold", cached_ratio, _median)
+
+    def decode_seconds(engine: LLMEngine) -> float:
         first, total = _time_request(engine, _random_prompt(rng, 32, vocab_size), DECODE_TOKENS + 1)
-        decode_seconds.append(total - first)
-    results["decode tok/s @1"] = DECODE_TOKENS / _median(decode_seconds)
-    results["decode tok/s @16"] = _aggregate_decode(engine, rng, vocab_size)
+        return total - first
+
+    alternate("decode tok/s @1", decode_seconds, lambda seconds: DECODE_TOKENS / _median(seconds))
+    alternate("decode tok/s @16", lambda engine: _aggregate_decode(engine, rng, vocab_size), _median)
     return results
-
-
-def _aggregate_decode(engine: LLMEngine, rng: random.Random, vocab_size: int) -> float:
-    params = SamplingParams(max_tokens=DECODE_TOKENS + 1, temperature=0.0, ignore_eos=True)
-    requests = [engine.add_request(f"agg-{i}-{time.perf_counter_ns()}", _random_prompt(rng, 32, vocab_size), params)
-                for i in range(NUM_CONCURRENT)]
-    while not all(r.output_token_ids for r in requests):  # all prefills done
-        engine.step()
-    started = time.perf_counter()
-    produced_before = sum(len(r.output_token_ids) for r in requests)
-    while engine.has_unfinished():
-        engine.step()
-    produced = sum(len(r.output_token_ids) for r in requests) - produced_before
-    return produced / (time.perf_counter() - started)
 
 
 def bench_transformers(model_dir: Path, dtype: str, vocab_size: int, device: str) -> dict[str, float]:
@@ -180,14 +188,12 @@ def main() -> None:
     vocab_size = ModelConfig.from_model_dir(model_dir).vocab_size
     columns: dict[str, dict[str, float]] = {}
     for dtype in [] if args.only_rss else args.dtypes.split(","):
-        print(f"radixserve {dtype} ...", flush=True)
-        columns[f"radixserve {dtype}"] = bench_radixserve(model_dir, dtype, vocab_size, args.device)
-        gc.collect()
+        variants = {f"radixserve {dtype}": {}}
         if dtype == "float32" and args.device == "cpu" and (model_dir / BLOCKS_FILE).is_file():
-            print(f"radixserve {dtype} --no-gguf-blocks ...", flush=True)
-            columns[f"radixserve {dtype} --no-gguf-blocks"] = bench_radixserve(model_dir, dtype, vocab_size,
-                                                                               args.device, gguf_blocks=False)
-            gc.collect()
+            variants[f"radixserve {dtype} --no-gguf-blocks"] = {"gguf_blocks": False}
+        print(f"radixserve {dtype}: {', '.join(variants)}, alternated ...", flush=True)
+        columns.update(bench_radixserve(model_dir, dtype, vocab_size, args.device, variants))
+        gc.collect()
         if not args.skip_hf:
             print(f"transformers {dtype} ...", flush=True)
             columns[f"HF {dtype}"] = bench_transformers(model_dir, dtype, vocab_size, args.device)
