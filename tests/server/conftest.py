@@ -89,6 +89,12 @@ def server(smollm2_dir, tmp_path_factory) -> Iterator[RunningServer]:
         yield running
 
 
+@pytest.fixture(scope="session")
+def start_server(smollm2_dir):
+    """start_server(log_path, *serve_args): one more server of its own, as a context manager."""
+    return running_server
+
+
 @pytest.fixture
 def http(server) -> httpx.Client:
     with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {API_KEY}"},
