@@ -6,18 +6,20 @@
     12      16    tier fingerprint: model, dtype, page size, KV layout (see engine/kv_tier_fingerprint.py)
     28      16    chained page hash of the prefix this page ends (cache/page_hash.py): the key
     44      8     payload length in bytes (uint64 LE)
-    52      16    checksum: blake2b-16 of bytes [0, 52) and the payload
-    68      ...   payload: the page's K and V for every layer, as the engine lays them out
+    52      4     checksum: CRC-32 of bytes [0, 52) and the payload (uint32 LE)
+    56      ...   payload: the page's K and V for every layer, as the engine lays them out
 
 A file that is truncated, torn by a crash, written for another fingerprint or another key,
 or altered in any byte fails `check_page_file` with PageFileError: the reader treats it as
 a miss, never as KV. Files are written to a temporary name and renamed (cache/disk_tier_writer.py),
 so a finished name only ever points at a complete write; the checksum covers what rename cannot
-(a disk that loses the tail of a file, an edit by hand).
+(a power cut that loses the tail of a renamed file, a bad sector, an edit by hand). CRC-32 is
+made for such accidents (every burst of up to 32 bits, else all but 2^-32 of errors) and runs
+about 5x faster than blake2b here: a load checks every page it serves, on the engine thread.
 """
 
-import hashlib
 import struct
+import zlib
 
 PAGE_FILE_MAGIC = b"RSKVPAGE"
 PAGE_FILE_VERSION = 1
@@ -25,8 +27,8 @@ PAGE_FILE_SUFFIX = ".kvpage"
 FINGERPRINT_NUM_BYTES = 16
 _KEY_NUM_BYTES = 16
 _PREFIX = struct.Struct(f"<8sI{FINGERPRINT_NUM_BYTES}s{_KEY_NUM_BYTES}sQ")  # the fields the checksum covers first
-_CHECKSUM_NUM_BYTES = 16
-HEADER_NUM_BYTES = _PREFIX.size + _CHECKSUM_NUM_BYTES  # 68
+_CHECKSUM = struct.Struct("<I")
+HEADER_NUM_BYTES = _PREFIX.size + _CHECKSUM.size  # 56
 
 
 class PageFileError(Exception):
@@ -85,9 +87,7 @@ def check_page_file(header: bytes, payload, fingerprint: bytes, page_hash: bytes
 
 
 def _checksum(prefix: bytes, payload_view: memoryview) -> bytes:
-    digest = hashlib.blake2b(prefix, digest_size=_CHECKSUM_NUM_BYTES)
-    digest.update(payload_view)  # hashlib releases the GIL for large buffers
-    return digest.digest()
+    return _CHECKSUM.pack(zlib.crc32(payload_view, zlib.crc32(prefix)))  # zlib releases the GIL on large buffers
 
 
 def _check_ids(fingerprint: bytes, page_hash: bytes) -> None:
