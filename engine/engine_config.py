@@ -94,4 +94,5 @@ class EngineConfig:
         if self.kv_disk_bytes <= 0:
             raise ValueError(f"kv_disk_bytes must be positive, got {self.kv_disk_bytes}")
         if self.kv_disk_policy not in KV_DISK_POLICIES:
-            raise ValueError(f"kv_disk_policy must be one of {', '.join(KV_DISK_POLICIES)}, got {self.kv_disk_policy!r}")
+            raise ValueError(f"kv_disk_policy must be one of {', '.join(KV_DISK_POLICIES)}, "
+                             f"got {self.kv_disk_policy!r}")

@@ -46,7 +46,8 @@ class KVTierLink:
         self._num_layers = shape.num_layers
         self._page_shape = (2 * shape.num_layers, shape.page_size, shape.num_kv_heads, shape.head_dim)
         if tier.page_num_bytes != shape.bytes_per_page:
-            raise ValueError(f"the tier keeps pages of {tier.page_num_bytes} bytes, the pool's are {shape.bytes_per_page}")
+            raise ValueError(f"the tier keeps pages of {tier.page_num_bytes} bytes, "
+                             f"the pool's are {shape.bytes_per_page}")
         self.page_size = shape.page_size
         # Counters for metrics: full-page tokens past the tree's match looked up in / loaded from the tier.
         self.num_query_tokens = 0

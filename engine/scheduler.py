@@ -283,7 +283,8 @@ class Scheduler:
         if num_full_pages == 0:
             return
         tokens = request.all_token_ids[: num_full_pages * self.page_size]
-        num_cached_pages = self.tree.insert(tokens, request.page_ids[:num_full_pages], request.cache_salt) // self.page_size
+        num_cached_tokens = self.tree.insert(tokens, request.page_ids[:num_full_pages], request.cache_salt)
+        num_cached_pages = num_cached_tokens // self.page_size
         # Lock the longer path instead: nodes whose pages this request uses
         # are not worth evicting (evicting them would free nothing).
         match = self.tree.match_prefix(tokens, request.cache_salt)
