@@ -24,6 +24,7 @@ import torch
 
 from cache import MatchResult, PageAllocator, RadixTree
 from cache.disk_tier import DiskTier
+from cache.disk_tier_lock import TierDirectoryBusy
 from cache.kv_pool import KVPool
 from cache.kv_tier import KVTier
 from cache.page_hash import ROOT_PAGE_HASH, hash_pages
@@ -159,13 +160,18 @@ def open_disk_tier_link(
     kv_pool: KVPool,
     device_type: str,
     metrics: EngineMetrics | None = None,
-) -> KVTierLink:
-    """The disk tier of this model and KV layout under ``root``, linked to ``kv_pool``."""
+) -> KVTierLink | None:
+    """The disk tier of this model and KV layout under ``root``, linked to ``kv_pool``; None (and a
+    warning saying why) when the directory cannot be used: the engine then serves without a tier."""
     shape = kv_pool.shape
     fingerprint = kv_tier_fingerprint(model_dir, str(shape.dtype).removeprefix("torch."), device_type,
                                       shape.page_size, shape.num_layers, shape.num_kv_heads, shape.head_dim)
     on_store = (lambda seconds: metrics.observe("kv_disk_store", seconds)) if metrics is not None else None
-    tier = DiskTier(Path(root), fingerprint, shape.bytes_per_page, max_bytes, on_store=on_store)
+    try:
+        tier = DiskTier(Path(root), fingerprint, shape.bytes_per_page, max_bytes, on_store=on_store)
+    except (OSError, TierDirectoryBusy) as error:
+        logger.warning("radixserve: KV disk tier off: %s", error)
+        return None
     stats = tier.stats()
     logger.info("radixserve: KV disk tier at %s holds %d pages (%.1f of %.1f MiB, %s)", tier.directory,
                 stats.num_pages, stats.num_bytes / 2**20, stats.max_bytes / 2**20, policy)

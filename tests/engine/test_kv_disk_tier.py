@@ -1,5 +1,6 @@
 """The engine with a KV disk tier: restarts, evictions, salts, damage, page balance."""
 
+import logging
 import os
 import random
 
@@ -131,4 +132,19 @@ def test_under_pressure_evicted_prefixes_come_back_from_the_tier(tiny_llama_dir,
 def test_an_engine_without_the_prefix_cache_has_no_tier(tiny_llama_dir, tmp_path):
     engine = _engine(tiny_llama_dir, tmp_path, enable_prefix_cache=False)
     assert engine.kv_tier is None and not any(tmp_path.iterdir())
+    engine.close()
+
+
+def test_an_unusable_tier_directory_leaves_the_engine_serving_without_one(tiny_llama_dir, tmp_path, cold, caplog):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    tier_logger = logging.getLogger("radixserve.kv_tier")  # its parent may not propagate (serve's logging)
+    tier_logger.addHandler(caplog.handler)
+    try:
+        engine = _engine(tiny_llama_dir, blocked)
+    finally:
+        tier_logger.removeHandler(caplog.handler)
+    assert engine.kv_tier is None and "KV disk tier off" in caplog.text
+    prompt = _prompt(4, 40)
+    assert _run(engine, prompt)[0] == cold(prompt)
     engine.close()
