@@ -98,7 +98,9 @@ def radixserve_server(extra_args: Sequence[str] = (), *, log_path: Path | None =
     """`radixserve serve` on the default model with RADIXSERVE_DEFAULT_ARGS + extra_args (later ones win)."""
     # No API key: the bench's own server is local and short-lived.
     env = {k: v for k, v in os.environ.items() if k != "RADIXSERVE_API_KEY"}
-    args = [*RADIXSERVE_DEFAULT_ARGS, *extra_args]
-    with local_server(lambda port: [sys.executable, "-m", "server.cli", "serve", "--port", str(port), *args],
-                      name="radixserve", log_path=log_path, env=env) as url:
-        yield url
+    # A KV disk tier of its own, gone afterwards: a run never reads pages an earlier run left.
+    with tempfile.TemporaryDirectory(prefix="radixserve-bench-kv-") as kv_disk_dir:
+        args = [*RADIXSERVE_DEFAULT_ARGS, "--kv-disk-dir", kv_disk_dir, *extra_args]
+        with local_server(lambda port: [sys.executable, "-m", "server.cli", "serve", "--port", str(port), *args],
+                          name="radixserve", log_path=log_path, env=env) as url:
+            yield url

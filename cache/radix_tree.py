@@ -25,7 +25,7 @@ Not thread-safe: the engine loop is its only user.
 
 import heapq
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
 from cache.eviction import EvictionPolicy, LRUPolicy
@@ -56,6 +56,9 @@ class RadixTree:
         self._clock = 0  # counts match/insert calls; the "time" of last_access_time
         self._num_locked_pages = 0  # pages in nodes with lock_ref > 0
         self._num_evictable_pages = 0  # pages in nodes with lock_ref == 0
+        # Called by evict with (page_ids, page_hashes) of each leaf before its pages are
+        # released (a tier below the pool keeps a copy); None: nothing to tell.
+        self.on_evict: Callable[[list[int], list[bytes]], None] | None = None
 
     @property
     def root(self) -> TreeNode:
@@ -148,6 +151,8 @@ class RadixTree:
             _, _, leaf = heapq.heappop(heap)
             parent = leaf.parent
             num_released_pages += leaf.num_pages
+            if self.on_evict is not None:
+                self.on_evict(leaf.page_ids, leaf.page_hashes)
             self._remove_leaf(leaf)
             if parent is not self._root and parent.is_leaf and parent.lock_ref == 0:
                 heapq.heappush(

@@ -124,6 +124,8 @@ class AsyncEngine:
         self._stopping.set()
         self._commands.put(None)
         self._thread.join(timeout=30)
+        if not self._thread.is_alive():
+            self.engine.close()  # the disk tier's last writes; only once the engine thread is done with it
 
     # ---- engine thread --------------------------------------------------
 

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import torch
 
+DEFAULT_KV_DISK_BYTES = 4 << 30  # the disk tier's bound when serving (server/serve_command.py)
+KV_DISK_POLICIES = ("write-through", "write-back")  # every page at once / a page when the pool evicts it
+
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
 
@@ -72,6 +75,11 @@ class EngineConfig:
     gguf_blocks: bool = True  # decode reads the GGUF blocks a converted model keeps (CPU, float32)
     backend: str = "auto"  # what executes the model: auto, torch or cpu (model/backends)
     few_rows_crossover: str = "measure"  # cpu: few-rows kernel limits timed per weight shape at load, or "fixed"
+    # The disk tier of KV pages (engine/kv_tier_link.py): its root (the model's tier is a
+    # fingerprint-named directory under it), or None for no tier. `serve` turns it on by default.
+    kv_disk_dir: Path | None = None
+    kv_disk_bytes: int = DEFAULT_KV_DISK_BYTES
+    kv_disk_policy: str = "write-through"
 
     def __post_init__(self):
         if self.page_size <= 0 or self.page_size & (self.page_size - 1):
@@ -86,3 +94,8 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.schedule not in ("fcfs", "lpm"):
             raise ValueError(f"schedule must be 'fcfs' or 'lpm', got {self.schedule!r}")
+        if self.kv_disk_bytes <= 0:
+            raise ValueError(f"kv_disk_bytes must be positive, got {self.kv_disk_bytes}")
+        if self.kv_disk_policy not in KV_DISK_POLICIES:
+            raise ValueError(f"kv_disk_policy must be one of {', '.join(KV_DISK_POLICIES)}, "
+                             f"got {self.kv_disk_policy!r}")

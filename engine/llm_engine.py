@@ -15,6 +15,7 @@ from engine.engine_config import EngineConfig, available_memory_bytes, resolve_d
 from engine.errors import RequestError
 from engine.generate import stop_token_ids
 from engine.heap import release_free_heap
+from engine.kv_tier_link import open_disk_tier_link
 from engine.metrics import EngineMetrics, EngineStats
 from engine.model_runner import ModelRunner
 from engine.prefix_pins import PrefixPins
@@ -56,11 +57,15 @@ class LLMEngine:
         if num_pages < 1:
             raise ValueError(f"a KV cache of {pool_bytes} bytes holds no page of {shape.bytes_per_page} bytes")
         self.kv_pool = KVPool(shape, num_pages, self.device)
-        self.scheduler = Scheduler(config, num_pages, self.max_model_len)
+        self.metrics = EngineMetrics()
+        self.kv_tier = None
+        if config.kv_disk_dir is not None and config.enable_prefix_cache:
+            self.kv_tier = open_disk_tier_link(config.kv_disk_dir, config.kv_disk_bytes, config.kv_disk_policy,
+                                               model_dir, self.kv_pool, self.device.type, self.metrics)
+        self.scheduler = Scheduler(config, num_pages, self.max_model_len, kv_tier=self.kv_tier)
         self.pins = PrefixPins(self.scheduler.tree)
         self.runner = ModelRunner(self.model, self.kv_pool, self.device)
         self.sampler = Sampler()
-        self.metrics = EngineMetrics()
         self.num_steps = 0
 
     # ---- requests -------------------------------------------------------
@@ -95,6 +100,11 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    def close(self) -> None:
+        """Finish the disk tier's queued writes and let go of its directory. Idempotent."""
+        if self.kv_tier is not None:
+            self.kv_tier.close()
 
     def pin_prefix(self, token_ids: list[int], cache_salt: str | None, seconds: float) -> int:
         """Keep the cached prefix of `token_ids` from eviction for `seconds` (e.g. a finished
@@ -203,7 +213,16 @@ class LLMEngine:
             num_prefix_hit_tokens=scheduler.num_prefix_hit_tokens,
             num_preemptions=scheduler.num_preemptions,
             num_evicted_pages=scheduler.num_evicted_pages,
+            **self._kv_disk_stats(),
         )
+
+    def _kv_disk_stats(self) -> dict:
+        if self.kv_tier is None:
+            return {}
+        tier_stats = self.kv_tier.tier.stats()
+        return dict(num_kv_disk_query_tokens=self.kv_tier.num_query_tokens,
+                    num_kv_disk_hit_tokens=self.kv_tier.num_hit_tokens,
+                    num_kv_disk_pages=tier_stats.num_pages, num_kv_disk_bytes=tier_stats.num_bytes)
 
     # ---- offline use (tests, benchmarks) --------------------------------
 

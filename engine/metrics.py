@@ -35,6 +35,8 @@ class EngineMetrics:
     inter_token_latency: LatencySeries = field(default_factory=LatencySeries)
     queue_time: LatencySeries = field(default_factory=LatencySeries)
     e2e_latency: LatencySeries = field(default_factory=LatencySeries)
+    kv_disk_load: LatencySeries = field(default_factory=LatencySeries)  # one page read from the disk tier
+    kv_disk_store: LatencySeries = field(default_factory=LatencySeries)  # one page written (writer thread)
     prefill_seconds: float = 0.0  # wall time of steps that ran any prefill chunk
     decode_seconds: float = 0.0  # wall time of decode-only steps
     num_prefill_tokens: int = 0
@@ -68,3 +70,8 @@ class EngineStats:
     num_prefix_hit_tokens: int
     num_preemptions: int = 0  # requests preempted (freed, recomputed later) so far
     num_evicted_pages: int = 0  # cached pages the tree evicted so far
+    # The disk tier (all 0 without one): full-page tokens looked up past the tree's match / loaded.
+    num_kv_disk_query_tokens: int = 0
+    num_kv_disk_hit_tokens: int = 0
+    num_kv_disk_pages: int = 0
+    num_kv_disk_bytes: int = 0

@@ -43,7 +43,8 @@ class ScheduledChunk:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, num_pages: int, max_model_len: int):
+    def __init__(self, config: EngineConfig, num_pages: int, max_model_len: int, kv_tier=None):
+        """`kv_tier`: an engine.kv_tier_link.KVTierLink to continue matches in and copy pages to, or None."""
         self.page_size = config.page_size
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_num_seqs = config.max_num_seqs
@@ -52,6 +53,9 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.allocator = PageAllocator(num_pages)
         self.tree = RadixTree(self.page_size, self.allocator)
+        self.kv_tier = kv_tier if self.enable_prefix_cache else None
+        if self.kv_tier is not None:
+            self.tree.on_evict = self.kv_tier.on_evicted
         self.waiting: deque[Request] = deque()
         self.admitted: list[Request] = []  # prefilling or running, in admission order
         # Counters for metrics: prompt tokens looked up in / found in the prefix cache.
@@ -236,7 +240,11 @@ class Scheduler:
         if not self.enable_prefix_cache:
             return
         match = self.tree.match_prefix(tokens, request.cache_salt)
-        num_pages = min(len(match.page_ids), (len(tokens) - 1) // self.page_size)
+        max_num_pages = (len(tokens) - 1) // self.page_size
+        if self.kv_tier is not None:
+            match = self.kv_tier.extend_match(self.tree, self.allocator, self._allocate, tokens,
+                                              request.cache_salt, match, max_num_pages)
+        num_pages = min(len(match.page_ids), max_num_pages)
         self.tree.lock(match.last_node)
         request.tree_node = match.last_node
         request.page_ids = list(match.page_ids[:num_pages])
@@ -280,10 +288,14 @@ class Scheduler:
         if num_full_pages == 0:
             return
         tokens = request.all_token_ids[: num_full_pages * self.page_size]
-        self.tree.insert(tokens, request.page_ids[:num_full_pages], request.cache_salt)
+        num_cached_tokens = self.tree.insert(tokens, request.page_ids[:num_full_pages], request.cache_salt)
+        num_cached_pages = num_cached_tokens // self.page_size
         # Lock the longer path instead: nodes whose pages this request uses
         # are not worth evicting (evicting them would free nothing).
         match = self.tree.match_prefix(tokens, request.cache_salt)
+        if self.kv_tier is not None and num_cached_pages < num_full_pages:
+            self.kv_tier.on_cached(match.page_ids[num_cached_pages:],
+                                   self.tree.page_hashes(match.last_node)[num_cached_pages:])
         self.tree.lock(match.last_node)
         if request.tree_node is not None:
             self.tree.unlock(request.tree_node)

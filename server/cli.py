@@ -107,6 +107,15 @@ def _add_serve_parser(commands, default_model: str) -> None:
     serve.add_argument("--schedule", default="fcfs", choices=("fcfs", "lpm"),
                        help="admission order: first come first served, or longest cached prefix first")
     serve.add_argument("--no-prefix-cache", action="store_true", help="do not reuse KV of shared prefixes")
+    serve.add_argument("--kv-disk-dir", metavar="DIR",
+                       help="where KV pages outlive the pool and restarts, one subdirectory per model and KV "
+                       "layout (default: $RADIXSERVE_HOME/kv)")
+    serve.add_argument("--kv-disk-bytes", metavar="SIZE", default="4GiB",
+                       help="the disk tier's bound, least recently used pages deleted first (default: 4GiB)")
+    serve.add_argument("--kv-disk-policy", default="write-through", choices=("write-through", "write-back"),
+                       help="write every cached page at once (survives a crash), or a page when the pool "
+                       "evicts it (fewer writes; default: write-through)")
+    serve.add_argument("--no-kv-disk", action="store_true", help="no disk tier for KV pages")
     serve.add_argument("--no-gguf-blocks", action="store_true",
                        help="decode reads the float32 weights, not the GGUF blocks kept at conversion "
                        "(the same values; the blocks are 3.5-5x fewer bytes)")

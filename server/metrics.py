@@ -19,6 +19,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                  20.0, 40.0, 80.0)
 _ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+_KV_DISK_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0)
 
 # EngineMetrics series name -> (metric name, help, buckets)
@@ -27,6 +28,10 @@ _HISTOGRAMS = {
     "inter_token_latency": ("inter_token_latency_seconds", "Time between two tokens of a request.", _ITL_BUCKETS),
     "e2e_latency": ("e2e_request_latency_seconds", "Time from arrival to the last token.", _E2E_BUCKETS),
     "queue_time": ("request_queue_time_seconds", "Time from arrival to the first schedule.", _TTFT_BUCKETS),
+    "kv_disk_load": ("kv_disk_load_seconds", "Time to read and check one KV page from the disk tier.",
+                     _KV_DISK_BUCKETS),
+    "kv_disk_store": ("kv_disk_store_seconds", "Time to write one KV page to the disk tier (writer thread).",
+                      _KV_DISK_BUCKETS),
 }
 
 
@@ -52,6 +57,12 @@ _STATS_METRICS = (
      lambda s: s.num_preemptions),
     (CounterMetricFamily, "kv_cache_evicted_pages", "Cached KV pages evicted from the prefix tree.",
      lambda s: s.num_evicted_pages),
+    (CounterMetricFamily, "kv_disk_hits", "Prompt tokens past the prefix tree's match loaded from the KV disk tier.",
+     lambda s: s.num_kv_disk_hit_tokens),
+    (CounterMetricFamily, "kv_disk_misses", "Prompt tokens past the prefix tree's match the KV disk tier lacked.",
+     lambda s: s.num_kv_disk_query_tokens - s.num_kv_disk_hit_tokens),
+    (GaugeMetricFamily, "kv_disk_bytes", "Bytes of KV page files in the disk tier.", lambda s: s.num_kv_disk_bytes),
+    (GaugeMetricFamily, "kv_disk_pages", "KV pages in the disk tier.", lambda s: s.num_kv_disk_pages),
 )
 
 

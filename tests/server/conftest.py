@@ -12,6 +12,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,13 +50,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def server(smollm2_dir, tmp_path_factory) -> RunningServer:
+@contextmanager
+def running_server(log_path: Path, *extra_args: str) -> Iterator[RunningServer]:
+    """A `radixserve serve` subprocess on the default model, stopped with SIGINT (Ctrl-C) on exit."""
     port = _free_port()
-    log_path = tmp_path_factory.mktemp("server") / "server.log"
     env = dict(os.environ, RADIXSERVE_API_KEY=API_KEY)
     command = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--kv-cache-memory", "256MiB",
-               "--dtype", "float32", "--device", "cpu", "--max-body-bytes", str(MAX_BODY_BYTES)]
+               "--dtype", "float32", "--device", "cpu", "--max-body-bytes", str(MAX_BODY_BYTES), *extra_args]
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     running = RunningServer(f"http://127.0.0.1:{port}", "smollm2-135m-instruct", log_path, process)
@@ -77,6 +79,20 @@ def server(smollm2_dir, tmp_path_factory) -> RunningServer:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@pytest.fixture(scope="session")
+def server(smollm2_dir, tmp_path_factory) -> Iterator[RunningServer]:
+    server_dir = tmp_path_factory.mktemp("server")
+    # Its own KV disk tier: tests never read pages another run (or another checkout) left behind.
+    with running_server(server_dir / "server.log", "--kv-disk-dir", str(server_dir / "kv")) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def start_server(smollm2_dir):
+    """start_server(log_path, *serve_args): one more server of its own, as a context manager."""
+    return running_server
 
 
 @pytest.fixture

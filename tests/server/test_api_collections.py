@@ -43,7 +43,8 @@ class ServerProcess:
         self.base_url = f"http://127.0.0.1:{port}"
         command = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--api-key", API_KEY,
                    "--kv-cache-memory", "32MiB", "--dtype", "float32", "--device", "cpu",
-                   "--collections-dir", str(self.collections_dir)]
+                   "--collections-dir", str(self.collections_dir),
+                   "--kv-disk-dir", str(self.collections_dir.parent / "kv")]
         with open(self.log_path, "a") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + STARTUP_TIMEOUT_S

@@ -72,3 +72,19 @@ def test_bad_values_are_one_line_errors(monkeypatch, capsys, smollm2_dir, argv, 
 def test_settings_errors_are_radixserve_errors(smollm2_dir):
     with pytest.raises(RadixserveError):
         settings_from_args(_args("--max-waiting", "1", "--api-key", "  "), smollm2_dir)
+
+
+def test_the_kv_disk_tier_is_on_by_default_under_the_home(monkeypatch, tmp_path, smollm2_dir):
+    monkeypatch.setenv("RADIXSERVE_HOME", str(tmp_path))
+    engine = settings_from_args(_args(), smollm2_dir).engine
+    assert (engine.kv_disk_dir, engine.kv_disk_bytes, engine.kv_disk_policy) == (tmp_path / "kv", 4 << 30,
+                                                                                 "write-through")
+    told = settings_from_args(_args("--kv-disk-dir", str(tmp_path / "elsewhere"), "--kv-disk-bytes", "64MiB",
+                                    "--kv-disk-policy", "write-back"), smollm2_dir).engine
+    assert (told.kv_disk_dir, told.kv_disk_bytes, told.kv_disk_policy) == (tmp_path / "elsewhere", 64 << 20,
+                                                                           "write-back")
+    assert settings_from_args(_args("--no-kv-disk"), smollm2_dir).engine.kv_disk_dir is None
+    assert settings_from_args(_args("--no-prefix-cache"), smollm2_dir).engine.kv_disk_dir is None
+    for bad in ("0.5", "lots", "0"):
+        with pytest.raises(RadixserveError, match="--kv-disk-bytes"):
+            settings_from_args(_args("--kv-disk-bytes", bad), smollm2_dir)

@@ -1,0 +1,185 @@
+"""Moves KV pages between the pool and a tier below it; the scheduler's only view of a tier.
+
+Payload layout of one page (KV_PAYLOAD_LAYOUT_VERSION 1), contiguous, in the pool's dtype:
+
+    (2 * num_layers, page_size, num_kv_heads, head_dim)   rows 0..L-1: K of layer l, L..2L-1: V
+
+Writes (engine thread): the pages are copied out of the pool into a host tensor, and the tier
+gets a view of each page of it; the file I/O happens on the tier's writer thread. The copy is
+taken when the pages enter the tree (write-through) or when they leave it (write-back, and in
+both policies a page whose write-through copy was dropped), so a pool slot is free to be reused
+the moment the tree lets go of it.
+
+Reads (engine thread, at admission): after the tree's match, the match continues in the tier by
+chained page hash; the hits are loaded into freshly allocated pages and inserted into the tree,
+so the request locks them like any cached prefix and counts them as cached tokens.
+"""
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from cache import MatchResult, PageAllocator, RadixTree
+from cache.disk_tier import DiskTier
+from cache.disk_tier_lock import TierDirectoryBusy
+from cache.kv_pool import KVPool
+from cache.kv_tier import KVTier
+from cache.page_hash import ROOT_PAGE_HASH, hash_pages
+from engine.engine_config import KV_DISK_POLICIES
+from engine.kv_tier_fingerprint import kv_tier_fingerprint
+from engine.metrics import EngineMetrics
+
+logger = logging.getLogger("radixserve.kv_tier")
+
+
+class KVTierLink:
+    def __init__(self, tier: KVTier, kv_pool: KVPool, policy: str, metrics: EngineMetrics | None = None):
+        if policy not in KV_DISK_POLICIES:
+            raise ValueError(f"KV tier policy must be one of {', '.join(KV_DISK_POLICIES)}, got {policy!r}")
+        self.tier = tier
+        self.policy = policy
+        self._pool = kv_pool
+        self._metrics = metrics
+        shape = kv_pool.shape
+        self._num_layers = shape.num_layers
+        self._page_shape = (2 * shape.num_layers, shape.page_size, shape.num_kv_heads, shape.head_dim)
+        if tier.page_num_bytes != shape.bytes_per_page:
+            raise ValueError(f"the tier keeps pages of {tier.page_num_bytes} bytes, "
+                             f"the pool's are {shape.bytes_per_page}")
+        self.page_size = shape.page_size
+        # Counters for metrics: full-page tokens past the tree's match looked up in / loaded from the tier.
+        self.num_query_tokens = 0
+        self.num_hit_tokens = 0
+
+    # ---- writes ---------------------------------------------------------
+
+    def on_cached(self, page_ids: Sequence[int], page_hashes: Sequence[bytes]) -> None:
+        """Pages that just entered the tree (in the pool still, read-only from now on)."""
+        if self.policy == "write-through":
+            self._store(page_ids, page_hashes)
+
+    def on_evicted(self, page_ids: Sequence[int], page_hashes: Sequence[bytes]) -> None:
+        """Pages the tree is about to release; called before their slots can be reused."""
+        self._store(page_ids, page_hashes)
+
+    def _store(self, page_ids: Sequence[int], page_hashes: Sequence[bytes]) -> None:
+        todo = [(page_id, page_hash) for page_id, page_hash in zip(page_ids, page_hashes)
+                if not self.tier.contains(page_hash)]
+        if not todo:
+            return
+        pages = self._copy_out([page_id for page_id, _ in todo])  # (N, 2L, page_size, H, D) on the host
+        for row, (_, page_hash) in enumerate(todo):
+            self.tier.store(page_hash, _byte_view(pages[row]))
+
+    def _copy_out(self, page_ids: list[int]) -> torch.Tensor:
+        pool, num_layers = self._pool, self._num_layers
+        index = torch.tensor(page_ids, device=pool.k_caches[0].device)
+        pages = torch.empty((len(page_ids), *self._page_shape), dtype=pool.shape.dtype, device="cpu")
+        for layer in range(num_layers):
+            pages[:, layer].copy_(pool.k_caches[layer].index_select(0, index))
+            pages[:, num_layers + layer].copy_(pool.v_caches[layer].index_select(0, index))
+        return pages
+
+    # ---- reads ----------------------------------------------------------
+
+    def extend_match(
+        self,
+        tree: RadixTree,
+        allocator: PageAllocator,
+        allocate: Callable[[int], list[int] | None],
+        token_ids: Sequence[int],
+        cache_salt: str | None,
+        match: MatchResult,
+        max_num_pages: int,
+    ) -> MatchResult:
+        """Continue ``match`` (the tree's, of ``token_ids``) in the tier, up to ``max_num_pages``
+        pages in all: load the hits into pages from ``allocate`` (which may evict unlocked cache),
+        insert them into the tree, and return the tree's new match. Takes no lock for the caller."""
+        num_tree_pages = len(match.page_ids)
+        if num_tree_pages >= max_num_pages:
+            return match
+        page_size = self.page_size
+        tree_hashes = tree.page_hashes(match.last_node)
+        parent_hash = tree_hashes[-1] if tree_hashes else ROOT_PAGE_HASH
+        rest_tokens = token_ids[num_tree_pages * page_size : max_num_pages * page_size]
+        rest_hashes = hash_pages(parent_hash, rest_tokens, page_size, cache_salt)
+        self.num_query_tokens += len(rest_hashes) * page_size
+        num_hits = self.tier.num_leading_hits(rest_hashes)
+        if num_hits == 0:
+            return match
+        tree.lock(match.last_node)  # eviction to make room must not take the prefix the loads extend
+        try:
+            num_room = allocator.num_free_pages + tree.num_evictable_pages
+            page_ids = allocate(min(num_hits, num_room))
+            if not page_ids:
+                return match
+            num_loaded = self._load(rest_hashes[: len(page_ids)], page_ids)
+            if num_loaded:
+                num_pages = num_tree_pages + num_loaded
+                tree.insert(token_ids[: num_pages * page_size], list(match.page_ids) + page_ids[:num_loaded],
+                            cache_salt)
+            allocator.release(page_ids)  # the tree holds the loaded pages now; the others are free again
+        finally:
+            tree.unlock(match.last_node)
+        self.num_hit_tokens += num_loaded * page_size
+        return tree.match_prefix(token_ids[: max_num_pages * page_size], cache_salt)
+
+    def _load(self, page_hashes: Sequence[bytes], page_ids: list[int]) -> int:
+        """Load pages from the tier into ``page_ids``, in order, up to the first miss; returns
+        how many were loaded."""
+        pages = torch.empty((len(page_ids), *self._page_shape), dtype=self._pool.shape.dtype, device="cpu")
+        num_loaded = 0
+        for row, page_hash in enumerate(page_hashes):
+            started = time.perf_counter()
+            if not self.tier.load_into(page_hash, memoryview(_byte_view(pages[row]))):
+                break
+            num_loaded += 1
+            if self._metrics is not None:
+                self._metrics.observe("kv_disk_load", time.perf_counter() - started)
+        if num_loaded:
+            pool, num_layers = self._pool, self._num_layers
+            index = torch.tensor(page_ids[:num_loaded], device=pool.k_caches[0].device)
+            loaded = pages[:num_loaded].to(pool.k_caches[0].device)
+            for layer in range(num_layers):
+                pool.k_caches[layer].index_copy_(0, index, loaded[:, layer])
+                pool.v_caches[layer].index_copy_(0, index, loaded[:, num_layers + layer])
+        return num_loaded
+
+    def close(self) -> None:
+        self.tier.close()
+
+
+def open_disk_tier_link(
+    root: Path,
+    max_bytes: int,
+    policy: str,
+    model_dir: Path,
+    kv_pool: KVPool,
+    device_type: str,
+    metrics: EngineMetrics | None = None,
+) -> KVTierLink | None:
+    """The disk tier of this model and KV layout under ``root``, linked to ``kv_pool``; None (and a
+    warning saying why) when the directory cannot be used: the engine then serves without a tier."""
+    shape = kv_pool.shape
+    fingerprint = kv_tier_fingerprint(model_dir, str(shape.dtype).removeprefix("torch."), device_type,
+                                      shape.page_size, shape.num_layers, shape.num_kv_heads, shape.head_dim)
+    on_store = (lambda seconds: metrics.observe("kv_disk_store", seconds)) if metrics is not None else None
+    try:
+        tier = DiskTier(Path(root), fingerprint, shape.bytes_per_page, max_bytes, on_store=on_store)
+    except (OSError, TierDirectoryBusy) as error:
+        logger.warning("radixserve: KV disk tier off: %s", error)
+        return None
+    stats = tier.stats()
+    logger.info("radixserve: KV disk tier at %s holds %d pages (%.1f of %.1f MiB, %s)", tier.directory,
+                stats.num_pages, stats.num_bytes / 2**20, stats.max_bytes / 2**20, policy)
+    return KVTierLink(tier, kv_pool, policy, metrics)
+
+
+def _byte_view(page: torch.Tensor):
+    """A writable uint8 numpy view of a contiguous host tensor (shares its memory, keeps it alive)."""
+    if not page.is_contiguous():
+        raise ValueError("a page buffer must be contiguous")
+    return page.view(torch.uint8).view(-1).numpy()

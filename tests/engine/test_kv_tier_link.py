@@ -1,0 +1,69 @@
+"""Pages between a pool and the disk tier: what is stored is what the page held when it was handed over."""
+
+import torch
+
+from cache import PageAllocator, RadixTree, hash_pages
+from cache.kv_pool import KVPool, KVPoolShape
+from engine.kv_tier_link import KVTierLink, open_disk_tier_link
+
+PAGE_SIZE = 4
+
+
+def _pool(dtype=torch.float32) -> KVPool:
+    pool = KVPool(KVPoolShape(num_layers=3, num_kv_heads=2, head_dim=8, page_size=PAGE_SIZE, dtype=dtype), 8,
+                  torch.device("cpu"))
+    for layer, (k_cache, v_cache) in enumerate(pool.layers):
+        k_cache.copy_(torch.randn(k_cache.shape, generator=torch.Generator().manual_seed(layer)))
+        v_cache.copy_(torch.randn(v_cache.shape, generator=torch.Generator().manual_seed(100 + layer)))
+    return pool
+
+
+def _link(tmp_path, pool: KVPool, policy: str = "write-through") -> KVTierLink:
+    (tmp_path / "model").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "model" / "config.json").write_text("{}")
+    return open_disk_tier_link(tmp_path / "kv", 1 << 20, policy, tmp_path / "model", pool, "cpu")
+
+
+def _page(pool: KVPool, page_id: int) -> list[torch.Tensor]:
+    return [cache[page_id].clone() for pair in pool.layers for cache in pair]
+
+
+def test_a_page_overwritten_right_after_it_was_handed_over_is_stored_as_it_was(tmp_path):
+    for dtype in (torch.float32, torch.bfloat16):
+        pool = _pool(dtype)
+        link = _link(tmp_path / str(dtype), pool)
+        page_hash = hash_pages(b"", [1, 2, 3, 4], PAGE_SIZE, None)[0]
+        before = _page(pool, 2)
+        link.on_cached([2], [page_hash])
+        for k_cache, v_cache in pool.layers:  # the slot is reused at once
+            k_cache[2].fill_(7.0)
+            v_cache[2].fill_(7.0)
+        link.tier.flush()
+        assert link._load([page_hash], [5]) == 1
+        assert all(torch.equal(a, b) for a, b in zip(_page(pool, 5), before))
+        link.close()
+
+
+def test_extend_match_loads_the_chain_into_the_tree_and_keeps_pages_balanced(tmp_path):
+    pool = _pool()
+    link = _link(tmp_path, pool)
+    tokens = list(range(20))  # 5 pages
+    hashes = hash_pages(b"", tokens, PAGE_SIZE, "salt")
+    link.on_cached([0, 1, 2, 3], hashes[:4])
+    expected = [_page(pool, page_id) for page_id in range(4)]
+    link.tier.flush()
+    link.close()
+
+    pool = _pool()  # a new process: other contents in every slot
+    link = _link(tmp_path, pool)
+    allocator = PageAllocator(pool.num_pages)
+    tree = RadixTree(PAGE_SIZE, allocator)
+    assert link.extend_match(tree, allocator, allocator.allocate, tokens, "other salt",
+                             tree.match_prefix(tokens, "other salt"), 4).num_tokens == 0
+    match = link.extend_match(tree, allocator, allocator.allocate, tokens, "salt", tree.match_prefix(tokens, "salt"), 4)
+    assert match.num_tokens == 4 * PAGE_SIZE and tree.page_hashes(match.last_node) == hashes[:4]
+    loaded = [_page(pool, page_id) for page_id in match.page_ids]
+    assert all(torch.equal(a, b) for got, want in zip(loaded, expected) for a, b in zip(got, want))
+    assert allocator.num_free_pages + tree.num_cached_pages == pool.num_pages
+    assert (link.num_query_tokens, link.num_hit_tokens) == (8 * PAGE_SIZE, 4 * PAGE_SIZE)
+    link.close()

@@ -1,0 +1,48 @@
+"""A real server stopped and started again serves its cached prefixes from the KV disk tier."""
+
+import re
+
+import httpx
+import pytest
+
+pytestmark = [pytest.mark.model, pytest.mark.slow]
+
+API_KEY = "test-key-123"  # tests/server/conftest.py
+PAGE_SIZE = 16
+SYSTEM_PROMPT = " ".join(f"Rule {i}: answer briefly and name the rule you follow." for i in range(40))
+
+
+def _chat(server) -> dict:
+    body = {"model": server.model, "max_tokens": 12, "temperature": 0,
+            "messages": [{"role": "system", "content": SYSTEM_PROMPT},
+                         {"role": "user", "content": "Which colour is the sky?"}]}
+    response = httpx.post(server.api_url + "/chat/completions", json=body, timeout=120,
+                          headers={"Authorization": f"Bearer {API_KEY}"})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _metric(server, name: str) -> float:
+    text = httpx.get(server.base_url + "/metrics", timeout=10).text
+    return float(re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE).group(1))
+
+
+def test_after_a_restart_the_prompt_is_a_disk_hit_with_the_cold_answer(start_server, tmp_path):
+    kv_dir = str(tmp_path / "kv")
+    with start_server(tmp_path / "first.log", "--kv-disk-dir", kv_dir) as first:
+        cold = _chat(first)
+    assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    prompt_tokens = cold["usage"]["prompt_tokens"]
+    assert prompt_tokens > 20 * PAGE_SIZE
+
+    with start_server(tmp_path / "second.log", "--kv-disk-dir", kv_dir) as second:
+        tier_lines = [line for line in second.log_lines() if "KV disk tier at" in line]
+        assert len(tier_lines) == 1 and kv_dir in tier_lines[0]
+        num_pages_held = int(re.search(r"holds (\d+) pages", tier_lines[0]).group(1))
+        assert num_pages_held >= prompt_tokens // PAGE_SIZE
+        warm = _chat(second)
+        assert _metric(second, "radixserve:kv_disk_hits_total") == (prompt_tokens - 1) // PAGE_SIZE * PAGE_SIZE
+        assert _metric(second, "radixserve:kv_disk_pages") >= num_pages_held
+        assert _metric(second, "radixserve:kv_disk_load_seconds_count") > 0
+    assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] == (prompt_tokens - 1) // PAGE_SIZE * PAGE_SIZE
+    assert warm["choices"][0]["message"]["content"] == cold["choices"][0]["message"]["content"]
