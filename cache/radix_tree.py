@@ -29,6 +29,7 @@ from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 from cache.eviction import EvictionPolicy, LRUPolicy
+from cache.page_events import PageEvent, PageEventKind, PageListener
 from cache.page_allocator import PageAllocator
 from cache.page_hash import ROOT_PAGE_HASH, hash_pages
 from cache.tree_node import TreeNode
@@ -56,6 +57,9 @@ class RadixTree:
         self._clock = 0  # counts match/insert calls; the "time" of last_access_time
         self._num_locked_pages = 0  # pages in nodes with lock_ref > 0
         self._num_evictable_pages = 0  # pages in nodes with lock_ref == 0
+        # Told of every page stored, removed or cleared (cache/page_events.py); the engine's
+        # owner appends to it (e.g. a replica reporting what it holds to a router).
+        self.page_listeners: list[PageListener] = []
 
     @property
     def root(self) -> TreeNode:
@@ -174,6 +178,7 @@ class RadixTree:
                 node.parent = None
         self._root = _new_root()
         self._num_evictable_pages = 0
+        self._emit(PageEventKind.CLEARED, ())
 
     def _descend(
         self, token_ids: Sequence[int], num_pages: int, extra_key: str | None
@@ -241,6 +246,7 @@ class RadixTree:
         child = TreeNode(parent, token_ids, page_ids, page_hashes, extra_key)
         parent.children[self._key_of(child)] = child
         self._num_evictable_pages += child.num_pages
+        self._emit(PageEventKind.STORED, page_hashes)
         return child
 
     def _remove_leaf(self, leaf: TreeNode) -> None:
@@ -248,6 +254,13 @@ class RadixTree:
         del leaf.parent.children[self._key_of(leaf)]
         leaf.parent = None
         self._num_evictable_pages -= leaf.num_pages
+        self._emit(PageEventKind.REMOVED, leaf.page_hashes)
+
+    def _emit(self, kind: PageEventKind, page_hashes: Sequence[bytes]) -> None:
+        if self.page_listeners:
+            event = PageEvent(kind, tuple(page_hashes))
+            for listener in self.page_listeners:
+                listener(event)
 
     def _touch(self, node: TreeNode, is_hit: bool) -> None:
         """Stamp the path root -> node with a new clock tick (and a hit, for matches)."""
