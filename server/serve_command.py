@@ -68,7 +68,7 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
         raise RadixserveError(str(error)) from None
 
 
-def _configure_logging() -> None:
+def configure_logging() -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
     root = logging.getLogger("radixserve")
@@ -88,8 +88,13 @@ def serve(args: argparse.Namespace) -> int:
             ChatTemplate.from_model_dir(model_dir, settings.chat_template_path)
         except TemplateError as error:
             raise RadixserveError(f"--chat-template: {error}") from None
-    _configure_logging()
-    config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, log_level="info",
+    configure_logging()
+    return run_server(create_app(settings), settings)
+
+
+def run_server(app, settings: ServerSettings) -> int:
+    """Serve the ASGI `app` under uvicorn until Ctrl-C / SIGTERM; 1 if it never started."""
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
                             access_log=False, lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS)
     server = _Server(config, settings)
     try:
