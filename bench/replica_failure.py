@@ -95,7 +95,10 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--settle-s", type=float, default=10.0, help="keep the load on this long after recovery")
     args = parser.parse_args()
-    server_args = ["--replicas", "2", "--threads-per-replica", "1", "--kv-cache-memory", "256MiB"]
+    # Low balance thresholds: these short prompts share the template's first pages, and the load is to be on
+    # both replicas when one dies.
+    server_args = ["--replicas", "2", "--threads-per-replica", "1", "--kv-cache-memory", "256MiB",
+                   "--balance-abs-threshold", "1"]
     with radixserve_server(server_args) as url:
         result = asyncio.run(drive(url, args.concurrency, args.kill_after_s, args.max_tokens, args.settle_s))
     for key, value in result.items():

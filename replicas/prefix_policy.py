@@ -3,9 +3,10 @@
 As SGLang's cache-aware router, with the prefix measured in chained page hashes:
   1. imbalanced load (max - min in-flight > balance_abs AND max > balance_rel * min):
      least loaded first, cache ignored, until the load evens out again;
-  2. else the replica holding the most LEADING pages of the request (ties: the affinity
-     replica, then the least loaded);
-  3. no replica holds even one page: the affinity replica of the request's key
+  2. else, if some replica holds at least `min_match_ratio` of the request's pages (as
+     SGLang's cache_threshold), the replica holding the most LEADING pages (ties: the
+     affinity replica, then the least loaded);
+  3. no replica holds that much: the affinity replica of the request's key
      (`prompt_cache_key` or a session header) if it is still there, else the least loaded.
 Every decision ranks ALL candidates (best first), so Ray Serve falls back down the list when
 the first is full. Pure Python: what Ray's RequestRouter (replicas/ray_router.py) delegates to.
@@ -19,6 +20,7 @@ from replicas.prefix_index import PrefixIndex
 
 DEFAULT_BALANCE_ABS = 8  # requests in flight
 DEFAULT_BALANCE_REL = 1.5
+DEFAULT_MIN_MATCH_RATIO = 0.5  # of the request's full pages; below it a match is not worth the imbalance
 DEFAULT_MAX_AFFINITY_KEYS = 100_000
 
 
@@ -26,12 +28,15 @@ DEFAULT_MAX_AFFINITY_KEYS = 100_000
 class RoutingThresholds:
     balance_abs: int = DEFAULT_BALANCE_ABS
     balance_rel: float = DEFAULT_BALANCE_REL
+    min_match_ratio: float = DEFAULT_MIN_MATCH_RATIO
 
     def __post_init__(self):
         if self.balance_abs < 0:
             raise ValueError(f"balance_abs must be >= 0, got {self.balance_abs}")
         if self.balance_rel < 1:
             raise ValueError(f"balance_rel must be >= 1, got {self.balance_rel}")
+        if not 0 <= self.min_match_ratio <= 1:
+            raise ValueError(f"min_match_ratio must be in [0, 1], got {self.min_match_ratio}")
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,7 @@ class PrefixRoutingPolicy:
         affine = self._affinity.get(affinity_key) if affinity_key is not None else None
         matched = {r: self.index.num_leading_pages(r, page_hashes) for r in replica_ids}
         best = max(matched.values())
-        if best > 0:
+        if best > 0 and best >= self.thresholds.min_match_ratio * len(page_hashes):
             ranked = sorted(by_load, key=lambda r: (-matched[r], r != affine))
             return RoutingDecision(ranked, "prefix", best)
         if affine in matched:

@@ -37,7 +37,7 @@ def serve_replicas(args: argparse.Namespace) -> int:
         except TemplateError as error:
             raise RadixserveError(f"--chat-template: {error}") from None
     try:
-        thresholds = RoutingThresholds(args.balance_abs_threshold, args.balance_rel_threshold)
+        thresholds = RoutingThresholds(args.balance_abs_threshold, args.balance_rel_threshold, args.min_match_ratio)
     except ValueError as error:
         raise RadixserveError(str(error)) from None
     configure_logging()

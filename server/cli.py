@@ -130,6 +130,9 @@ def _add_serve_parser(commands, default_model: str) -> None:
                          help="route by load, not cache, while in-flight requests differ by more than N (default: 8) and...")
     cluster.add_argument("--balance-rel-threshold", type=float, default=1.5, metavar="R",
                          help="...the busiest replica has more than R times the least busy one's (default: 1.5)")
+    cluster.add_argument("--min-match-ratio", type=float, default=0.5, metavar="F",
+                         help="a replica's cached prefix draws a request only when it covers at least this share "
+                         "of the request's pages (default: 0.5)")
     serve.set_defaults(handler=_serve)
 
 

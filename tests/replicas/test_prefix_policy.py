@@ -38,7 +38,7 @@ def test_longest_cached_prefix_wins_over_a_shorter_one():
 def test_only_leading_pages_count():
     """A replica holding a later page but not the first has no usable prefix (hashes are chained,
     so a later page's hash can only match after the same first pages anyway)."""
-    policy = PrefixRoutingPolicy()
+    policy = PrefixRoutingPolicy(thresholds=RoutingThresholds(min_match_ratio=0))
     request = pages(SESSION_A)
     policy.index.apply_snapshot("r0", 1, request[1:])  # everything but the first page
     policy.index.apply_snapshot("r1", 1, request[:1])
@@ -65,6 +65,17 @@ def test_equal_match_breaks_ties_by_load():
     policy.record_routed("r0", [], None)
     decision = policy.choose(["r0", "r1"], pages(SESSION_B))
     assert (decision.ranked_replica_ids[0], decision.reason) == ("r1", "prefix")
+
+
+def test_a_match_below_the_ratio_does_not_pull_the_request():
+    """As SGLang's cache_threshold: a replica holding 4 of a request's 12 pages (under half) does not
+    get it for that; the least loaded does."""
+    policy = PrefixRoutingPolicy(thresholds=RoutingThresholds(min_match_ratio=0.5))
+    policy.index.apply_snapshot("r0", 1, pages(SYSTEM))
+    policy.record_routed("r0", [], None)
+    request = pages(SYSTEM + list(range(400, 432)))
+    assert policy.choose(["r0", "r1"], request).ranked_replica_ids == ["r1", "r0"]
+    assert policy.choose(["r0", "r1"], pages(SESSION_B)).ranked_replica_ids[0] == "r0"  # 4 of 8: enough
 
 
 def test_imbalanced_load_falls_back_to_the_least_loaded():
