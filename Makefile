@@ -8,7 +8,7 @@ VPY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve test bench bench-peers clean-venv
+.PHONY: install install-cluster serve test bench bench-peers clean-venv
 
 install: $(STAMP)
 
@@ -39,6 +39,15 @@ bench: $(BENCH_STAMP)
 
 bench-peers: $(BENCH_STAMP)
 	$(VPY) -m bench.suite --peers $(if $(LLAMA_SERVER),--llama-server $(LLAMA_SERVER)) $(BENCH_ARGS)
+
+# `radixserve serve --replicas N` (Ray Serve): the optional `cluster` extra on top of the base install.
+CLUSTER_STAMP := $(VENV)/.installed-cluster
+
+$(CLUSTER_STAMP): $(STAMP)
+	$(VPY) -m pip install -q -e ".[test,cluster]"
+	touch $(CLUSTER_STAMP)
+
+install-cluster: $(CLUSTER_STAMP)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -99,14 +99,16 @@ class GrammarCompiler:
 
     def processor(self, grammar: str) -> "GrammarLogitsProcessor":
         """A fresh processor for one sequence (each choice of a request needs its own)."""
-        return GrammarLogitsProcessor(llguidance.LLMatcher(self._tokenizer, grammar, log_level=0), self.vocab_size)
+        return GrammarLogitsProcessor(llguidance.LLMatcher(self._tokenizer, grammar, log_level=0), self.vocab_size,
+                                      grammar)
 
 
 class GrammarLogitsProcessor:
     """One sequence's grammar state. Called by the sampler once per step with all the ids
     generated so far; consumes the new ones, then masks the logits."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int):
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, grammar: str):
+        self.grammar = grammar  # what it was compiled from: a replica rebuilds it from this (replicas/)
         self._matcher = matcher
         self._vocab_size = vocab_size
         self._num_consumed = 0

@@ -25,10 +25,11 @@ Not thread-safe: the engine loop is its only user.
 
 import heapq
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 from cache.eviction import EvictionPolicy, LRUPolicy
+from cache.page_events import PageEvent, PageEventKind, PageListener
 from cache.page_allocator import PageAllocator
 from cache.page_hash import ROOT_PAGE_HASH, hash_pages
 from cache.tree_node import TreeNode
@@ -56,9 +57,9 @@ class RadixTree:
         self._clock = 0  # counts match/insert calls; the "time" of last_access_time
         self._num_locked_pages = 0  # pages in nodes with lock_ref > 0
         self._num_evictable_pages = 0  # pages in nodes with lock_ref == 0
-        # Called by evict with (page_ids, page_hashes) of each leaf before its pages are
-        # released (a tier below the pool keeps a copy); None: nothing to tell.
-        self.on_evict: Callable[[list[int], list[bytes]], None] | None = None
+        # Told of every page stored, removed or cleared (cache/page_events.py); the engine's
+        # owner appends to it (e.g. a replica reporting what it holds to a router).
+        self.page_listeners: list[PageListener] = []
 
     @property
     def root(self) -> TreeNode:
@@ -151,8 +152,6 @@ class RadixTree:
             _, _, leaf = heapq.heappop(heap)
             parent = leaf.parent
             num_released_pages += leaf.num_pages
-            if self.on_evict is not None:
-                self.on_evict(leaf.page_ids, leaf.page_hashes)
             self._remove_leaf(leaf)
             if parent is not self._root and parent.is_leaf and parent.lock_ref == 0:
                 heapq.heappush(
@@ -179,6 +178,7 @@ class RadixTree:
                 node.parent = None
         self._root = _new_root()
         self._num_evictable_pages = 0
+        self._emit(PageEventKind.CLEARED, (), ())
 
     def _descend(
         self, token_ids: Sequence[int], num_pages: int, cache_salt: str | None
@@ -246,13 +246,22 @@ class RadixTree:
         child = TreeNode(parent, token_ids, page_ids, page_hashes, cache_salt)
         parent.children[self._key_of(child)] = child
         self._num_evictable_pages += child.num_pages
+        self._emit(PageEventKind.STORED, page_hashes, page_ids)
         return child
 
     def _remove_leaf(self, leaf: TreeNode) -> None:
+        # Told before the pages are released: a listener may still read them (a tier's copy).
+        self._emit(PageEventKind.REMOVED, leaf.page_hashes, leaf.page_ids)
         self._allocator.release(leaf.page_ids)
         del leaf.parent.children[self._key_of(leaf)]
         leaf.parent = None
         self._num_evictable_pages -= leaf.num_pages
+
+    def _emit(self, kind: PageEventKind, page_hashes: Sequence[bytes], page_ids: Sequence[int]) -> None:
+        if self.page_listeners:
+            event = PageEvent(kind, tuple(page_hashes), tuple(page_ids))
+            for listener in self.page_listeners:
+                listener(event)
 
     def _touch(self, node: TreeNode, is_hit: bool) -> None:
         """Stamp the path root -> node with a new clock tick (and a hit, for matches)."""

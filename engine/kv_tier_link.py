@@ -27,6 +27,7 @@ from cache.disk_tier import DiskTier
 from cache.disk_tier_lock import TierDirectoryBusy
 from cache.kv_pool import KVPool
 from cache.kv_tier import KVTier
+from cache.page_events import PageEvent, PageEventKind
 from cache.page_hash import ROOT_PAGE_HASH, hash_pages
 from engine.engine_config import KV_DISK_POLICIES
 from engine.kv_tier_fingerprint import kv_tier_fingerprint
@@ -56,14 +57,13 @@ class KVTierLink:
 
     # ---- writes ---------------------------------------------------------
 
-    def on_cached(self, page_ids: Sequence[int], page_hashes: Sequence[bytes]) -> None:
-        """Pages that just entered the tree (in the pool still, read-only from now on)."""
-        if self.policy == "write-through":
-            self._store(page_ids, page_hashes)
-
-    def on_evicted(self, page_ids: Sequence[int], page_hashes: Sequence[bytes]) -> None:
-        """Pages the tree is about to release; called before their slots can be reused."""
-        self._store(page_ids, page_hashes)
+    def on_page_event(self, event: PageEvent) -> None:
+        """The tree's page listener: pages that just entered it (write-through), and pages it is
+        about to release, told before their slots can be reused (write-back, and in both policies
+        a page whose write-through copy was dropped)."""
+        if event.kind is PageEventKind.REMOVED or (event.kind is PageEventKind.STORED
+                                                   and self.policy == "write-through"):
+            self._store(event.page_ids, event.page_hashes)
 
     def _store(self, page_ids: Sequence[int], page_hashes: Sequence[bytes]) -> None:
         todo = [(page_id, page_hash) for page_id, page_hash in zip(page_ids, page_hashes)

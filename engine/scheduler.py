@@ -55,7 +55,7 @@ class Scheduler:
         self.tree = RadixTree(self.page_size, self.allocator)
         self.kv_tier = kv_tier if self.enable_prefix_cache else None
         if self.kv_tier is not None:
-            self.tree.on_evict = self.kv_tier.on_evicted
+            self.tree.page_listeners.append(self.kv_tier.on_page_event)
         self.waiting: deque[Request] = deque()
         self.admitted: list[Request] = []  # prefilling or running, in admission order
         # Counters for metrics: prompt tokens looked up in / found in the prefix cache.
@@ -288,14 +288,10 @@ class Scheduler:
         if num_full_pages == 0:
             return
         tokens = request.all_token_ids[: num_full_pages * self.page_size]
-        num_cached_tokens = self.tree.insert(tokens, request.page_ids[:num_full_pages], request.cache_salt)
-        num_cached_pages = num_cached_tokens // self.page_size
+        self.tree.insert(tokens, request.page_ids[:num_full_pages], request.cache_salt)
         # Lock the longer path instead: nodes whose pages this request uses
         # are not worth evicting (evicting them would free nothing).
         match = self.tree.match_prefix(tokens, request.cache_salt)
-        if self.kv_tier is not None and num_cached_pages < num_full_pages:
-            self.kv_tier.on_cached(match.page_ids[num_cached_pages:],
-                                   self.tree.page_hashes(match.last_node)[num_cached_pages:])
         self.tree.lock(match.last_node)
         if request.tree_node is not None:
             self.tree.unlock(request.tree_node)

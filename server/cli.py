@@ -133,6 +133,24 @@ def _add_serve_parser(commands, default_model: str) -> None:
                        f"(0: off; default: {DEFAULT_TOOL_PIN_SECONDS:g})")
     serve.add_argument("--collections-dir", metavar="DIR",
                        help="where retrieval collections live (default: $RADIXSERVE_HOME/collections)")
+    cluster = serve.add_argument_group("replicas (Ray Serve; make install-cluster)")
+    cluster.add_argument("--replicas", type=_positive_int, metavar="N",
+                         help="serve with N engine replicas on Ray Serve behind this one endpoint, routed by cached "
+                         "prefix (default: one engine in this process, no Ray)")
+    cluster.add_argument("--threads-per-replica", type=_positive_int, default=1, metavar="T",
+                         help="CPU threads of each replica's engine (default: 1)")
+    cluster.add_argument("--ray-address", metavar="ADDR",
+                         help="join this Ray cluster ('auto': the one `ray start` runs here) instead of starting one")
+    cluster.add_argument("--replica-router", default="prefix", choices=("prefix", "pow2"),
+                         help="prefix: longest cached prefix unless load is imbalanced (default); "
+                         "pow2: Ray Serve's default power-of-two-choices")
+    cluster.add_argument("--balance-abs-threshold", type=int, default=8, metavar="N",
+                         help="route by load, not cache, while in-flight requests differ by more than N (default: 8) and...")
+    cluster.add_argument("--balance-rel-threshold", type=float, default=1.5, metavar="R",
+                         help="...the busiest replica has more than R times the least busy one's (default: 1.5)")
+    cluster.add_argument("--min-match-ratio", type=float, default=0.5, metavar="F",
+                         help="a replica's cached prefix draws a request only when it covers at least this share "
+                         "of the request's pages (default: 0.5)")
     serve.set_defaults(handler=_serve)
 
 
@@ -169,6 +187,15 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if args.replicas is not None:
+        try:
+            import ray.serve  # noqa: F401
+        except ImportError:
+            raise RadixserveError("serve --replicas needs Ray Serve, which is not installed: run "
+                                  "`make install-cluster` (or `pip install 'radixserve[cluster]'`)") from None
+        from replicas.serve_command import serve_replicas
+
+        return serve_replicas(args)
     from server.serve_command import serve
 
     return serve(args)

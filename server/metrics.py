@@ -87,6 +87,8 @@ class ServerMetrics:
         self._histograms = {series: Histogram(PREFIX + name, doc, buckets=buckets, registry=self.registry)
                             for series, (name, doc, buckets) in _HISTOGRAMS.items()}
         self.registry.register(_EngineStatsCollector(engine))
+        for collector in getattr(engine, "prometheus_collectors", ()):  # an engine handle's own series (replicas/)
+            self.registry.register(collector)
         engine.metrics.listeners.append(self._observe)
 
     def _observe(self, series: str, seconds: float) -> None:

@@ -84,7 +84,7 @@ def _kv_disk_fields(args: argparse.Namespace) -> dict:
     return {"kv_disk_dir": root, "kv_disk_bytes": num_bytes, "kv_disk_policy": args.kv_disk_policy}
 
 
-def _configure_logging() -> None:
+def configure_logging() -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
     root = logging.getLogger("radixserve")
@@ -104,8 +104,13 @@ def serve(args: argparse.Namespace) -> int:
             ChatTemplate.from_model_dir(model_dir, settings.chat_template_path)
         except TemplateError as error:
             raise RadixserveError(f"--chat-template: {error}") from None
-    _configure_logging()
-    config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, log_level="info",
+    configure_logging()
+    return run_server(create_app(settings), settings)
+
+
+def run_server(app, settings: ServerSettings) -> int:
+    """Serve the ASGI `app` under uvicorn until Ctrl-C / SIGTERM; 1 if it never started."""
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
                             access_log=False, lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS)
     server = _Server(config, settings)
     try:

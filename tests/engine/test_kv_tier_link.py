@@ -4,6 +4,7 @@ import torch
 
 from cache import PageAllocator, RadixTree, hash_pages
 from cache.kv_pool import KVPool, KVPoolShape
+from cache.page_events import PageEvent, PageEventKind
 from engine.kv_tier_link import KVTierLink, open_disk_tier_link
 
 PAGE_SIZE = 4
@@ -34,7 +35,7 @@ def test_a_page_overwritten_right_after_it_was_handed_over_is_stored_as_it_was(t
         link = _link(tmp_path / str(dtype), pool)
         page_hash = hash_pages(b"", [1, 2, 3, 4], PAGE_SIZE, None)[0]
         before = _page(pool, 2)
-        link.on_cached([2], [page_hash])
+        link.on_page_event(PageEvent(PageEventKind.STORED, (page_hash,), (2,)))
         for k_cache, v_cache in pool.layers:  # the slot is reused at once
             k_cache[2].fill_(7.0)
             v_cache[2].fill_(7.0)
@@ -49,7 +50,7 @@ def test_extend_match_loads_the_chain_into_the_tree_and_keeps_pages_balanced(tmp
     link = _link(tmp_path, pool)
     tokens = list(range(20))  # 5 pages
     hashes = hash_pages(b"", tokens, PAGE_SIZE, "salt")
-    link.on_cached([0, 1, 2, 3], hashes[:4])
+    link.on_page_event(PageEvent(PageEventKind.STORED, tuple(hashes[:4]), (0, 1, 2, 3)))
     expected = [_page(pool, page_id) for page_id in range(4)]
     link.tier.flush()
     link.close()

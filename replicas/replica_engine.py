@@ -1,0 +1,134 @@
+"""The ingress's engine handle: AsyncEngine's interface, served by replicas through Ray Serve.
+
+The server (server/app.py's create_app with this as its engine) uses exactly what it uses of
+AsyncEngine: generate (an async iterator of RequestOutput; leaving it early aborts), abort,
+pin, stats(), metrics (latency series the server's histograms listen to) and `engine` (the
+model facts). Each request's prompt ids become a ReplicaWork with the prompt's chained page
+hashes, sent through a Ray Serve streaming DeploymentHandle; the prefix router picks the
+replica. Only token ids and page hashes travel, never KV.
+
+Failures: a replica that dies before its first output is retried once (the router has
+dropped it by then, or Ray Serve tries another); one that dies mid-stream fails the request
+with a clear error. Latencies (TTFT, ITL, e2e) are measured here, at the ingress.
+"""
+
+import dataclasses
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from ray.exceptions import ActorUnavailableError, RayActorError
+from ray.serve.handle import DeploymentHandle
+
+from cache.page_hash import ROOT_PAGE_HASH, hash_pages
+from engine.errors import RequestError
+from engine.metrics import EngineMetrics, EngineStats
+from engine.request import RequestOutput
+from engine.sampling_params import SamplingParams
+from replicas.replica_metrics import ReplicaStatsCollector
+from replicas.routing_state import RoutingState
+from replicas.session_key import current_session_key
+from replicas.work import ModelFacts, ReplicaWork, split_grammars
+
+logger = logging.getLogger("radixserve.replicas")
+
+NUM_START_ATTEMPTS = 2  # a replica that dies before streaming anything: try once more elsewhere
+_REPLICA_GONE = (RayActorError, ActorUnavailableError)
+
+
+class ReplicaFailed(RuntimeError):
+    """The replica serving a request died after it had streamed part of the answer."""
+
+
+class ReplicaEngine:
+    def __init__(self, handle: DeploymentHandle, facts: ModelFacts, routing: RoutingState):
+        self.engine = facts
+        self.routing = routing
+        self.metrics = EngineMetrics()
+        self.prometheus_collectors = (ReplicaStatsCollector(routing),)
+        self._handle = handle.options(stream=True)
+        self._pin_handle = handle.options(stream=False)
+        self._streams: dict[str, object] = {}  # request_id -> DeploymentResponseGenerator in flight
+        self._num_pins = itertools.count()
+
+    @classmethod
+    def connect(cls, handle: DeploymentHandle, routing: RoutingState) -> "ReplicaEngine":
+        """Blocking (call it off the event loop): asks one replica for the model facts, and seeds the
+        stats with its report until the router hands over every replica's."""
+        facts = handle.model_facts.remote().result()
+        report = handle.record_routing_stats.remote().result()
+        routing.sync_replicas({report["replica_id"]: report})
+        return cls(handle, facts, routing)
+
+    def _work(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+              cache_salt: str | None, affinity_key: str | None) -> ReplicaWork:
+        params, grammars = split_grammars(params)
+        page_hashes = hash_pages(ROOT_PAGE_HASH, prompt_token_ids, self.engine.config.page_size, cache_salt)
+        return ReplicaWork(request_id, list(prompt_token_ids), params, cache_salt, grammars, page_hashes,
+                           affinity_key if affinity_key is not None else current_session_key.get(), self.routing)
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                       cache_salt: str | None = None, affinity_key: str | None = None) -> AsyncIterator[RequestOutput]:
+        """As AsyncEngine.generate; `affinity_key` (prompt_cache_key) defaults to the session header."""
+        work = self._work(request_id, prompt_token_ids, params, cache_salt, affinity_key)
+        arrival = time.perf_counter()
+        last_token_time = None
+        for attempt in range(NUM_START_ATTEMPTS):
+            stream = self._handle.generate.remote(work)
+            self._streams[request_id] = stream
+            finished = False
+            num_outputs = 0
+            try:
+                async for reply in stream:
+                    if reply.refusal is not None:
+                        finished = True
+                        raise RequestError(reply.refusal)
+                    output = reply.output
+                    now = time.perf_counter()
+                    if last_token_time is None:
+                        self.metrics.observe("time_to_first_token", now - arrival)
+                    elif output.new_token_ids:
+                        self.metrics.observe("inter_token_latency", now - last_token_time)
+                    last_token_time = now
+                    num_outputs += 1
+                    if output.finish_reason is not None:
+                        finished = True
+                        self.metrics.observe("e2e_latency", now - arrival)
+                    yield output
+                    if finished:
+                        return
+                finished = True  # the stream ended without a last output: the replica was stopped
+                raise ReplicaFailed(f"replica stream for request {request_id} ended early")
+            except _REPLICA_GONE as error:
+                finished = True
+                if num_outputs == 0 and attempt + 1 < NUM_START_ATTEMPTS:
+                    logger.warning("radixserve: replica died before request %s started; retrying: %s",
+                                   request_id, type(error).__name__)
+                    continue
+                raise ReplicaFailed(f"the replica serving request {request_id} died: {type(error).__name__}") from None
+            finally:
+                self._streams.pop(request_id, None)
+                if not finished:  # the consumer left early (client gone): stop it on its replica
+                    stream.cancel()
+
+    def abort(self, request_id: str) -> None:
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            stream.cancel()
+
+    def pin(self, token_ids: list[int], cache_salt: str | None, seconds: float) -> None:
+        """Sent to the replica the router finds holding this prefix (fire and forget)."""
+        work = self._work(f"pin-{next(self._num_pins)}", token_ids, SamplingParams(), cache_salt, None)
+        self._pin_handle.pin.remote(work, seconds)
+
+    def stats(self) -> EngineStats:
+        """Summed over the live replicas' latest reports (Ray Serve routing stats, ~1 s old)."""
+        by_replica = self.routing.stats_by_replica().values()
+        return EngineStats(**{f.name: sum(getattr(s, f.name) for s in by_replica)
+                              for f in dataclasses.fields(EngineStats)})
+
+    def shutdown(self) -> None:
+        for stream in list(self._streams.values()):
+            stream.cancel()
+        self._streams.clear()

@@ -1,0 +1,52 @@
+"""`radixserve serve --replicas N`: the usual server as ingress, N engine replicas on Ray Serve.
+
+The ingress is server.app.create_app's app with a ReplicaEngine as its engine: auth,
+validation, retrieval, assembly and tokenization happen here once; replicas get token ids.
+"""
+
+import argparse
+import logging
+
+from assembly.chat_template import ChatTemplate, TemplateError
+from engine.errors import RadixserveError
+from replicas import cluster
+from replicas.prefix_policy import PrefixRoutingPolicy, RoutingThresholds
+from replicas.replica_engine import ReplicaEngine
+from replicas.routing_state import RoutingState
+from replicas.session_key import SessionKeyMiddleware
+
+logger = logging.getLogger("radixserve.server")
+
+
+def build_ingress_app(settings, handle, routing: RoutingState):
+    """The ASGI app: create_app's, engine served by the replicas, session header read first."""
+    from server.app import create_app
+
+    return SessionKeyMiddleware(create_app(settings, engine_factory=lambda _: ReplicaEngine.connect(handle, routing)))
+
+
+def serve_replicas(args: argparse.Namespace) -> int:
+    from store.model_store import pull
+    from server.serve_command import configure_logging, run_server, settings_from_args
+
+    model_dir = pull(args.model, progress=True)
+    settings = settings_from_args(args, model_dir)
+    if settings.chat_template_path is not None:
+        try:
+            ChatTemplate.from_model_dir(model_dir, settings.chat_template_path)
+        except TemplateError as error:
+            raise RadixserveError(f"--chat-template: {error}") from None
+    try:
+        thresholds = RoutingThresholds(args.balance_abs_threshold, args.balance_rel_threshold, args.min_match_ratio)
+    except ValueError as error:
+        raise RadixserveError(str(error)) from None
+    configure_logging()
+    logger.info("radixserve: starting %d replicas x %d threads on Ray%s", args.replicas, args.threads_per_replica,
+                f" at {args.ray_address}" if args.ray_address else " (local)")
+    cluster.start_ray(args.ray_address, num_cpus=args.replicas * args.threads_per_replica)
+    try:
+        handle = cluster.deploy_replicas(settings.engine, args.replicas, args.threads_per_replica, args.replica_router)
+        routing = RoutingState(PrefixRoutingPolicy(thresholds=thresholds))
+        return run_server(build_ingress_app(settings, handle, routing), settings)
+    finally:
+        cluster.shutdown()

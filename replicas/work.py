@@ -1,0 +1,70 @@
+"""What travels between the ingress and a replica: token ids and page hashes, never KV or text.
+
+The ingress has done auth, validation, retrieval, assembly and tokenization; a replica gets
+a ReplicaWork (prompt ids, sampling params, salt, grammars, the prompt's chained page hashes
+for the router) and streams back ReplicaReply items (the engine's RequestOutput, or the
+engine's refusal). Grammar logits processors (llguidance matchers) cannot be pickled: they
+travel as their grammar text and the replica compiles them again.
+"""
+
+from dataclasses import dataclass, field, replace
+
+from assembly.constrained_output import GrammarLogitsProcessor
+from engine.engine_config import EngineConfig
+from engine.errors import RequestError
+from engine.request import RequestOutput
+from engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class ReplicaWork:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams  # without logits processors: see grammars
+    cache_salt: str | None
+    grammars: tuple[str, ...]  # llguidance grammars to run as logits processors, in order
+    page_hashes: list[bytes]  # chained hashes of the prompt's full pages (cache/page_hash.py): routing only
+    affinity_key: str | None  # prompt_cache_key or session header: routing only
+    # In-process only: the ingress's routing state, read by the Ray request router in the same
+    # process before the work is sent; never pickled (__getstate__ drops it).
+    routing: object | None = field(default=None, compare=False)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["routing"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+
+def split_grammars(params: SamplingParams) -> tuple[SamplingParams, tuple[str, ...]]:
+    """Params without their logits processors, and the grammars those were. Raises RequestError
+    for any other processor (an arbitrary callable cannot travel to another process)."""
+    grammars = []
+    for processor in params.logits_processors:
+        if not isinstance(processor, GrammarLogitsProcessor):
+            raise RequestError("only grammar logits processors can run on a replica")
+        grammars.append(processor.grammar)
+    return replace(params, logits_processors=()), tuple(grammars)
+
+
+@dataclass(frozen=True)
+class ReplicaReply:
+    """One streamed item: an engine output, or the engine's refusal of the request."""
+
+    replica_id: str
+    output: RequestOutput | None = None
+    refusal: str | None = None  # RequestError message: raised again at the ingress
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the server reads of the engine (AsyncEngine.engine) at start-up, as a replica sees it."""
+
+    config: EngineConfig
+    eos_token_ids: frozenset[int]
+    vocab_size: int
+    # The longest prompt + output one request may have: the context, and one replica's whole pool
+    # (the server computes min(max_model_len, stats().num_pages * page_size), and stats() sums pools).
+    max_model_len: int
