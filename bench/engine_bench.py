@@ -109,6 +109,20 @@ def bench_radixserve(model_dir: Path, dtype: str, vocab_size: int, device: str,
     return results
 
 
+def _aggregate_decode(engine: LLMEngine, rng: random.Random, vocab_size: int) -> float:
+    params = SamplingParams(max_tokens=DECODE_TOKENS + 1, temperature=0.0, ignore_eos=True)
+    requests = [engine.add_request(f"agg-{i}-{time.perf_counter_ns()}", _random_prompt(rng, 32, vocab_size), params)
+                for i in range(NUM_CONCURRENT)]
+    while not all(r.output_token_ids for r in requests):  # all prefills done
+        engine.step()
+    started = time.perf_counter()
+    produced_before = sum(len(r.output_token_ids) for r in requests)
+    while engine.has_unfinished():
+        engine.step()
+    produced = sum(len(r.output_token_ids) for r in requests) - produced_before
+    return produced / (time.perf_counter() - started)
+
+
 def bench_transformers(model_dir: Path, dtype: str, vocab_size: int, device: str) -> dict[str, float]:
     import transformers
 

@@ -18,21 +18,18 @@ from torch import Tensor
 # Row counts tried; the kernel's share ends at the first one it loses.
 CANDIDATE_ROWS = (1, 2, 4, 6, 8, 12, 16)
 TIMED_RUNS = 5  # best of; the first call of each path is a warm-up
-# The kernel keeps a row count unless it is slower by more than this: on a busy machine a single
-# noisy best-of-5 must not move a clear win (2-3x at one row) off the kernel.
-LOSS_MARGIN = 1.1
 
 
 def measure_crossover(few_rows: Callable[[Tensor], Tensor], large: Callable[[Tensor], Tensor], in_features: int,
                       max_rows: int) -> int:
     """The largest m <= max_rows in CANDIDATE_ROWS such that few_rows(x) took no longer than
-    LOSS_MARGIN times large(x) for every candidate up to m; 0 when it loses at one row."""
+    large(x) for every candidate up to m; 0 when it loses at one row."""
     best = 0
     generator = torch.Generator().manual_seed(0)
     for rows in (m for m in CANDIDATE_ROWS if m <= max_rows):
         x = torch.randn(rows, in_features, generator=generator)
         few_seconds, large_seconds = _best_seconds(few_rows, large, x)
-        if few_seconds > LOSS_MARGIN * large_seconds:
+        if few_seconds > large_seconds:
             break
         best = rows
     return best
