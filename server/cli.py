@@ -72,6 +72,8 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _add_serve_parser(commands, default_model: str) -> None:
+    from server.settings import (DEFAULT_MAX_PIN_SECONDS, DEFAULT_RESPONSES_MAX_AGE_SECONDS,
+                                 DEFAULT_RESPONSES_MAX_BYTES, DEFAULT_RESPONSES_MAX_COUNT)
     from server.settings import (API_KEY_ENV_VAR, DEFAULT_HOST, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WAITING,
                                  DEFAULT_PORT, DEFAULT_TOOL_PIN_SECONDS)
 
@@ -83,8 +85,24 @@ def _add_serve_parser(commands, default_model: str) -> None:
                        help="the model name clients use (default: the model directory's name)")
     serve.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default: {DEFAULT_HOST})")
     serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default: {DEFAULT_PORT})")
-    serve.add_argument("--api-key", metavar="KEY",
-                       help=f"require 'Authorization: Bearer KEY' on /v1 routes (default: ${API_KEY_ENV_VAR})")
+    serve.add_argument("--api-key", metavar="KEY", action="append",
+                       help="require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on /v1 routes; repeat "
+                       f"for several keys (default: ${API_KEY_ENV_VAR})")
+    serve.add_argument("--api-keys-file", metavar="FILE", help="more accepted keys, one a line")
+    serve.add_argument("--tenant-per-key", action="store_true",
+                       help="give each API key its own cache salt: no KV shared across keys unless a request "
+                       "names the same cache_salt")
+    serve.add_argument("--max-pin-seconds", type=float, default=DEFAULT_MAX_PIN_SECONDS,
+                       help="the longest a cache breakpoint (cache_control, prompt_cache_breakpoint) keeps its "
+                       f"prefix from eviction (default: {DEFAULT_MAX_PIN_SECONDS:g})")
+    serve.add_argument("--responses-db", metavar="FILE",
+                       help="SQLite file of stored Responses (default: $RADIXSERVE_HOME/responses.sqlite3)")
+    serve.add_argument("--responses-max-count", type=_positive_int, default=DEFAULT_RESPONSES_MAX_COUNT,
+                       help=f"stored Responses kept, oldest out first (default: {DEFAULT_RESPONSES_MAX_COUNT})")
+    serve.add_argument("--responses-max-bytes", type=_positive_int, default=DEFAULT_RESPONSES_MAX_BYTES,
+                       help=f"bytes of stored Responses kept (default: {DEFAULT_RESPONSES_MAX_BYTES})")
+    serve.add_argument("--responses-max-age-seconds", type=float, default=DEFAULT_RESPONSES_MAX_AGE_SECONDS,
+                       help=f"age at which a stored Response is dropped (default: {DEFAULT_RESPONSES_MAX_AGE_SECONDS:g})")
     serve.add_argument("--kv-cache-memory", metavar="SIZE",
                        help="KV cache size: bytes like '2GiB', or a fraction of free memory like '0.3'")
     serve.add_argument("--max-num-seqs", type=_positive_int, help="requests running at once")

@@ -3,6 +3,7 @@
 from litestar import Request, Response, post
 from litestar.datastructures import State
 
+from server.auth import caller_of
 from server.completion_response import answer
 from server.rag_context import retrieve_context
 from server.responses import ChatShapes, ResponseIdentity
@@ -14,7 +15,7 @@ async def chat_completions(request: Request, state: State) -> Response:
     body = ChatCompletionRequest.model_validate_json(await request.body())
     identity = ResponseIdentity.new("chatcmpl", state.settings.served_model_name)
     context = await retrieve_context(state.retrieval, body, state.settings.rag_order) if body.retrieval else None
-    job = state.service.prepare_chat(body, identity.id, context.documents if context else ())
+    job = state.service.prepare_chat(body, identity.id, context.documents if context else (), caller_of(request))
     extra_fields = {"retrieved_documents": context.reported} if context else None
     shapes = ChatShapes(identity, state.logprobs, include_usage=body.include_usage_chunk, extra_fields=extra_fields)
     return await answer(request, state.service, job, shapes, stream=body.stream,

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from engine.sampling_params import MAX_ABS_LOGIT_BIAS, MAX_ABS_PENALTY, MAX_LOGPROBS, MAX_TEMPERATURE
+from server.schemas_prompt_cache import PromptCacheFields
 from server.settings import MAX_CHOICES
 
 MAX_STOP_STRINGS = 4
@@ -176,7 +177,7 @@ class _SamplingFields(_Body):
         return self.stream and self.stream_options is not None and self.stream_options.include_usage
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(PromptCacheFields, _SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int | None, Field(ge=1)] = None
     logprobs: bool = False

@@ -10,7 +10,7 @@ import uvicorn
 from assembly.chat_template import ChatTemplate, TemplateError
 from engine.engine_config import EngineConfig, parse_kv_cache_memory, resolve_device
 from engine.errors import RadixserveError
-from server.settings import ServerSettings, api_key_from_environment
+from server.settings import ServerSettings, api_key_from_environment, read_api_keys_file
 
 logger = logging.getLogger("radixserve.server")
 
@@ -56,7 +56,12 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
             served_model_name=args.served_model_name or model_dir.name,
             host=args.host,
             port=args.port,
-            api_key=args.api_key if args.api_key is not None else api_key_from_environment(),
+            **_api_key_fields(args),
+            max_pin_seconds=args.max_pin_seconds,
+            responses_max_count=args.responses_max_count,
+            responses_max_bytes=args.responses_max_bytes,
+            responses_max_age_seconds=args.responses_max_age_seconds,
+            **({"responses_db": Path(args.responses_db).expanduser()} if args.responses_db else {}),
             max_waiting=args.max_waiting,
             max_body_bytes=args.max_body_bytes,
             tool_pin_seconds=args.tool_pin_seconds,
@@ -66,6 +71,20 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
         )
     except ValueError as error:
         raise RadixserveError(str(error)) from None
+
+
+def _api_key_fields(args: argparse.Namespace) -> dict:
+    """`--api-key` (repeated) and `--api-keys-file`, else $RADIXSERVE_API_KEY."""
+    keys = list(args.api_key or ())
+    if args.api_keys_file:
+        try:
+            keys += read_api_keys_file(Path(args.api_keys_file).expanduser())
+        except OSError as error:
+            raise ValueError(f"--api-keys-file: {error}") from None
+    if not keys and (from_environment := api_key_from_environment()) is not None:
+        keys = [from_environment]
+    return {"api_key": keys[0] if keys else None, "more_api_keys": tuple(keys[1:]),
+            "tenant_per_key": args.tenant_per_key}
 
 
 def _configure_logging() -> None:
