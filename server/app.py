@@ -9,6 +9,8 @@ lifespan and kept on `app.state`:
     logprobs   LogprobFormatter
     started_at unix seconds the model became ready
     retrieval  RetrievalService (collections, embeddings; its model loads on first use)
+    prompt_ledger  PromptLedger (recent prompts by response id, for cache diagnostics)
+    response_store ResponseStore (stored Responses, SQLite)
 """
 
 import asyncio
@@ -28,11 +30,13 @@ from assembly.tokenizer import Tokenizer
 from engine.async_engine import AsyncEngine
 from engine.engine_config import EngineConfig
 from server.access_log import AccessLogMiddleware
+from server.api_anthropic.routes import ANTHROPIC_ROUTER
 from server.auth import require_api_key
 from server.completion_service import CompletionService
 from server.errors import EXCEPTION_HANDLERS
 from server.logprobs import LogprobFormatter
 from server.metrics import ServerMetrics
+from server.prompt_ledger import PromptLedger
 from server.prompts import RequestPrompts
 from server.retrieval_service import RetrievalService
 from server.routes_chat import chat_completions
@@ -66,6 +70,7 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
             grammars = GrammarCompiler(tokenizer.path, sorted(llm.eos_token_ids), llm.vocab_size)
             app.state.service = CompletionService(engine, prompts, grammars, settings, turns)
             app.state.logprobs = LogprobFormatter(tokenizer)
+            app.state.prompt_ledger = PromptLedger()
             app.state.started_at = int(time.time())
             yield
         finally:
@@ -77,7 +82,7 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
                                        *COLLECTION_ROUTES],
                  guards=[require_api_key])
     app = Litestar(
-        route_handlers=[api, health, metrics],
+        route_handlers=[api, ANTHROPIC_ROUTER, health, metrics],
         lifespan=[open_resources],
         exception_handlers=EXCEPTION_HANDLERS,
         request_max_body_size=settings.max_body_bytes,

@@ -1,0 +1,77 @@
+"""POST /v1/messages and /v1/messages/count_tokens (Anthropic's Messages API), errors in its shape."""
+
+from litestar import Request, Response, Router, post
+from litestar.datastructures import State
+
+from server.api_anthropic.errors import ANTHROPIC_EXCEPTION_HANDLERS
+from server.api_anthropic.schemas import CountTokensRequest, MessagesRequest
+from server.api_anthropic.streaming import message_stream
+from server.api_anthropic.translation import (TranslatedPrompt, message_body, messages_job, new_message_id,
+                                              usage_body)
+from server.auth import caller_of, require_api_key
+from server.cache_diagnostics import Diagnosis, diagnose, prompt_parts
+from server.choice_stream import Usage
+from server.completion_response import StartedStream, run_job
+
+_MISS_TYPES = {"model": "model_changed", "system": "system_changed", "tools": "tools_changed"}
+
+
+def _diagnostics_body(diagnosis: Diagnosis) -> dict:
+    """`diagnostics`, as Anthropic shapes it; the first differing block and token are this server's own."""
+    if diagnosis.cause == "hit":
+        return {"cache_miss_reason": None}
+    if diagnosis.cause == "not_found":
+        return {"cache_miss_reason": {"type": "previous_message_not_found"}}
+    return {"cache_miss_reason": {"type": _MISS_TYPES.get(diagnosis.cause, "messages_changed"),
+                                  "cache_missed_input_tokens": diagnosis.num_missed_tokens,
+                                  "first_differing_block": diagnosis.block,
+                                  "first_differing_token": diagnosis.position}}
+
+
+@post("/messages", status_code=200)
+async def create_message(request: Request, state: State) -> Response:
+    body = MessagesRequest.model_validate_json(await request.body())
+    caller = caller_of(request)
+    service = state.service
+    prompt = TranslatedPrompt(body)
+    chat_job = messages_job(body, prompt)
+    message_id = new_message_id()
+    service.check_model(body.model)
+    job = service.prepare(chat_job, message_id, caller)
+    owner = caller.owner(job.cache_salt)
+    parts = prompt_parts(chat_job, body.model)
+    diagnostics = None
+    if body.diagnostics is not None:
+        previous_id = body.diagnostics.previous_message_id
+        previous = state.prompt_ledger.lookup(previous_id, owner) if previous_id is not None else None
+        if previous_id is None:
+            diagnostics = {"cache_miss_reason": None}  # opted in, nothing to compare with yet
+        else:
+            diagnostics = _diagnostics_body(diagnose(previous, service.prompts, chat_job, job.prompt_token_ids,
+                                                     parts, prompt.sources))
+    state.prompt_ledger.record(message_id, owner, job.prompt_token_ids, parts)
+
+    usage = Usage()
+    outcome = await run_job(request, service, job, usage, stream=body.stream)
+    if isinstance(outcome, Response):
+        return outcome
+    model = body.model
+    if isinstance(outcome, StartedStream):
+        start = {"id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
+                 "stop_reason": None, "stop_sequence": None, "usage": {**usage_body(usage, job), "output_tokens": 0}}
+        if diagnostics is not None:
+            start["diagnostics"] = diagnostics
+        return message_stream(start, outcome.first, outcome.deltas, lambda: usage_body(usage, job))
+    return Response(message_body(message_id, model, outcome[0], usage, job, diagnostics), status_code=200)
+
+
+@post("/messages/count_tokens", status_code=200)
+async def count_tokens(request: Request, state: State) -> Response:
+    body = CountTokensRequest.model_validate_json(await request.body())
+    state.service.check_model(body.model)
+    job = messages_job(body, TranslatedPrompt(body))
+    return Response({"input_tokens": state.service.prompts.count_tokens(job)}, status_code=200)
+
+
+ANTHROPIC_ROUTER = Router("/v1", route_handlers=[create_message, count_tokens], guards=[require_api_key],
+                          exception_handlers=ANTHROPIC_EXCEPTION_HANDLERS)
