@@ -31,6 +31,7 @@ from engine.async_engine import AsyncEngine
 from engine.engine_config import EngineConfig
 from server.access_log import AccessLogMiddleware
 from server.api_anthropic.routes import ANTHROPIC_ROUTER
+from server.api_responses.routes import RESPONSES_ROUTES
 from server.auth import require_api_key
 from server.completion_service import CompletionService
 from server.errors import EXCEPTION_HANDLERS
@@ -38,6 +39,7 @@ from server.logprobs import LogprobFormatter
 from server.metrics import ServerMetrics
 from server.prompt_ledger import PromptLedger
 from server.prompts import RequestPrompts
+from server.response_store import ResponseStore
 from server.retrieval_service import RetrievalService
 from server.routes_chat import chat_completions
 from server.routes_collections import COLLECTION_ROUTES
@@ -60,6 +62,8 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
         engine = await asyncio.to_thread(engine_factory, settings.engine)  # loads weights: seconds
         server_metrics = ServerMetrics(engine)
         retrieval = RetrievalService(settings.collections_dir)
+        responses = ResponseStore(settings.responses_db, settings.responses_max_count, settings.responses_max_bytes,
+                                  settings.responses_max_age_seconds)
         try:
             app.state.retrieval = retrieval
             app.state.engine = engine
@@ -71,15 +75,17 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
             app.state.service = CompletionService(engine, prompts, grammars, settings, turns)
             app.state.logprobs = LogprobFormatter(tokenizer)
             app.state.prompt_ledger = PromptLedger()
+            app.state.response_store = responses
             app.state.started_at = int(time.time())
             yield
         finally:
             await retrieval.close()
+            responses.close()
             server_metrics.close()
             await asyncio.to_thread(engine.shutdown)
 
     api = Router("/v1", route_handlers=[chat_completions, completions, list_models, get_model, embeddings,
-                                       *COLLECTION_ROUTES],
+                                       *COLLECTION_ROUTES, *RESPONSES_ROUTES],
                  guards=[require_api_key])
     app = Litestar(
         route_handlers=[api, ANTHROPIC_ROUTER, health, metrics],

@@ -74,15 +74,15 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
 
 
 def _api_key_fields(args: argparse.Namespace) -> dict:
-    """`--api-key` (repeated) and `--api-keys-file`, else $RADIXSERVE_API_KEY."""
+    """`--api-key` (repeated; else $RADIXSERVE_API_KEY), then the keys of `--api-keys-file`."""
     keys = list(args.api_key or ())
+    if not keys and (from_environment := api_key_from_environment()) is not None:
+        keys = [from_environment]
     if args.api_keys_file:
         try:
             keys += read_api_keys_file(Path(args.api_keys_file).expanduser())
         except OSError as error:
             raise ValueError(f"--api-keys-file: {error}") from None
-    if not keys and (from_environment := api_key_from_environment()) is not None:
-        keys = [from_environment]
     return {"api_key": keys[0] if keys else None, "more_api_keys": tuple(keys[1:]),
             "tenant_per_key": args.tenant_per_key}
 

@@ -1,8 +1,9 @@
 """A real `radixserve serve` process on the default model, shared by the API tests.
 
 It runs with an API key (from $RADIXSERVE_API_KEY, so the variable is tested
-too) and a 1 MB body limit; clients here send the key unless a test is about
-leaving it out.
+too), a second one from --api-keys-file (tests of what one key cannot see of
+another's), its own stored-Responses file and a 1 MB body limit; clients here
+send the first key unless a test is about leaving it out.
 """
 
 import json
@@ -19,6 +20,7 @@ import httpx
 import pytest
 
 API_KEY = "test-key-123"
+OTHER_API_KEY = "other-key-456"
 MAX_BODY_BYTES = 1_000_000
 PAGE_SIZE = 16
 STARTUP_TIMEOUT_S = 180
@@ -51,10 +53,13 @@ def _free_port() -> int:
 @pytest.fixture(scope="session")
 def server(smollm2_dir, tmp_path_factory) -> RunningServer:
     port = _free_port()
-    log_path = tmp_path_factory.mktemp("server") / "server.log"
+    server_dir = tmp_path_factory.mktemp("server")
+    log_path = server_dir / "server.log"
+    (server_dir / "keys.txt").write_text(f"# more keys\n{OTHER_API_KEY}\n")
     env = dict(os.environ, RADIXSERVE_API_KEY=API_KEY)
     command = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--kv-cache-memory", "256MiB",
-               "--dtype", "float32", "--device", "cpu", "--max-body-bytes", str(MAX_BODY_BYTES)]
+               "--dtype", "float32", "--device", "cpu", "--max-body-bytes", str(MAX_BODY_BYTES),
+               "--api-keys-file", str(server_dir / "keys.txt"), "--responses-db", str(server_dir / "responses.sqlite3")]
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     running = RunningServer(f"http://127.0.0.1:{port}", "smollm2-135m-instruct", log_path, process)
