@@ -59,3 +59,20 @@ def _block_at(prompts: RequestPrompts, job: ChatJob, prompt_ids: list[int], posi
         if num_tokens > position:
             return sources[breakpoint.message_index]
     return "generation prompt"
+
+
+_OPENAI_MISS_REASONS = {"model": "model_changed", "cache_key": "prompt_cache_key_changed", "tools": "tools_changed",
+                        "output_format": "text_format_changed"}
+
+
+def openai_diagnostics_body(diagnosis: Diagnosis) -> dict:
+    """`prompt_cache_diagnostics`, as OpenAI shapes it (Chat Completions and Responses); the first
+    differing block and token are this server's own."""
+    if diagnosis.cause == "hit":
+        return {"type": "cache_hit"}
+    if diagnosis.cause == "not_found":
+        return {"type": "comparison_response_not_found"}
+    return {"type": "cache_miss", "reason": _OPENAI_MISS_REASONS.get(diagnosis.cause, "input_changed"),
+            "cache_missed_tokens": diagnosis.num_missed_tokens,
+            "comparison_reusable_tokens": diagnosis.num_reusable_tokens,
+            "first_differing_block": diagnosis.block, "first_differing_token": diagnosis.position}

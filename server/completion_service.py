@@ -4,8 +4,9 @@ Every chat-like API hands `prepare` a ChatJob (server/job.py): the prompt is
 rendered and tokenized by the prompt builder, the grammar chosen (a forced tool
 call, the calls tool_choice auto lets the model make, a JSON output format),
 the sampling fields checked, and the cache breakpoints turned into prefix
-lengths. `prepare_chat` / `prepare_completion` are Chat Completions' and legacy
-completions' entries. Running the job (detokenize, stop strings, tool calls,
+lengths (each API's translation builds the ChatJob: server/chat_translation.py,
+server/api_anthropic/, server/api_responses/). `prepare_completion` is legacy
+completions' entry. Running the job (detokenize, stop strings, tool calls,
 n > 1) is server/choice_stream.py's; `generate` and `complete` hand it on.
 
 When a chat turn finishes, its generated ids are remembered (GeneratedTurns),
@@ -15,7 +16,7 @@ verbatim; a turn that ends in tool calls has its prefix pinned in the cache for
 the request named is pinned for its TTL.
 """
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import replace
 
 from assembly.constrained_output import (GrammarCompiler, GrammarError, json_grammar, optional_tool_calls_grammar,
@@ -26,13 +27,12 @@ from engine.async_engine import AsyncEngine
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
 from server.auth import Caller
-from server.chat_translation import chat_job
 from server.choice_stream import ChoiceDelta, ChoiceResult, ChoiceRunner, FinishedChoice, Usage
 from server.errors import APIError, invalid_request
 from server.job import ChatJob, GenerationJob, PrefixPin
 from server.prompts import RequestPrompts
 from server.sampling import sampling_params
-from server.schemas import ChatCompletionRequest, CompletionRequest
+from server.schemas import CompletionRequest
 from server.settings import ServerSettings
 
 __all__ = ["ChoiceDelta", "ChoiceResult", "CompletionService", "GenerationJob", "Usage"]
@@ -55,11 +55,6 @@ class CompletionService:
         self.max_num_request_tokens = min(llm.max_model_len, num_pool_tokens)
 
     # ---- requests -> jobs ---------------------------------------------------
-
-    def prepare_chat(self, request: ChatCompletionRequest, request_id: str,
-                     retrieved_documents: Sequence[dict] = (), caller: Caller | None = None) -> GenerationJob:
-        """`retrieved_documents` go into the prompt after the request's own documents."""
-        return self.prepare(chat_job(request, retrieved_documents), request_id, caller)
 
     def prepare(self, job: ChatJob, request_id: str, caller: Caller | None = None) -> GenerationJob:
         """Raises APIError (unknown model, overloaded), TemplateError; the engine checks the rest."""

@@ -10,30 +10,14 @@ from server.api_responses.shapes import ResponseShapes, response_stream
 from server.api_responses.translation import (new_response_id, remember_stored_turns, responses_job,
                                               responses_prompt)
 from server.auth import caller_of
-from server.cache_diagnostics import Diagnosis, diagnose, prompt_parts
+from server.cache_diagnostics import diagnose, openai_diagnostics_body, prompt_parts
 from server.choice_stream import ChoiceResult, Usage
 from server.completion_response import StartedStream, run_job
 from server.errors import APIError
 
-_MISS_REASONS = {"model": "model_changed", "cache_key": "prompt_cache_key_changed", "tools": "tools_changed",
-                 "output_format": "text_format_changed"}
-
-
 def _not_found(response_id: str, param: str | None = None) -> APIError:
     return APIError(404, f"no response with id {response_id!r} (or not visible to this key)", param=param,
                     code="response_not_found")
-
-
-def diagnostics_body(diagnosis: Diagnosis) -> dict:
-    """`prompt_cache_diagnostics`, as OpenAI shapes it; the first differing block and token are this server's own."""
-    if diagnosis.cause == "hit":
-        return {"type": "cache_hit"}
-    if diagnosis.cause == "not_found":
-        return {"type": "comparison_response_not_found"}
-    return {"type": "cache_miss", "reason": _MISS_REASONS.get(diagnosis.cause, "input_changed"),
-            "cache_missed_tokens": diagnosis.num_missed_tokens,
-            "comparison_reusable_tokens": diagnosis.num_reusable_tokens,
-            "first_differing_block": diagnosis.block, "first_differing_token": diagnosis.position}
 
 
 @post("/responses", status_code=200)
@@ -59,7 +43,7 @@ async def create_response(request: Request, state: State) -> Response:
         extra["prompt_cache_options"] = body.prompt_cache_options.model_dump()
         if (comparison_id := body.prompt_cache_options.comparison_response_id) is not None:
             compared = state.prompt_ledger.lookup(comparison_id, owner)
-            extra["prompt_cache_diagnostics"] = diagnostics_body(
+            extra["prompt_cache_diagnostics"] = openai_diagnostics_body(
                 diagnose(compared, service.prompts, chat_job, job.prompt_token_ids, parts, prompt.sources))
     state.prompt_ledger.record(response_id, owner, job.prompt_token_ids, parts)
     shapes = ResponseShapes(response_id, model, body)

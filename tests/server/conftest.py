@@ -13,6 +13,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,16 +52,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def server(smollm2_dir, tmp_path_factory) -> RunningServer:
+@contextmanager
+def serving(server_dir: Path, extra_args: list[str], env: dict[str, str] | None = None) -> Iterator[RunningServer]:
+    """A `radixserve serve` process on the default model (CPU, float32, 256 MiB of KV), logging into
+    server_dir, until the block ends."""
     port = _free_port()
-    server_dir = tmp_path_factory.mktemp("server")
     log_path = server_dir / "server.log"
-    (server_dir / "keys.txt").write_text(f"# more keys\n{OTHER_API_KEY}\n")
-    env = dict(os.environ, RADIXSERVE_API_KEY=API_KEY)
     command = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--kv-cache-memory", "256MiB",
-               "--dtype", "float32", "--device", "cpu", "--max-body-bytes", str(MAX_BODY_BYTES),
-               "--api-keys-file", str(server_dir / "keys.txt"), "--responses-db", str(server_dir / "responses.sqlite3")]
+               "--dtype", "float32", "--device", "cpu", "--responses-db", str(server_dir / "responses.sqlite3"),
+               *extra_args]
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     running = RunningServer(f"http://127.0.0.1:{port}", "smollm2-135m-instruct", log_path, process)
@@ -82,6 +83,15 @@ def server(smollm2_dir, tmp_path_factory) -> RunningServer:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@pytest.fixture(scope="session")
+def server(smollm2_dir, tmp_path_factory) -> RunningServer:
+    server_dir = tmp_path_factory.mktemp("server")
+    (server_dir / "keys.txt").write_text(f"# more keys\n{OTHER_API_KEY}\n")
+    with serving(server_dir, ["--max-body-bytes", str(MAX_BODY_BYTES), "--api-keys-file", str(server_dir / "keys.txt")],
+                 env=dict(os.environ, RADIXSERVE_API_KEY=API_KEY)) as running:
+        yield running
 
 
 @pytest.fixture

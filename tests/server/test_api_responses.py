@@ -7,7 +7,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.conftest import API_KEY, OTHER_API_KEY, PAGE_SIZE
+from tests.server.conftest import OTHER_API_KEY, PAGE_SIZE
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 

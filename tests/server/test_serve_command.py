@@ -58,3 +58,19 @@ def test_bad_values_are_one_line_errors(monkeypatch, capsys, smollm2_dir, argv, 
 def test_settings_errors_are_radixserve_errors(smollm2_dir):
     with pytest.raises(RadixserveError):
         settings_from_args(_args("--max-waiting", "1", "--api-key", "  "), smollm2_dir)
+
+
+def test_several_api_keys_from_flags_and_a_file(monkeypatch, smollm2_dir, tmp_path):
+    monkeypatch.delenv("RADIXSERVE_API_KEY", raising=False)
+    keys_file = tmp_path / "keys.txt"
+    keys_file.write_text("# team keys\nk3\n\n  k4  \n")
+    settings = settings_from_args(_args("--api-key", "k1", "--api-key", "k2", "--api-keys-file", str(keys_file),
+                                        "--tenant-per-key"), smollm2_dir)
+    assert settings.api_keys == ("k1", "k2", "k3", "k4") and settings.tenant_per_key
+    monkeypatch.setenv("RADIXSERVE_API_KEY", "from-env")
+    assert settings_from_args(_args("--api-keys-file", str(keys_file)), smollm2_dir).api_keys == ("from-env", "k3", "k4")
+    with pytest.raises(RadixserveError, match="api-keys-file"):
+        settings_from_args(_args("--api-keys-file", str(tmp_path / "missing.txt")), smollm2_dir)
+    monkeypatch.delenv("RADIXSERVE_API_KEY")
+    with pytest.raises(RadixserveError, match="tenant per key needs api keys"):
+        settings_from_args(_args("--tenant-per-key"), smollm2_dir)
