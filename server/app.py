@@ -30,11 +30,11 @@ from assembly.tokenizer import Tokenizer
 from engine.async_engine import AsyncEngine
 from engine.engine_config import EngineConfig
 from server.access_log import AccessLogMiddleware
-from server.api_anthropic.routes import ANTHROPIC_ROUTER
+from server.api_anthropic.errors import EXCEPTION_HANDLERS_BY_API
+from server.api_anthropic.routes import ANTHROPIC_ROUTES
 from server.api_responses.routes import RESPONSES_ROUTES
 from server.auth import require_api_key
 from server.completion_service import CompletionService
-from server.errors import EXCEPTION_HANDLERS
 from server.logprobs import LogprobFormatter
 from server.metrics import ServerMetrics
 from server.prompt_ledger import PromptLedger
@@ -85,12 +85,12 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
             await asyncio.to_thread(engine.shutdown)
 
     api = Router("/v1", route_handlers=[chat_completions, completions, list_models, get_model, embeddings,
-                                       *COLLECTION_ROUTES, *RESPONSES_ROUTES],
+                                       *COLLECTION_ROUTES, *RESPONSES_ROUTES, *ANTHROPIC_ROUTES],
                  guards=[require_api_key])
     app = Litestar(
-        route_handlers=[api, ANTHROPIC_ROUTER, health, metrics],
+        route_handlers=[api, health, metrics],
         lifespan=[open_resources],
-        exception_handlers=EXCEPTION_HANDLERS,
+        exception_handlers=EXCEPTION_HANDLERS_BY_API,
         request_max_body_size=settings.max_body_bytes,
         state=State({"settings": settings}),
         openapi_config=None,

@@ -1,14 +1,13 @@
 """POST /v1/messages and /v1/messages/count_tokens (Anthropic's Messages API), errors in its shape."""
 
-from litestar import Request, Response, Router, post
+from litestar import Request, Response, post
 from litestar.datastructures import State
 
-from server.api_anthropic.errors import ANTHROPIC_EXCEPTION_HANDLERS
 from server.api_anthropic.schemas import CountTokensRequest, MessagesRequest
 from server.api_anthropic.streaming import message_stream
 from server.api_anthropic.translation import (TranslatedPrompt, message_body, messages_job, new_message_id,
                                               usage_body)
-from server.auth import caller_of, require_api_key
+from server.auth import caller_of
 from server.cache_diagnostics import Diagnosis, diagnose, prompt_parts
 from server.choice_stream import Usage
 from server.completion_response import StartedStream, run_job
@@ -73,5 +72,4 @@ async def count_tokens(request: Request, state: State) -> Response:
     return Response({"input_tokens": state.service.prompts.count_tokens(job)}, status_code=200)
 
 
-ANTHROPIC_ROUTER = Router("/v1", route_handlers=[create_message, count_tokens], guards=[require_api_key],
-                          exception_handlers=ANTHROPIC_EXCEPTION_HANDLERS)
+ANTHROPIC_ROUTES = [create_message, count_tokens]

@@ -185,3 +185,33 @@ def test_a_bearer_token_works_as_well(server):
                           headers={"Authorization": f"Bearer {API_KEY}"},
                           json={"model": server.model, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
     assert response.status_code == 200 and response.json()["type"] == "message"
+
+
+def test_a_streamed_tool_use_reassembles_to_the_message(client, server):
+    request = dict(model=server.model, max_tokens=40, system=_system(), tools=[WEATHER_TOOL],
+                   tool_choice={"type": "tool", "name": "get_weather"}, extra_body={"temperature": 0},
+                   messages=[{"role": "user", "content": "Weather in Oslo?"}])
+    whole = client.messages.create(**request)
+    kinds = []
+    with client.messages.stream(**request) as stream:
+        for event in stream:
+            if event.type == "content_block_start":
+                kinds.append(event.content_block.type)
+            elif event.type == "content_block_delta":
+                kinds.append(event.delta.type)
+        final = stream.get_final_message()
+    assert kinds[0] == "tool_use" and set(kinds[1:]) == {"input_json_delta"}
+    assert final.stop_reason == whole.stop_reason == "tool_use"
+    assert [(b.type, b.name, b.input) for b in final.content] == [(b.type, b.name, b.input) for b in whole.content]
+
+
+@pytest.mark.parametrize("method, route, kwargs, status", [
+    ("GET", "/v1/messages", {}, 405),
+    ("POST", "/v1/messages", {"content": b"x" * 1_100_000}, 413),
+    ("POST", "/v1/messages", {"json": [1, 2]}, 400),
+    ("POST", "/v1/messages/count_tokens", {"json": {"model": "m"}}, 400),
+])
+def test_framework_errors_on_the_messages_routes_are_anthropic_shaped(server, method, route, kwargs, status):
+    response = httpx.request(method, server.base_url + route, headers={"x-api-key": API_KEY}, timeout=60, **kwargs)
+    assert response.status_code == status, response.text
+    assert response.json()["type"] == "error" and "message" in response.json()["error"]
