@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from server.schemas import MAX_STOP_STRINGS
 
 MAX_TEMPERATURE = 1.0  # Anthropic's range is [0, 1]
+MAX_CACHE_CONTROLS = 4  # as Anthropic: each is a pin, so they are bounded
 
 # Fields the official client sends that this server does not honour; named in the 400.
 UNSUPPORTED_FIELDS = ("container", "inference_geo", "user_profile_id", "workspace_id", "mcp_servers",
@@ -167,7 +168,17 @@ class _PromptFields(_Body):
             raise ValueError("tool_choice 'any' needs tools")
         if self.forces_tool_use and self.output_config is not None and self.output_config.format is not None:
             raise ValueError("a forced tool use and output_config.format cannot be combined")
+        if self.num_cache_controls > MAX_CACHE_CONTROLS:
+            raise ValueError(f"a maximum of {MAX_CACHE_CONTROLS} blocks with cache_control may be provided, "
+                             f"got {self.num_cache_controls}")
         return self
+
+    @property
+    def num_cache_controls(self) -> int:
+        blocks = [*(self.system if isinstance(self.system, list) else ()), *(self.tools or ())]
+        for message in self.messages:
+            blocks += [] if isinstance(message.content, str) else message.content
+        return sum(block.cache_control is not None for block in blocks) + (self.cache_control is not None)
 
     @property
     def forces_tool_use(self) -> bool:

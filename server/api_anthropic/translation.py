@@ -115,10 +115,7 @@ def messages_job(request: CountTokensRequest, prompt: TranslatedPrompt) -> ChatJ
         max_new_tokens, stops = request.max_tokens, tuple(request.stop_sequences or ())
     return ChatJob(
         messages=tuple(prompt.messages),
-        tools=tuple({"type": "function", "function": {"name": t.name, "description": t.description,
-                                                      "parameters": t.input_schema}} if t.description else
-                    {"type": "function", "function": {"name": t.name, "parameters": t.input_schema}}
-                    for t in request.tools or ()),
+        tools=tuple(_function_tool(tool) for tool in request.tools or ()),
         tool_choice=tool_choice,
         parallel_tool_calls=not (choice is not None and choice.disable_parallel_tool_use),
         output_format=output_format,
@@ -127,6 +124,14 @@ def messages_job(request: CountTokensRequest, prompt: TranslatedPrompt) -> ChatJ
         stop_strings=stops,
         cache_breakpoints=tuple(prompt.breakpoints),
     )
+
+
+def _function_tool(tool) -> dict:
+    """An Anthropic tool as the OpenAI function the prompt builder renders."""
+    function = {"name": tool.name, "parameters": tool.input_schema}
+    if tool.description is not None:
+        function["description"] = tool.description
+    return {"type": "function", "function": function}
 
 
 def stop_reason(result_finish_reason: str, stop_string: str | None) -> str:

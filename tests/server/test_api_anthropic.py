@@ -153,6 +153,8 @@ def test_diagnostics_name_where_the_prompt_diverged(client, server):
     ({"max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}],
       "tool_choice": {"type": "tool", "name": "nope"}, "tools": [WEATHER_TOOL]}, 400, "nope"),
     ({"max_tokens": 5, "messages": []}, 400, "messages"),
+    ({"max_tokens": 5, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": str(i), "cache_control": {"type": "ephemeral"}} for i in range(5)]}]}, 400, "maximum"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}], "model": "claude-nope"}, 404, "claude-nope"),
 ])
 def test_bad_requests_get_anthropic_errors(server, body, status, fragment):
