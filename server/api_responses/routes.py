@@ -4,6 +4,7 @@ import asyncio
 
 from litestar import Request, Response, delete, get, post
 from litestar.datastructures import State
+from litestar.params import FromPath, FromQuery
 
 from server.api_responses.schemas import ResponsesRequest
 from server.api_responses.shapes import ResponseShapes, response_stream
@@ -77,7 +78,8 @@ def _store(store, owner: str, final: dict, prompt, previous, result: ChoiceResul
 
 
 @get("/responses/{response_id:str}")
-async def get_response(request: Request, state: State, response_id: str, cache_salt: str | None = None) -> Response:
+async def get_response(request: Request, state: State, response_id: FromPath[str],
+                       cache_salt: FromQuery[str | None] = None) -> Response:
     stored = await asyncio.to_thread(state.response_store.get, response_id, _owner(request, cache_salt))
     if stored is None:
         raise _not_found(response_id)
@@ -85,7 +87,8 @@ async def get_response(request: Request, state: State, response_id: str, cache_s
 
 
 @delete("/responses/{response_id:str}", status_code=200)
-async def delete_response(request: Request, state: State, response_id: str, cache_salt: str | None = None) -> Response:
+async def delete_response(request: Request, state: State, response_id: FromPath[str],
+                       cache_salt: FromQuery[str | None] = None) -> Response:
     if not await asyncio.to_thread(state.response_store.delete, response_id, _owner(request, cache_salt)):
         raise _not_found(response_id)
     return Response({"id": response_id, "object": "response", "deleted": True}, status_code=200)
