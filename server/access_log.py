@@ -15,6 +15,7 @@ from litestar import Request
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.completion_service import Usage
+from server.disconnect import watch_body
 
 logger = logging.getLogger("radixserve.access")
 
@@ -71,6 +72,6 @@ class AccessLogMiddleware:
             await send(message)
 
         try:
-            await self.app(scope, receive, send_and_watch)
+            await self.app(scope, watch_body(scope, receive), send_and_watch)
         finally:
             logger.info(record.line(time.perf_counter()))

@@ -9,6 +9,9 @@ lifespan and kept on `app.state`:
     logprobs   LogprobFormatter
     started_at unix seconds the model became ready
     retrieval  RetrievalService (collections, embeddings; its model loads on first use)
+
+GET /openapi.json is the OpenAPI document of these routes (server/openapi.py); with
+`allowed_origins` (serve --allowed-origins) browsers on those origins may call the API (CORS).
 """
 
 import asyncio
@@ -16,7 +19,10 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
+from importlib.metadata import version
+
 from litestar import Litestar, Router
+from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 
 from assembly.chat_template import ChatTemplate
@@ -33,6 +39,7 @@ from server.completion_service import CompletionService
 from server.errors import EXCEPTION_HANDLERS
 from server.logprobs import LogprobFormatter
 from server.metrics import ServerMetrics
+from server.openapi import openapi_config
 from server.prompts import RequestPrompts
 from server.retrieval_service import RetrievalService
 from server.routes_chat import chat_completions
@@ -82,9 +89,19 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
         exception_handlers=EXCEPTION_HANDLERS,
         request_max_body_size=settings.max_body_bytes,
         state=State({"settings": settings}),
-        openapi_config=None,
+        openapi_config=openapi_config(version("radixserve")),  # GET /openapi.json
+        cors_config=_cors_config(settings.allowed_origins),
         logging_config=None,
     )
     # Outermost, so the access log sees every request, routed or not.
     app.asgi_handler = AccessLogMiddleware(app.asgi_handler)
     return app
+
+
+def _cors_config(allowed_origins: tuple[str, ...]) -> CORSConfig | None:
+    """Browsers may call the API from these origins. A preflight (OPTIONS) is answered by the
+    CORS middleware before any guard, so it needs no API key; the real request still does."""
+    if not allowed_origins:
+        return None
+    return CORSConfig(allow_origins=list(allowed_origins), allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+                      allow_headers=["*"], expose_headers=["Retry-After"], max_age=600)

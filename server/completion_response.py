@@ -6,16 +6,32 @@ request the engine refuses (too long, ids outside the vocabulary) still gets
 its 400 rather than a 200 with an error inside.
 """
 
+from collections.abc import AsyncIterator
+from typing import Protocol
+
 from litestar import Request, Response
 
 from server.access_log import access_record
-from server.completion_service import CompletionService, GenerationJob, Usage
+from server.completion_service import ChoiceDelta, ChoiceResult, Usage
 from server.disconnect import CLIENT_CLOSED_REQUEST, ClientDisconnected, until_disconnected
 from server.responses import ChatShapes, CompletionShapes
 from server.streaming import sse_response
 
 
-async def answer(request: Request, service: CompletionService, job: GenerationJob,
+class Job(Protocol):
+    request_id: str
+    num_choices: int
+
+
+class Runner(Protocol):
+    """CompletionService (a GenerationJob), or CompletionBatchRunner (a CompletionBatch)."""
+
+    def generate(self, job, usage: Usage) -> AsyncIterator[ChoiceDelta]: ...
+
+    async def complete(self, job, usage: Usage) -> list[ChoiceResult]: ...
+
+
+async def answer(request: Request, service: Runner, job: Job,
                  shapes: ChatShapes | CompletionShapes, *, stream: bool, include_usage: bool) -> Response:
     usage = Usage()
     record = access_record(request)

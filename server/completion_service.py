@@ -72,6 +72,9 @@ class ChoiceDelta:
     top_logprobs: list[list[tuple[int, float]]] | None
     finish_reason: str | None  # "stop" | "length" | "tool_calls" on the choice's last delta
     tool_calls: tuple[ToolCallDelta, ...] = ()
+    # the engine's prompt logprobs (params.prompt_logprobs), on the choice's first delta only
+    prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None
 
 
 @dataclass
@@ -175,11 +178,15 @@ class CompletionService:
             raise invalid_request(f"{param}: the schema cannot be used to constrain output: {error}",
                                   param=param) from None
 
-    def prepare_completion(self, request: CompletionRequest, request_id: str) -> GenerationJob:
+    def prepare_completion(self, request: CompletionRequest, request_id: str) -> list[GenerationJob]:
+        """One job per prompt, each with the request's n choices."""
         self._check_model(request.model)
         self._check_capacity()
-        prompt_ids = self.prompts.completion_prompt_ids(request)
-        return self._job(request, request_id, prompt_ids, request.max_new_tokens)
+        prompt_id_lists = self.prompts.completion_prompt_ids(request)
+        if len(prompt_id_lists) == 1:
+            return [self._job(request, request_id, prompt_id_lists[0], request.max_new_tokens)]
+        return [self._job(request, f"{request_id}-p{i}", prompt_ids, request.max_new_tokens)
+                for i, prompt_ids in enumerate(prompt_id_lists)]
 
     def _job(self, request, request_id: str, prompt_ids: list[int], max_new_tokens: int) -> GenerationJob:
         return GenerationJob(request_id=request_id, prompt_token_ids=prompt_ids,
@@ -292,7 +299,8 @@ class CompletionService:
                     call_deltas = tuple(new_calls)
                 content.append(text)
                 yield ChoiceDelta(index, text, list(output.new_token_ids), output.logprobs,
-                                  output.top_logprobs, finish_reason, call_deltas)
+                                  output.top_logprobs, finish_reason, call_deltas, output.prompt_logprobs,
+                                  output.prompt_top_logprobs)
                 if finish_reason is not None:
                     if job.is_chat and not is_stopped:
                         self._keep_turn(job, output.finish_reason, generated_ids, "".join(content),

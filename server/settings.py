@@ -41,6 +41,7 @@ class ServerSettings:
     tool_pin_seconds: float = DEFAULT_TOOL_PIN_SECONDS  # 0: no pinning
     chat_template_path: Path | None = None  # overrides the model's template
     rag_order: str = "relevance"  # retrieved documents in the prompt: "relevance" or "canonical" (server/rag_context.py)
+    allowed_origins: tuple[str, ...] = ()  # CORS: browser origins that may call the API ("*": any); () no CORS
 
     def __post_init__(self):
         if not self.served_model_name:
@@ -55,5 +56,8 @@ class ServerSettings:
             raise ValueError(f"rag order must be relevance or canonical, got {self.rag_order!r}")
         if not 0 <= self.tool_pin_seconds <= 3600:
             raise ValueError(f"tool pin seconds must be in [0, 3600], got {self.tool_pin_seconds}")
+        for origin in self.allowed_origins:
+            if origin != "*" and not (origin.startswith(("http://", "https://")) and origin.count("/") == 2):
+                raise ValueError(f"allowed origin must be '*' or scheme://host[:port] (no path), got {origin!r}")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api key must not be blank")

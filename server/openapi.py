@@ -1,0 +1,53 @@
+"""The OpenAPI document of the real routes: Litestar generates it, served at GET /openapi.json.
+
+Handlers read their JSON body themselves (`Model.model_validate_json`, so every failure
+is our 400 error object), which Litestar cannot see; each body route names its model with
+`operation_class=json_body(Model)`, and the document then carries the model's JSON schema
+(pydantic's, definitions inlined) as the route's request body.
+"""
+
+from typing import Any
+
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import JsonRenderPlugin
+from litestar.openapi.spec import Operation
+from pydantic import BaseModel
+
+OPENAPI_PATH = "/openapi.json"
+
+
+def openapi_config(version: str) -> OpenAPIConfig:
+    return OpenAPIConfig(title="radixserve", version=version, path="/", render_plugins=[JsonRenderPlugin()],
+                         description="OpenAI-compatible LLM server: chat completions, completions, embeddings, "
+                                     "collections for retrieval.")
+
+
+def json_body(model: type[BaseModel]) -> type[Operation]:
+    """An Operation class whose document names `model`'s JSON schema as the request body."""
+    schema = _inline_definitions(model.model_json_schema(by_alias=True))
+
+    class JSONBodyOperation(Operation):
+        def to_schema(self) -> dict[str, Any]:
+            result = super().to_schema()
+            result["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}
+            return result
+
+    JSONBodyOperation.__name__ = f"{model.__name__}Operation"
+    return JSONBodyOperation
+
+
+def _inline_definitions(schema: dict) -> dict:
+    """pydantic's schema with every `{"$ref": "#/$defs/X"}` replaced by X (our models are not recursive)."""
+    definitions = schema.pop("$defs", {})
+
+    def inline(value: Any) -> Any:
+        if isinstance(value, dict):
+            ref = value.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return inline(definitions[ref.removeprefix("#/$defs/")])
+            return {key: inline(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [inline(item) for item in value]
+        return value
+
+    return inline(schema)
