@@ -39,7 +39,7 @@ from server.completion_service import CompletionService
 from server.errors import EXCEPTION_HANDLERS
 from server.logprobs import LogprobFormatter
 from server.metrics import ServerMetrics
-from server.openapi import openapi_config
+from server.openapi import openapi_config, openapi_document
 from server.prompts import RequestPrompts
 from server.retrieval_service import RetrievalService
 from server.routes_chat import chat_completions
@@ -84,7 +84,7 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
                                        *COLLECTION_ROUTES],
                  guards=[require_api_key])
     app = Litestar(
-        route_handlers=[api, health, metrics],
+        route_handlers=[api, health, metrics, openapi_document],
         lifespan=[open_resources],
         exception_handlers=EXCEPTION_HANDLERS,
         request_max_body_size=settings.max_body_bytes,

@@ -1,4 +1,5 @@
-"""The OpenAPI document of the real routes: Litestar generates it, served at GET /openapi.json.
+"""The OpenAPI document of the real routes: Litestar generates it; GET /openapi.json serves it
+(as does Litestar's own /schema/openapi.json).
 
 Handlers read their JSON body themselves (`Model.model_validate_json`, so every failure
 is our 400 error object), which Litestar cannot see; each body route names its model with
@@ -8,18 +9,25 @@ is our 400 error object), which Litestar cannot see; each body route names its m
 
 from typing import Any
 
+from litestar import Request, get
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.openapi.spec import Operation
 from pydantic import BaseModel
 
-OPENAPI_PATH = "/openapi.json"
+LITESTAR_SCHEMA_PATH = "/schema"  # Litestar's routes: /schema, /schema/openapi.json
 
 
 def openapi_config(version: str) -> OpenAPIConfig:
-    return OpenAPIConfig(title="radixserve", version=version, path="/", render_plugins=[JsonRenderPlugin()],
+    return OpenAPIConfig(title="radixserve", version=version, path=LITESTAR_SCHEMA_PATH,
+                         render_plugins=[JsonRenderPlugin()],
                          description="OpenAI-compatible LLM server: chat completions, completions, embeddings, "
                                      "collections for retrieval.")
+
+
+@get("/openapi.json", include_in_schema=False, sync_to_thread=False)
+def openapi_document(request: Request) -> dict:
+    return request.app.openapi_schema.to_schema()
 
 
 def json_body(model: type[BaseModel]) -> type[Operation]:
