@@ -200,15 +200,15 @@ class FakeEngine:
         self.is_shut_down = True
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tokenizer(smollm2_dir):
     return Tokenizer(smollm2_dir)
 
 
-@pytest.fixture
-def make_client(smollm2_dir, tokenizer, tmp_path_factory):
-    """make_client(text, **settings) -> (TestClient, FakeEngine) whose engine 'generates' `text`."""
-    clients = []
+@pytest.fixture(scope="session")
+def make_fake_app(smollm2_dir, tokenizer, tmp_path_factory):
+    """make_fake_app(text, **settings) -> (app, engines): the app, whose lifespan will build one
+    FakeEngine 'generating' `text` into `engines`."""
 
     def make(text: str = "Hello there, friend.", **settings_fields):
         engines = []
@@ -220,7 +220,19 @@ def make_client(smollm2_dir, tokenizer, tmp_path_factory):
         settings_fields.setdefault("collections_dir", tmp_path_factory.mktemp("collections"))
         settings = ServerSettings(engine=EngineConfig(model_dir=smollm2_dir), served_model_name=MODEL,
                                   **settings_fields)
-        client = TestClient(create_app(settings, engine_factory=factory), raise_server_exceptions=False)
+        return create_app(settings, engine_factory=factory), engines
+
+    return make
+
+
+@pytest.fixture
+def make_client(make_fake_app):
+    """make_client(text, **settings) -> (TestClient, FakeEngine) whose engine 'generates' `text`."""
+    clients = []
+
+    def make(text: str = "Hello there, friend.", **settings_fields):
+        app, engines = make_fake_app(text, **settings_fields)
+        client = TestClient(app, raise_server_exceptions=False)
         client.__enter__()  # runs the lifespan
         clients.append(client)
         return client, engines[0]
