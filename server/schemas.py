@@ -55,12 +55,13 @@ def _prompts(value: Any) -> Any:
     """str | [str, ...] | [int, ...] | [[int, ...], ...] -> a list of prompts, each str | list[int]."""
     if isinstance(value, str) or _is_token_ids(value):
         return [value]
-    if isinstance(value, list) and value and all(isinstance(p, str) or _is_token_ids(p) for p in value):
+    if isinstance(value, list) and value and (all(isinstance(p, str) for p in value)
+                                              or all(_is_token_ids(p) for p in value)):
         if len(value) > MAX_PROMPTS:
             raise ValueError(f"{len(value)} prompts in one request; at most {MAX_PROMPTS}")
         return value
     raise ValueError("prompt must be a string, a list of strings, a list of token ids (integers >= 0) "
-                     "or a list of such lists")
+                     "or a list of such lists (not a mix)")
 
 
 _Body = RequestBody
@@ -243,7 +244,7 @@ class ChatCompletionRequest(_SamplingFields):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: Annotated[list[str | list[int]], BeforeValidator(_prompts)]
+    prompt: Annotated[list[str] | list[list[int]], BeforeValidator(_prompts)]
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     echo: bool = False  # the prompt's text (and, with logprobs, its tokens' logprobs) before each choice's
     suffix: None = None
