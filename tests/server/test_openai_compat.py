@@ -206,3 +206,10 @@ def test_optional_annotations_keep_constraints_inside_the_union():
             if type(None) in typing.get_args(info.annotation) and not info.is_required():
                 assert not info.metadata or all(type(m).__name__ in ("BeforeValidator",) for m in info.metadata), \
                     f"{model.__name__}.{name}: {info.metadata}"
+
+
+@pytest.mark.parametrize("prompt", [[10**30], [5, 49152], [[1], [2**32]]])
+def test_echo_of_token_ids_outside_the_vocabulary_is_a_400(make_client, prompt):
+    client, _ = make_client("ok")
+    response = client.post("/v1/completions", json={"prompt": prompt, "echo": True})
+    assert response.status_code == 400 and "vocabulary" in response.json()["error"]["message"]
