@@ -45,6 +45,14 @@ def _stop_list(value: Any) -> Any:
 
 MAX_PROMPTS = 64  # prompts in one /v1/completions request (each gets its n choices)
 
+# What a client may send (the OpenAPI document shows these; validators normalise them).
+_Text = Annotated[str, Field(min_length=1)]
+_TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+_PromptInput = (_Text | Annotated[list[_Text], Field(min_length=1, max_length=MAX_PROMPTS)]
+                | _TokenIds | Annotated[list[_TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)])
+_StopInput = _Text | Annotated[list[_Text], Field(max_length=MAX_STOP_STRINGS)] | None
+_TextPart = dict[Literal["type", "text"], str]
+
 
 def _is_token_ids(value: Any) -> bool:
     return (isinstance(value, list) and bool(value)
@@ -80,7 +88,8 @@ class AssistantToolCall(_Body):
 
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Annotated[str | None, BeforeValidator(_content_text)] = None
+    content: Annotated[str | None,
+                       BeforeValidator(_content_text, json_schema_input_type=str | list[_TextPart] | None)] = None
     name: str | None = None
     tool_calls: list[AssistantToolCall] | None = None  # an assistant turn's calls, re-rendered by the template
     tool_call_id: str | None = None
@@ -171,7 +180,7 @@ class _SamplingFields(_Body):
                      Annotated[float, Field(ge=-MAX_ABS_LOGIT_BIAS, le=MAX_ABS_LOGIT_BIAS)]] | None = None
     seed: int | None = None
     stop: Annotated[Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_STRINGS)] | None,
-                    BeforeValidator(_stop_list)] = None
+                    BeforeValidator(_stop_list, json_schema_input_type=_StopInput)] = None
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None  # extension, as vLLM
     n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
     stream: bool = False
@@ -244,7 +253,7 @@ class ChatCompletionRequest(_SamplingFields):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: Annotated[list[str] | list[list[int]], BeforeValidator(_prompts)]
+    prompt: Annotated[list[str] | list[list[int]], BeforeValidator(_prompts, json_schema_input_type=_PromptInput)]
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     echo: bool = False  # the prompt's text (and, with logprobs, its tokens' logprobs) before each choice's
     suffix: None = None

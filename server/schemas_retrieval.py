@@ -70,8 +70,16 @@ def _embedding_inputs(value: Any) -> Any:
                      "or a list of such lists")
 
 
+_TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+# What a client may send (the OpenAPI document shows it; the validator normalises it to a list).
+_Text = Annotated[str, Field(min_length=1)]
+_EmbeddingInput = (_Text | Annotated[list[_Text], Field(min_length=1)]
+                   | _TokenIds | Annotated[list[_TokenIds], Field(min_length=1)])
+
+
 class EmbeddingRequest(_Body):
-    input: Annotated[list[str] | list[list[int]], BeforeValidator(_embedding_inputs)]
+    input: Annotated[list[str] | list[list[int]],
+                     BeforeValidator(_embedding_inputs, json_schema_input_type=_EmbeddingInput)]
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
