@@ -1,16 +1,21 @@
 """Turns a step's chunks into one flat batch, runs the model, returns logits.
 
 Rows of every scheduled chunk are concatenated (N tokens in all); logits are
-computed only for the rows that end a chunk completing its request's known
-tokens (a finished prefill or a decode), never for mid-prompt rows.
+computed for the rows that end a chunk completing its request's known tokens
+(a finished prefill or a decode), and mid-prompt only for a request that asked
+for prompt logprobs (each prompt row's logits score the prompt's next token).
 """
 
 import torch
 
 from cache.kv_pool import KVPool
 from engine.models.llama import LlamaForCausalLM
+from engine.request import Request
 from engine.scheduler import ScheduledChunk
 from kernels.paged_attention import AttentionInputs
+
+# (request, position p of its first row, logits (R, V) float32 of positions p..p+R-1)
+PromptLogits = tuple[Request, int, torch.Tensor]
 
 
 class ModelRunner:
@@ -20,8 +25,10 @@ class ModelRunner:
         self.page_size = kv_pool.page_size
         self.device = device
 
-    def run(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor | None, list[ScheduledChunk]]:
-        """Returns (logits (M, V) float32 or None, the M chunks they belong to)."""
+    def run(self, chunks: list[ScheduledChunk]
+            ) -> tuple[torch.Tensor | None, list[ScheduledChunk], list[PromptLogits]]:
+        """Returns (logits (M, V) float32 or None, the M chunks they belong to, the logits of
+        prompt rows whose request wants prompt logprobs: a row's logits score the token after it)."""
         page_size = self.page_size
         input_ids: list[int] = []
         slot_ids: list[int] = []
@@ -30,6 +37,8 @@ class ModelRunner:
         page_ids_per_seq: list[list[int]] = []
         logit_rows: list[int] = []
         sampled_chunks: list[ScheduledChunk] = []
+        prompt_rows: list[int] = []
+        prompt_spans: list[tuple[Request, int, int]] = []  # (request, first position, num rows)
         for chunk in chunks:
             request = chunk.request
             end = chunk.start + chunk.num_tokens
@@ -39,6 +48,13 @@ class ModelRunner:
             query_lens.append(chunk.num_tokens)
             context_lens.append(end)
             page_ids_per_seq.append(page_ids)
+            if request.needs_prompt_logprobs:
+                # rows start..last score prompt tokens start+1..last+1; the prompt's last row samples
+                last = min(end, len(request.prompt_token_ids) - 1)
+                if last > chunk.start:
+                    first_row = len(input_ids) - chunk.num_tokens
+                    prompt_rows.extend(range(first_row, first_row + last - chunk.start))
+                    prompt_spans.append((request, chunk.start, last - chunk.start))
             if chunk.completes_request_tokens:
                 logit_rows.append(len(input_ids) - 1)
                 sampled_chunks.append(chunk)
@@ -55,7 +71,15 @@ class ModelRunner:
             self.kv_pool.layers,
             attn,
         )  # (N, d)
+        prompt_logits: list[PromptLogits] = []
+        if prompt_rows:
+            all_prompt_logits = self.model.compute_logits(
+                hidden.index_select(0, torch.tensor(prompt_rows, device=self.device)))
+            offset = 0
+            for request, position, num_rows in prompt_spans:
+                prompt_logits.append((request, position, all_prompt_logits[offset:offset + num_rows]))
+                offset += num_rows
         if not logit_rows:
-            return None, []
+            return None, [], prompt_logits
         rows = torch.tensor(logit_rows, device=self.device)
-        return self.model.compute_logits(hidden.index_select(0, rows)), sampled_chunks
+        return self.model.compute_logits(hidden.index_select(0, rows)), sampled_chunks, prompt_logits

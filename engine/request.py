@@ -58,6 +58,10 @@ class Request:
     num_computed_tokens: int = 0  # tokens of all_token_ids whose KV is in page_ids
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (first admission)
     num_preemptions: int = 0
+    # With params.prompt_logprobs: entry t scores prompt token t + 1 (the first token has none).
+    # Filled as prefill chunks run; complete when it has len(prompt_token_ids) - 1 entries.
+    prompt_logprobs: list[float] = field(default_factory=list)
+    prompt_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -76,6 +80,13 @@ class Request:
         if start >= len(prompt):
             return output[start - len(prompt) : end - len(prompt)]
         return prompt[start:] + output[: end - len(prompt)]
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Asked for prompt logprobs and not all computed yet: its prompt must be computed
+        without the prefix cache (cached tokens have no logits)."""
+        return (self.sampling.params.prompt_logprobs is not None
+                and len(self.prompt_logprobs) < len(self.prompt_token_ids) - 1)
 
     @property
     def num_tokens(self) -> int:
@@ -104,3 +115,7 @@ class RequestOutput:
     num_cached_tokens: int
     num_output_tokens: int
     error: str | None = None  # set when the engine refused or failed the request
+    # With params.prompt_logprobs, on the request's first output only: one entry per prompt
+    # token, None for the first (nothing precedes it); top alternatives likewise.
+    prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None

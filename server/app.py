@@ -11,6 +11,9 @@ lifespan and kept on `app.state`:
     retrieval  RetrievalService (collections, embeddings; its model loads on first use)
     prompt_ledger  PromptLedger (recent prompts by response id, for cache diagnostics)
     response_store ResponseStore (stored Responses, SQLite)
+
+GET /openapi.json is the OpenAPI document of these routes (server/openapi.py); with
+`allowed_origins` (serve --allowed-origins) browsers on those origins may call the API (CORS).
 """
 
 import asyncio
@@ -18,7 +21,10 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
+from importlib.metadata import version
+
 from litestar import Litestar, Router
+from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 
 from assembly.chat_template import ChatTemplate
@@ -37,6 +43,7 @@ from server.auth import require_api_key
 from server.completion_service import CompletionService
 from server.logprobs import LogprobFormatter
 from server.metrics import ServerMetrics
+from server.openapi import openapi_config, openapi_document
 from server.prompt_ledger import PromptLedger
 from server.prompts import RequestPrompts
 from server.response_store import ResponseStore
@@ -88,14 +95,24 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
                                        *COLLECTION_ROUTES, *RESPONSES_ROUTES, *ANTHROPIC_ROUTES],
                  guards=[require_api_key])
     app = Litestar(
-        route_handlers=[api, health, metrics],
+        route_handlers=[api, health, metrics, openapi_document],
         lifespan=[open_resources],
         exception_handlers=EXCEPTION_HANDLERS_BY_API,
         request_max_body_size=settings.max_body_bytes,
         state=State({"settings": settings}),
-        openapi_config=None,
+        openapi_config=openapi_config(version("radixserve")),  # GET /openapi.json
+        cors_config=_cors_config(settings.allowed_origins),
         logging_config=None,
     )
     # Outermost, so the access log sees every request, routed or not.
     app.asgi_handler = AccessLogMiddleware(app.asgi_handler)
     return app
+
+
+def _cors_config(allowed_origins: tuple[str, ...]) -> CORSConfig | None:
+    """Browsers may call the API from these origins. A preflight (OPTIONS) is answered by the
+    CORS middleware before any guard, so it needs no API key; the real request still does."""
+    if not allowed_origins:
+        return None
+    return CORSConfig(allow_origins=list(allowed_origins), allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+                      allow_headers=["*"], expose_headers=["Retry-After"], max_age=600)

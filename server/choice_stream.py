@@ -46,6 +46,9 @@ class ChoiceDelta:
     finish_reason: str | None  # "stop" | "length" | "tool_calls" on the choice's last delta
     tool_calls: tuple[ToolCallDelta, ...] = ()
     stop_string: str | None = None  # the stop string that ended the choice, on its last delta
+    # the engine's prompt logprobs (params.prompt_logprobs), on the choice's first delta only
+    prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None
 
 
 @dataclass
@@ -216,7 +219,8 @@ class ChoiceRunner:
                     call_deltas = tuple(new_calls)
                 content.append(text)
                 yield ChoiceDelta(index, text, list(output.new_token_ids), output.logprobs,
-                                  output.top_logprobs, finish_reason, call_deltas, stop_string)
+                                  output.top_logprobs, finish_reason, call_deltas, stop_string,
+                                  output.prompt_logprobs, output.prompt_top_logprobs)
                 if finish_reason is not None:
                     if not is_stopped:
                         calls = tool_calls.calls if tool_calls is not None else []

@@ -133,6 +133,9 @@ def _add_serve_parser(commands, default_model: str) -> None:
                        f"(0: off; default: {DEFAULT_TOOL_PIN_SECONDS:g})")
     serve.add_argument("--collections-dir", metavar="DIR",
                        help="where retrieval collections live (default: $RADIXSERVE_HOME/collections)")
+    serve.add_argument("--allowed-origins", nargs="+", default=(), metavar="ORIGIN",
+                       help="browser origins allowed to call the API (CORS), e.g. https://app.example.com, "
+                       "or '*' for any (default: none: no CORS headers)")
     serve.set_defaults(handler=_serve)
 
 

@@ -10,14 +10,28 @@ use of it; their shapes differ, the flow does not.
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Protocol
 
 from litestar import Request, Response
 
 from server.access_log import access_record
-from server.completion_service import ChoiceDelta, ChoiceResult, CompletionService, GenerationJob, Usage
+from server.completion_service import ChoiceDelta, ChoiceResult, Usage
 from server.disconnect import CLIENT_CLOSED_REQUEST, ClientDisconnected, until_disconnected
 from server.responses import ChatShapes, CompletionShapes
 from server.streaming import sse_response
+
+
+class Job(Protocol):
+    request_id: str
+    num_choices: int
+
+
+class Runner(Protocol):
+    """CompletionService (a GenerationJob), or CompletionBatchRunner (a CompletionBatch)."""
+
+    def generate(self, job, usage: Usage) -> AsyncIterator[ChoiceDelta]: ...
+
+    async def complete(self, job, usage: Usage) -> list[ChoiceResult]: ...
 
 
 @dataclass(frozen=True)
@@ -26,7 +40,7 @@ class StartedStream:
     deltas: AsyncIterator[ChoiceDelta]  # the rest; the response's events must close it
 
 
-async def run_job(request: Request, service: CompletionService, job: GenerationJob, usage: Usage, *,
+async def run_job(request: Request, service: Runner, job: Job, usage: Usage, *,
                   stream: bool) -> list[ChoiceResult] | StartedStream | Response:
     """The whole results, or a stream whose engine request was accepted, or the empty answer to a
     client that went away."""
@@ -52,7 +66,7 @@ async def run_job(request: Request, service: CompletionService, job: GenerationJ
     return StartedStream(first, deltas)
 
 
-async def answer(request: Request, service: CompletionService, job: GenerationJob,
+async def answer(request: Request, service: Runner, job: Job,
                  shapes: ChatShapes | CompletionShapes, *, stream: bool, include_usage: bool) -> Response:
     usage = Usage()
     outcome = await run_job(request, service, job, usage, stream=stream)

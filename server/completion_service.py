@@ -94,10 +94,18 @@ class CompletionService:
             raise invalid_request(f"{param}: the schema cannot be used to constrain output: {error}",
                                   param=param) from None
 
-    def prepare_completion(self, request: CompletionRequest, request_id: str) -> GenerationJob:
+    def prepare_completion(self, request: CompletionRequest, request_id: str) -> list[GenerationJob]:
+        """One job per prompt, each with the request's n choices."""
         self.check_model(request.model)
         self._check_capacity()
-        prompt_ids = self.prompts.completion_prompt_ids(request)
+        prompt_id_lists = self.prompts.completion_prompt_ids(request)
+        if len(prompt_id_lists) == 1:
+            return [self._completion_job(request, request_id, prompt_id_lists[0])]
+        return [self._completion_job(request, f"{request_id}-p{i}", prompt_ids)
+                for i, prompt_ids in enumerate(prompt_id_lists)]
+
+    @staticmethod
+    def _completion_job(request: CompletionRequest, request_id: str, prompt_ids: list[int]) -> GenerationJob:
         return GenerationJob(request_id=request_id, prompt_token_ids=prompt_ids,
                              params=sampling_params(request, request.max_new_tokens),
                              stop_strings=tuple(request.stop or ()), num_choices=request.n,

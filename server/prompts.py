@@ -43,10 +43,12 @@ class RequestPrompts:
             lengths.append((breakpoint, common_prefix_length(prefix_ids, prompt_ids)))
         return lengths
 
-    def completion_prompt_ids(self, request: CompletionRequest) -> list[int]:
-        prompt = request.prompt
-        token_ids = self.segments.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        return self._non_empty(token_ids, "prompt")
+    def completion_prompt_ids(self, request: CompletionRequest) -> list[list[int]]:
+        """One id list per prompt (a text is tokenized, ids are taken as they are)."""
+        param = "prompt" if len(request.prompt) == 1 else None
+        return [self._non_empty(self.segments.encode(p) if isinstance(p, str) else list(p),
+                                param or f"prompt[{i}]")
+                for i, p in enumerate(request.prompt)]
 
     def count_tokens(self, job: ChatJob) -> int:
         return len(self.job_prompt_ids(job))

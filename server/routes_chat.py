@@ -7,12 +7,13 @@ from server.auth import caller_of
 from server.cache_diagnostics import diagnose, openai_diagnostics_body, prompt_parts
 from server.chat_translation import chat_job
 from server.completion_response import answer
+from server.openapi import json_body
 from server.rag_context import retrieve_context
 from server.responses import ChatShapes, ResponseIdentity
 from server.schemas import ChatCompletionRequest
 
 
-@post("/chat/completions", status_code=200)
+@post("/chat/completions", status_code=200, operation_class=json_body(ChatCompletionRequest))
 async def chat_completions(request: Request, state: State) -> Response:
     body = ChatCompletionRequest.model_validate_json(await request.body())
     identity = ResponseIdentity.new("chatcmpl", state.settings.served_model_name)

@@ -10,23 +10,24 @@ from the raw body here, before that.
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from server.job import TTL_SECONDS, CacheBreakpoint
+from server.request_body import RequestBody
 
 MAX_BREAKPOINTS = 4  # as OpenAI: a request writes up to four
 
 
-class PromptCacheOptions(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
+class PromptCacheOptions(RequestBody):
+    model_config = ConfigDict(extra="forbid")
 
     mode: Literal["implicit", "explicit"] = "implicit"
     ttl: Literal["30m", "12h"] = "30m"
-    comparison_response_id: Annotated[str | None, Field(min_length=1)] = None
+    comparison_response_id: Annotated[str, Field(min_length=1)] | None = None
 
 
-class PromptCacheBreakpoint(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
+class PromptCacheBreakpoint(RequestBody):
+    model_config = ConfigDict(extra="forbid")
 
     mode: Literal["explicit"]
     ttl: Literal["30m", "12h"] | None = None
@@ -51,12 +52,10 @@ def part_breakpoints(messages: Any, default_ttl: str, parts_key: str = "content"
     return found
 
 
-class PromptCacheFields(BaseModel):
+class PromptCacheFields(RequestBody):
     """Mixed into Chat Completions' request schema (its `messages`)."""
 
-    model_config = ConfigDict(strict=True, extra="ignore")
-
-    prompt_cache_key: Annotated[str | None, Field(min_length=1, max_length=1024)] = None
+    prompt_cache_key: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
     prompt_cache_options: PromptCacheOptions | None = None
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None  # deprecated by OpenAI
     _part_breakpoints: list[CacheBreakpoint] = PrivateAttr(default_factory=list)

@@ -65,6 +65,7 @@ class ServerSettings:
     responses_max_bytes: int = DEFAULT_RESPONSES_MAX_BYTES
     responses_max_age_seconds: float = DEFAULT_RESPONSES_MAX_AGE_SECONDS
     rag_order: str = "relevance"  # retrieved documents in the prompt: "relevance" or "canonical" (server/rag_context.py)
+    allowed_origins: tuple[str, ...] = ()  # CORS: browser origins that may call the API ("*": any); () no CORS
 
     def __post_init__(self):
         if not self.served_model_name:
@@ -79,6 +80,9 @@ class ServerSettings:
             raise ValueError(f"rag order must be relevance or canonical, got {self.rag_order!r}")
         if not 0 <= self.tool_pin_seconds <= 3600:
             raise ValueError(f"tool pin seconds must be in [0, 3600], got {self.tool_pin_seconds}")
+        for origin in self.allowed_origins:
+            if origin != "*" and not (origin.startswith(("http://", "https://")) and origin.count("/") == 2):
+                raise ValueError(f"allowed origin must be '*' or scheme://host[:port] (no path), got {origin!r}")
         if any(key is not None and not key.strip() for key in (self.api_key, *self.more_api_keys)):
             raise ValueError("api key must not be blank")
         if self.more_api_keys and self.api_key is None:

@@ -26,8 +26,8 @@ def anthropic_error_body(status_code: int, message: str) -> dict:
 def _shaped_by_path(handler):
     def handle(request: Request, error: Exception) -> Response:
         response = handler(request, error)
-        if not request.url.path.startswith(ANTHROPIC_PATH_PREFIX):
-            return response
+        if not request.url.path.startswith(ANTHROPIC_PATH_PREFIX) or not isinstance(response.content, dict):
+            return response  # not a Messages route, or no error body (499: the client left mid-body)
         status = _STATUS.get(response.status_code, response.status_code)
         message = response.content["error"]["message"]
         return Response(anthropic_error_body(status, message), status_code=status, headers=response.headers)

@@ -11,6 +11,7 @@ from server.auth import caller_of
 from server.cache_diagnostics import Diagnosis, diagnose, prompt_parts
 from server.choice_stream import Usage
 from server.completion_response import StartedStream, run_job
+from server.openapi import json_body
 
 _MISS_TYPES = {"model": "model_changed", "system": "system_changed", "tools": "tools_changed"}
 
@@ -27,7 +28,7 @@ def _diagnostics_body(diagnosis: Diagnosis) -> dict:
                                   "first_differing_token": diagnosis.position}}
 
 
-@post("/messages", status_code=200)
+@post("/messages", status_code=200, operation_class=json_body(MessagesRequest))
 async def create_message(request: Request, state: State) -> Response:
     body = MessagesRequest.model_validate_json(await request.body())
     caller = caller_of(request)
@@ -64,7 +65,7 @@ async def create_message(request: Request, state: State) -> Response:
     return Response(message_body(message_id, model, outcome[0], usage, job, diagnostics), status_code=200)
 
 
-@post("/messages/count_tokens", status_code=200)
+@post("/messages/count_tokens", status_code=200, operation_class=json_body(CountTokensRequest))
 async def count_tokens(request: Request, state: State) -> Response:
     body = CountTokensRequest.model_validate_json(await request.body())
     state.service.check_model(body.model)

@@ -1,7 +1,8 @@
 """Request bodies of Anthropic's Messages API (`/v1/messages`, `/v1/messages/count_tokens`), validated by pydantic.
 
 The fields of the official client (anthropic 2.x, types/message_create_params.py)
-are the reference. Unknown fields are refused (400), and so are the client's
+are the reference. The base is server/request_body.py's (strict types, `null` in an
+optional field is "not given", numbers finite). Unknown fields are refused (400), and so are the client's
 fields this server cannot honour (`thinking` other than disabled, `container`,
 `inference_geo`, `speed: fast`, image / document / thinking blocks, server
 tools), each with a message that names it.
@@ -9,8 +10,9 @@ tools), each with a message that names it.
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
+from server.request_body import FiniteJSON, RequestBody
 from server.schemas import MAX_STOP_STRINGS
 
 MAX_TEMPERATURE = 1.0  # Anthropic's range is [0, 1]
@@ -21,8 +23,10 @@ UNSUPPORTED_FIELDS = ("container", "inference_geo", "user_profile_id", "workspac
                       "context_management")
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
+class _Body(RequestBody):
+    """request_body.py's rules (strict, null is "not given", numbers finite); unknown fields refused."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 class CacheControl(_Body):
@@ -41,7 +45,7 @@ class ToolUseBlock(_Body):
     type: Literal["tool_use"]
     id: Annotated[str, Field(min_length=1)]
     name: Annotated[str, Field(min_length=1)]
-    input: dict[str, Any]
+    input: dict[str, FiniteJSON]
     cache_control: CacheControl | None = None
 
 
@@ -91,7 +95,7 @@ class Message(_Body):
 
 class Tool(_Body):
     name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[a-zA-Z0-9_-]+$")]
-    input_schema: dict[str, Any]
+    input_schema: dict[str, FiniteJSON]
     description: str | None = None
     cache_control: CacheControl | None = None
     type: Literal["custom"] | None = None
@@ -100,7 +104,7 @@ class Tool(_Body):
 
 class ToolChoice(_Body):
     type: Literal["auto", "any", "tool", "none"]
-    name: Annotated[str | None, Field(min_length=1)] = None
+    name: Annotated[str, Field(min_length=1)] | None = None
     disable_parallel_tool_use: bool = False
 
     @model_validator(mode="after")
@@ -111,12 +115,12 @@ class ToolChoice(_Body):
 
 
 class Metadata(_Body):
-    user_id: Annotated[str | None, Field(max_length=256)] = None
+    user_id: Annotated[str, Field(max_length=256)] | None = None
 
 
 class JSONOutputFormat(_Body):
     type: Literal["json_schema"]
-    schema_: Annotated[dict[str, Any], Field(alias="schema")]
+    schema_: Annotated[dict[str, FiniteJSON], Field(alias="schema")]
 
 
 class OutputConfig(_Body):
@@ -129,7 +133,7 @@ class Thinking(_Body):
 
 
 class Diagnostics(_Body):
-    previous_message_id: Annotated[str | None, Field(min_length=1)] = None
+    previous_message_id: Annotated[str, Field(min_length=1)] | None = None
 
 
 class _PromptFields(_Body):
@@ -191,11 +195,11 @@ class CountTokensRequest(_PromptFields):
 
 class MessagesRequest(_PromptFields):
     max_tokens: Annotated[int, Field(ge=1)]
-    stop_sequences: Annotated[list[Annotated[str, Field(min_length=1)]] | None,
-                              Field(max_length=MAX_STOP_STRINGS)] = None
-    temperature: Annotated[float | None, Field(ge=0, le=MAX_TEMPERATURE)] = None
-    top_p: Annotated[float | None, Field(gt=0, le=1)] = None
-    top_k: Annotated[int | None, Field(ge=1)] = None
+    stop_sequences: Annotated[list[Annotated[str, Field(min_length=1)]],
+                              Field(max_length=MAX_STOP_STRINGS)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=MAX_TEMPERATURE)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    top_k: Annotated[int, Field(ge=1)] | None = None
     metadata: Metadata | None = None
     stream: bool = False
     service_tier: Literal["auto", "standard_only"] | None = None  # one tier here: both mean it

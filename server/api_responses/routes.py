@@ -15,13 +15,15 @@ from server.cache_diagnostics import diagnose, openai_diagnostics_body, prompt_p
 from server.choice_stream import ChoiceResult, Usage
 from server.completion_response import StartedStream, run_job
 from server.errors import APIError
+from server.openapi import json_body
+
 
 def _not_found(response_id: str, param: str | None = None) -> APIError:
     return APIError(404, f"no response with id {response_id!r} (or not visible to this key)", param=param,
                     code="response_not_found")
 
 
-@post("/responses", status_code=200)
+@post("/responses", status_code=200, operation_class=json_body(ResponsesRequest))
 async def create_response(request: Request, state: State) -> Response:
     body = ResponsesRequest.model_validate_json(await request.body())
     caller = caller_of(request)

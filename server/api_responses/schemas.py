@@ -3,24 +3,29 @@
 The official client's types (openai 3.x, types/responses/response_create_params.py)
 are the reference. Input items: messages (text parts, `input_text` /
 `output_text`), `function_call` and `function_call_output`, as a client sends a
-conversation back. Function tools only. Unknown fields are refused (400), and so
+conversation back. Function tools only. The base is server/request_body.py's (strict
+types, `null` in an optional field is "not given", as the official client sends None,
+numbers finite). Unknown fields are refused (400), and so
 are the client's fields this server cannot honour (`background`, `conversation`,
 `prompt`, reasoning, built-in tools, non-text parts), each named.
 """
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from engine.sampling_params import MAX_TEMPERATURE
+from server.request_body import FiniteJSON, RequestBody
 from server.schemas_prompt_cache import PromptCacheBreakpoint, PromptCacheOptions
 
 UNSUPPORTED_FIELDS = ("background", "conversation", "prompt", "max_tool_calls", "context_management",
                       "moderation", "image", "background_options", "access_programs")
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
+class _Body(RequestBody):
+    """request_body.py's rules (strict, null is "not given", numbers finite); unknown fields refused."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 class TextPart(_Body):
@@ -95,7 +100,7 @@ class FunctionTool(_Body):
     type: Literal["function"]
     name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")]
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: dict[str, FiniteJSON] | None = None
     strict: bool | None = None
 
 
@@ -106,8 +111,8 @@ class NamedFunction(_Body):
 
 class TextFormat(_Body):
     type: Literal["text", "json_object", "json_schema"]
-    name: Annotated[str | None, Field(min_length=1, max_length=64)] = None
-    schema_: Annotated[dict[str, Any] | None, Field(alias="schema")] = None
+    name: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    schema_: Annotated[dict[str, FiniteJSON] | None, Field(alias="schema")] = None
     description: str | None = None
     strict: bool | None = None
 
@@ -135,12 +140,12 @@ class ResponsesRequest(_Body):
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
     parallel_tool_calls: bool | None = None
-    max_output_tokens: Annotated[int | None, Field(ge=1)] = None
-    temperature: Annotated[float | None, Field(ge=0, le=MAX_TEMPERATURE)] = None
-    top_p: Annotated[float | None, Field(gt=0, le=1)] = None
+    max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=MAX_TEMPERATURE)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
     text: TextConfig | None = None
     store: bool | None = None  # default true, as OpenAI
-    previous_response_id: Annotated[str | None, Field(min_length=1)] = None
+    previous_response_id: Annotated[str, Field(min_length=1)] | None = None
     stream: bool | None = None
     stream_options: dict[str, bool] | None = None
     metadata: dict[str, str] | None = None
@@ -150,11 +155,11 @@ class ResponsesRequest(_Body):
     service_tier: Literal["auto", "default"] | None = None
     user: str | None = None
     safety_identifier: str | None = None
-    prompt_cache_key: Annotated[str | None, Field(min_length=1, max_length=1024)] = None
+    prompt_cache_key: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
     prompt_cache_options: PromptCacheOptions | None = None
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     top_logprobs: Literal[0] | None = None
-    cache_salt: Annotated[str | None, Field(min_length=1)] = None  # extension: tenants share KV only with the same salt
+    cache_salt: Annotated[str, Field(min_length=1)] | None = None  # extension: tenants share KV only with the same salt
 
     @model_validator(mode="before")
     @classmethod

@@ -1,11 +1,14 @@
-"""A real `radixserve serve` process on the default model, shared by the API tests.
+"""Two ways to serve the API tests: a real `radixserve serve` process on the default model
+(`server`, shared by the API tests), and the app in-process with a scripted fake engine
+(`make_client`: fast, deterministic where a real model is not).
 
-It runs with an API key (from $RADIXSERVE_API_KEY, so the variable is tested
+The shared server runs with an API key (from $RADIXSERVE_API_KEY, so the variable is tested
 too), a second one from --api-keys-file (tests of what one key cannot see of
 another's), its own stored-Responses file and a 1 MB body limit; clients here
 send the first key unless a test is about leaving it out.
 """
 
+import asyncio
 import json
 import os
 import signal
@@ -17,12 +20,22 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
+from litestar.testing import TestClient
+
+from assembly.tokenizer import Tokenizer
+from engine.engine_config import EngineConfig
+from engine.metrics import EngineMetrics, EngineStats
+from engine.request import FinishReason, RequestOutput
+from server.app import create_app
+from server.settings import ServerSettings
 
 API_KEY = "test-key-123"
 OTHER_API_KEY = "other-key-456"
+MODEL = "fake-model"  # the in-process app's served model name
 MAX_BODY_BYTES = 1_000_000
 PAGE_SIZE = 16
 STARTUP_TIMEOUT_S = 180
@@ -142,3 +155,103 @@ def wait_until_idle(scrape):
             time.sleep(0.05)
 
     return wait
+
+
+# ---- the app in-process, with a scripted fake engine (fast, deterministic) ----
+
+
+class FakeEngine:
+    """AsyncEngine's surface, answering every request with `script` (token ids) and recording closes."""
+
+    def __init__(self, config: EngineConfig, script: list[int]):
+        self.engine = SimpleNamespace(max_model_len=2048, config=config, vocab_size=49152, eos_token_ids=frozenset({2}))
+        self.metrics = EngineMetrics()
+        self.script = script
+        self.num_waiting = 0
+        self.failure: Exception | None = None
+        self.closed_early: list[str] = []  # request ids whose stream was left before its end
+        self.last_finish_reason = FinishReason.LENGTH
+        self.pins: list[tuple[list[int], str | None, float]] = []
+        self.prompts: list[list[int]] = []
+        self.is_shut_down = False
+
+    def stats(self) -> EngineStats:
+        return EngineStats(num_running=0, num_waiting=self.num_waiting, num_pages=128, num_free_pages=128,
+                           num_cached_pages=0, num_held_pages=0, num_pages_in_use=0, num_prefix_query_tokens=7,
+                           num_prefix_hit_tokens=3)
+
+    async def generate(self, request_id, prompt_token_ids, params, cache_salt=None):
+        if self.failure is not None:
+            raise self.failure
+        script = self.script[:params.max_tokens]
+        self.prompts.append(list(prompt_token_ids))
+        finished = False
+        try:
+            for i, token_id in enumerate(script):
+                await asyncio.sleep(0)
+                is_last = i == len(script) - 1
+                self.metrics.observe("time_to_first_token" if i == 0 else "inter_token_latency", 0.01)
+                prompt_logprobs = prompt_top_logprobs = None
+                if i == 0 and params.prompt_logprobs is not None:  # a fixed score, of the right shape
+                    prompt_logprobs = [None] + [-1.0] * (len(prompt_token_ids) - 1)
+                    top = [(token_id, -1.0) for token_id in prompt_token_ids[1:]][:params.prompt_logprobs]
+                    prompt_top_logprobs = [None] + [top] * (len(prompt_token_ids) - 1)
+                logprobs = top_logprobs = None
+                if params.logprobs is not None:
+                    logprobs, top_logprobs = [-0.5], [[(token_id, -0.5)][:params.logprobs]]
+                yield RequestOutput(request_id, [token_id], logprobs, top_logprobs,
+                                    self.last_finish_reason if is_last else None, len(prompt_token_ids), 0, i + 1,
+                                    prompt_logprobs=prompt_logprobs, prompt_top_logprobs=prompt_top_logprobs)
+            finished = True
+        finally:
+            if not finished:
+                self.closed_early.append(request_id)
+
+    def pin(self, token_ids, cache_salt, seconds) -> None:
+        self.pins.append((list(token_ids), cache_salt, seconds))
+
+    def shutdown(self) -> None:
+        self.is_shut_down = True
+
+
+@pytest.fixture(scope="session")
+def tokenizer(smollm2_dir):
+    return Tokenizer(smollm2_dir)
+
+
+@pytest.fixture(scope="session")
+def make_fake_app(smollm2_dir, tokenizer, tmp_path_factory):
+    """make_fake_app(text, **settings) -> (app, engines): the app, whose lifespan will build one
+    FakeEngine 'generating' `text` into `engines`."""
+
+    def make(text: str = "Hello there, friend.", **settings_fields):
+        engines = []
+
+        def factory(config):
+            engines.append(FakeEngine(config, tokenizer.encode(text)))
+            return engines[-1]
+
+        settings_fields.setdefault("collections_dir", tmp_path_factory.mktemp("collections"))
+        settings_fields.setdefault("responses_db", tmp_path_factory.mktemp("responses") / "responses.sqlite3")
+        settings = ServerSettings(engine=EngineConfig(model_dir=smollm2_dir), served_model_name=MODEL,
+                                  **settings_fields)
+        return create_app(settings, engine_factory=factory), engines
+
+    return make
+
+
+@pytest.fixture
+def make_client(make_fake_app):
+    """make_client(text, **settings) -> (TestClient, FakeEngine) whose engine 'generates' `text`."""
+    clients = []
+
+    def make(text: str = "Hello there, friend.", **settings_fields):
+        app, engines = make_fake_app(text, **settings_fields)
+        client = TestClient(app, raise_server_exceptions=False)
+        client.__enter__()  # runs the lifespan
+        clients.append(client)
+        return client, engines[0]
+
+    yield make
+    for client in clients:
+        client.__exit__(None, None, None)

@@ -1,97 +1,17 @@
 """The app in-process with a scripted fake engine: overload, internal errors, stop strings
 through the service, per-app metrics. Fast, and deterministic where a real model is not."""
 
-import asyncio
 import dataclasses
 import json
-from types import SimpleNamespace
 
 import pytest
-from litestar.testing import TestClient
 
-from assembly.tokenizer import Tokenizer
 from engine.engine_config import EngineConfig
-from engine.metrics import EngineMetrics, EngineStats
-from engine.request import FinishReason, RequestOutput
-from server.app import create_app
+from engine.request import FinishReason
 from server.settings import ServerSettings
 
 MODEL = "fake-model"
 PROMPT = [{"role": "user", "content": "hi"}]
-
-
-class FakeEngine:
-    """AsyncEngine's surface, answering every request with `script` (token ids) and recording closes."""
-
-    def __init__(self, config: EngineConfig, script: list[int]):
-        self.engine = SimpleNamespace(max_model_len=2048, config=config, vocab_size=49152, eos_token_ids=frozenset({2}))
-        self.metrics = EngineMetrics()
-        self.script = script
-        self.num_waiting = 0
-        self.failure: Exception | None = None
-        self.closed_early: list[str] = []  # request ids whose stream was left before its end
-        self.last_finish_reason = FinishReason.LENGTH
-        self.pins: list[tuple[list[int], str | None, float]] = []
-        self.prompts: list[list[int]] = []
-        self.is_shut_down = False
-
-    def stats(self) -> EngineStats:
-        return EngineStats(num_running=0, num_waiting=self.num_waiting, num_pages=128, num_free_pages=128,
-                           num_cached_pages=0, num_held_pages=0, num_pages_in_use=0, num_prefix_query_tokens=7,
-                           num_prefix_hit_tokens=3)
-
-    async def generate(self, request_id, prompt_token_ids, params, cache_salt=None):
-        if self.failure is not None:
-            raise self.failure
-        script = self.script[:params.max_tokens]
-        self.prompts.append(list(prompt_token_ids))
-        finished = False
-        try:
-            for i, token_id in enumerate(script):
-                await asyncio.sleep(0)
-                is_last = i == len(script) - 1
-                self.metrics.observe("time_to_first_token" if i == 0 else "inter_token_latency", 0.01)
-                yield RequestOutput(request_id, [token_id], None, None,
-                                    self.last_finish_reason if is_last else None, len(prompt_token_ids), 0, i + 1)
-            finished = True
-        finally:
-            if not finished:
-                self.closed_early.append(request_id)
-
-    def pin(self, token_ids, cache_salt, seconds) -> None:
-        self.pins.append((list(token_ids), cache_salt, seconds))
-
-    def shutdown(self) -> None:
-        self.is_shut_down = True
-
-
-@pytest.fixture(scope="module")
-def tokenizer(smollm2_dir):
-    return Tokenizer(smollm2_dir)
-
-
-@pytest.fixture
-def make_client(smollm2_dir, tokenizer):
-    """make_client(text, **settings) -> (TestClient, FakeEngine) whose engine 'generates' `text`."""
-    clients = []
-
-    def make(text: str = "Hello there, friend.", **settings_fields):
-        engines = []
-
-        def factory(config):
-            engines.append(FakeEngine(config, tokenizer.encode(text)))
-            return engines[-1]
-
-        settings = ServerSettings(engine=EngineConfig(model_dir=smollm2_dir), served_model_name=MODEL,
-                                  **settings_fields)
-        client = TestClient(create_app(settings, engine_factory=factory), raise_server_exceptions=False)
-        client.__enter__()  # runs the lifespan
-        clients.append(client)
-        return client, engines[0]
-
-    yield make
-    for client in clients:
-        client.__exit__(None, None, None)
 
 
 def _chat(client, **fields):
