@@ -1,5 +1,14 @@
-"""The model's tokenizer (a `tokenizers` tokenizer.json) and its special ids."""
+"""The model's tokenizer (a `tokenizers` tokenizer.json) and its special ids.
 
+Two encodings: `encode` reads added-token strings (`<|im_end|>` ...) as their
+ids, which only trusted text may do (a chat template's markup, a raw
+completions prompt); `encode_text` reads every character as text, so the same
+string becomes ordinary tokens. The latter is a second `tokenizers` instance
+without added tokens: same normalizer, pre-tokenizer and model, so text with
+no added-token string in it encodes the same either way.
+"""
+
+import json
 from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
@@ -11,13 +20,19 @@ class Tokenizer:
         if not path.is_file():
             raise FileNotFoundError(f"{path}: missing")
         self.path = path
-        self._tokenizer = HFTokenizer.from_file(str(path))
+        source = path.read_text()
+        self._tokenizer = HFTokenizer.from_str(source)
+        self._text_tokenizer = HFTokenizer.from_str(json.dumps({**json.loads(source), "added_tokens": []}))
         self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`; special-token strings in it become their ids, and
         nothing (no BOS) is added: chat templates write their own."""
         return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of `text` read as plain text: an added token's string becomes ordinary tokens."""
+        return self._text_tokenizer.encode(text, add_special_tokens=False).ids
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
