@@ -71,8 +71,9 @@ class PromptBuilder:
 
     def build(self, messages: Sequence[dict], *, tools: list[dict] | None = None,
               documents: list[dict] | None = None, template_kwargs: dict[str, Any] | None = None,
-              add_generation_prompt: bool = True) -> list[int]:
-        """The prompt's token ids. Raises TemplateError for messages the template refuses."""
+              add_generation_prompt: bool = True, max_num_tokens: int | None = None) -> list[int]:
+        """The prompt's token ids. Raises TemplateError for messages the template refuses, and
+        PromptTooLong when the rendered text cannot fit `max_num_tokens` (checked before tokenizing)."""
         messages = list(messages)
         spliced: list[list[int]] = []
         with_sentinels = []
@@ -87,8 +88,10 @@ class PromptBuilder:
             text = self._render_marked(with_sentinels, tools, documents, template_kwargs, add_generation_prompt)
             pieces = _splice(text, spliced)
             if pieces is not None:
+                self.tokenizer.check_fits(pieces, max_num_tokens)
                 return self.tokenizer.encode_pieces(pieces)
         text = self._render_marked(messages, tools, documents, template_kwargs, add_generation_prompt)
+        self.tokenizer.check_fits([text], max_num_tokens)
         return self.tokenizer.encode(text)
 
     # ---- messages the template can render ---------------------------------

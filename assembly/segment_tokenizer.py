@@ -23,6 +23,9 @@ fails is used whole-text and uncached (`is_segmented` False), except for a text
 whose content holds marked token strings, which is still read piece by piece
 (safe, though that tokenizer may then space the pieces differently).
 
+`check_fits` refuses a text that cannot fit a token budget from its length
+alone (PromptTooLong), before any tokenizing.
+
 A prompt may also carry token ids to splice in verbatim (an assistant turn's
 generated ids, see prompt_builder.py): `encode_pieces` takes text and id lists.
 Thread-safe: prompts are tokenized in worker threads; the cache has a lock.
@@ -39,6 +42,16 @@ logger = logging.getLogger("radixserve.assembly")
 
 DEFAULT_MAX_SEGMENTS = 8192
 NEUTRAL = "\ufdd0"  # marks a character of content as text (a noncharacter: never sent as content)
+
+
+class PromptTooLong(ValueError):
+    """A text that cannot fit `max_num_tokens`, known from its length before it is tokenized."""
+
+    def __init__(self, min_num_tokens: int, max_num_tokens: int):
+        super().__init__(f"the prompt is at least {min_num_tokens} tokens, more than the {max_num_tokens} "
+                         f"this server can take")
+        self.min_num_tokens = min_num_tokens
+        self.max_num_tokens = max_num_tokens
 
 
 class SegmentTokenizer:
@@ -74,6 +87,17 @@ class SegmentTokenizer:
     def unmarked(text: str) -> str:
         """Rendered text as the model reads it: the marks of `as_text` removed."""
         return text.replace(NEUTRAL, "")
+
+    def check_fits(self, pieces: list[str | list[int]], max_num_tokens: int | None) -> None:
+        """Raise PromptTooLong when `pieces` (as for encode_pieces) surely exceed `max_num_tokens`:
+        a bound from their length alone, so an oversized prompt is refused without tokenizing it."""
+        if max_num_tokens is None:
+            return
+        num_chars = sum(len(p) - p.count(NEUTRAL) for p in pieces if isinstance(p, str))
+        num_ids = sum(len(p) for p in pieces if not isinstance(p, str))
+        min_num_tokens = self.tokenizer.min_num_tokens(num_chars) + num_ids
+        if min_num_tokens > max_num_tokens:
+            raise PromptTooLong(min_num_tokens, max_num_tokens)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`: unmarked added-token strings become control ids, the rest is text."""

@@ -12,6 +12,7 @@ lifespan and kept on `app.state`:
 """
 
 import asyncio
+import gc
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -67,6 +68,9 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
             app.state.service = CompletionService(engine, prompts, grammars, settings, turns)
             app.state.logprobs = LogprobFormatter(tokenizer)
             app.state.started_at = int(time.time())
+            # What startup built (model, tokenizers, templates) lives as long as the server: kept out of
+            # the collector's full passes, which otherwise walk it all and pause every thread.
+            gc.freeze()
             yield
         finally:
             await retrieval.close()

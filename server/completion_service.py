@@ -1,7 +1,9 @@
 """Runs a validated completion request on the engine and yields text deltas per choice.
 
 What the handlers call: `prepare_chat` / `prepare_completion` turn a request
-into a GenerationJob (prompt ids, SamplingParams, stop strings), `generate`
+into a GenerationJob (prompt ids, SamplingParams, stop strings); they render,
+tokenize and compile grammars, up to seconds of CPU for a large request, so
+the handlers run them in a worker thread, never on the event loop. `generate`
 drives AsyncEngine and yields ChoiceDelta, `complete` collects them.
 
 Chat turns: with tools (and tool_choice not none) the text is read for tool
@@ -24,6 +26,7 @@ client that goes away frees its pages within one engine step.
 """
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
@@ -147,7 +150,7 @@ class CompletionService:
         """`retrieved_documents` go into the prompt after the request's own documents."""
         self._check_model(request.model)
         self._check_capacity()
-        prompt_ids = self.prompts.chat_prompt_ids(request, retrieved_documents)
+        prompt_ids = self.prompts.chat_prompt_ids(request, retrieved_documents, self._max_num_prompt_tokens(request))
         # No max_tokens: as OpenAI, up to the end of the context.
         max_new_tokens = request.max_new_tokens or max(1, self.max_num_request_tokens - len(prompt_ids))
         job = self._job(request, request_id, prompt_ids, max_new_tokens)
@@ -160,6 +163,7 @@ class CompletionService:
         choice = request.tool_choice
         tools = [{"name": t.function.name, "parameters": t.function.parameters} for t in request.tools or ()
                  if not isinstance(choice, NamedToolChoice) or t.function.name == choice.function.name]
+        self._check_schema_size(request, tools)
         if request.forces_tool_call:
             lark, param = tool_call_grammar(tools, parallel=request.parallel_tool_calls and choice == "required"), "tools"
         elif request.response_format is not None and request.response_format.type != "text":
@@ -175,11 +179,28 @@ class CompletionService:
             raise invalid_request(f"{param}: the schema cannot be used to constrain output: {error}",
                                   param=param) from None
 
+    def _check_schema_size(self, request: ChatCompletionRequest, tools: list[dict]) -> None:
+        """Refuse schemas too large to compile into a grammar quickly, before compiling them."""
+        spec = request.response_format.json_schema if request.response_format is not None else None
+        schemas = [tool["parameters"] for tool in tools if tool["parameters"]] if request.parses_tool_calls else []
+        if spec is not None and spec.schema_ is not None:
+            schemas.append(spec.schema_)
+        num_bytes = len(json.dumps(schemas, ensure_ascii=False).encode()) if schemas else 0
+        if num_bytes > self.settings.max_schema_bytes:
+            param = "tools" if request.parses_tool_calls else "response_format"
+            raise invalid_request(f"{param}: the schemas are {num_bytes} bytes of JSON, more than the "
+                                  f"{self.settings.max_schema_bytes} this server compiles into a grammar "
+                                  f"(--max-schema-bytes)", param=param)
+
     def prepare_completion(self, request: CompletionRequest, request_id: str) -> GenerationJob:
         self._check_model(request.model)
         self._check_capacity()
-        prompt_ids = self.prompts.completion_prompt_ids(request)
+        prompt_ids = self.prompts.completion_prompt_ids(request, self._max_num_prompt_tokens(request))
         return self._job(request, request_id, prompt_ids, request.max_new_tokens)
+
+    def _max_num_prompt_tokens(self, request) -> int:
+        """The longest prompt the engine could take with this request's max_tokens (at least one)."""
+        return self.max_num_request_tokens - (request.max_new_tokens or 1)
 
     def _job(self, request, request_id: str, prompt_ids: list[int], max_new_tokens: int) -> GenerationJob:
         return GenerationJob(request_id=request_id, prompt_token_ids=prompt_ids,
@@ -261,8 +282,9 @@ class CompletionService:
         stops = StopStringMatcher(job.stop_strings)
         tool_calls = ToolCallStreamParser() if job.parses_tool_calls else None
         params = choice_params(job.params, index)
-        if job.grammar is not None:
-            params = replace(params, logits_processors=(self.grammars.processor(job.grammar),))
+        if job.grammar is not None:  # compiling it takes up to seconds: off the event loop
+            processor = await asyncio.to_thread(self.grammars.processor, job.grammar)
+            params = replace(params, logits_processors=(processor,))
         engine_request_id = f"{job.request_id}-{index}"
         generated_ids: list[int] = []
         content: list[str] = []

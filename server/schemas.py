@@ -18,6 +18,7 @@ from engine.sampling_params import MAX_ABS_LOGIT_BIAS, MAX_ABS_PENALTY, MAX_LOGP
 from server.settings import MAX_CHOICES
 
 MAX_STOP_STRINGS = 4
+MAX_TOOLS = 128  # OpenAI's limit; each tool is a branch of the grammar a forced call compiles
 
 
 def _content_text(value: Any) -> Any:
@@ -181,7 +182,7 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: Annotated[int | None, Field(ge=1)] = None
     logprobs: bool = False
     top_logprobs: Annotated[int | None, Field(ge=0, le=MAX_LOGPROBS)] = None
-    tools: list[ToolSpec] | None = None
+    tools: Annotated[list[ToolSpec] | None, Field(max_length=MAX_TOOLS)] = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None

@@ -59,6 +59,8 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
             api_key=args.api_key if args.api_key is not None else api_key_from_environment(),
             max_waiting=args.max_waiting,
             max_body_bytes=args.max_body_bytes,
+            max_schema_bytes=args.max_schema_bytes,
+            receive_timeout_seconds=args.receive_timeout,
             tool_pin_seconds=args.tool_pin_seconds,
             rag_order=args.rag_order,
             chat_template_path=Path(args.chat_template).expanduser() if args.chat_template else None,
