@@ -45,6 +45,8 @@ def test_engine_options_reach_the_engine_config(smollm2_dir):
     (("--kv-cache-memory", "lots"), "--kv-cache-memory"),
     (("--max-body-bytes", "10"), "max body bytes"),
     (("--port", "70000"), "port"),
+    (("--receive-timeout", "0"), "receive timeout"),
+    (("--max-schema-bytes", "10"), "max schema bytes"),
 ])
 def test_bad_values_are_one_line_errors(monkeypatch, capsys, smollm2_dir, argv, fragment):
     import engine.model_store
@@ -58,3 +60,8 @@ def test_bad_values_are_one_line_errors(monkeypatch, capsys, smollm2_dir, argv, 
 def test_settings_errors_are_radixserve_errors(smollm2_dir):
     with pytest.raises(RadixserveError):
         settings_from_args(_args("--max-waiting", "1", "--api-key", "  "), smollm2_dir)
+
+
+def test_hardening_limits_reach_the_settings(smollm2_dir):
+    settings = settings_from_args(_args("--receive-timeout", "2.5", "--max-schema-bytes", "4096"), smollm2_dir)
+    assert (settings.receive_timeout_seconds, settings.max_schema_bytes) == (2.5, 4096)
