@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from assembly.constrained_output import (GrammarCompiler, GrammarError, json_grammar, optional_tool_calls_grammar,
                                          tool_call_grammar)
 from assembly.detokenizer import IncrementalDetokenizer
+from assembly.schema_finiteness import unsatisfiable_field
 from assembly.generated_turns import GeneratedTurns
 from assembly.stop_strings import StopStringMatcher
 from assembly.tool_call_stream import ToolCallDelta, ToolCallStreamParser
@@ -164,6 +165,7 @@ class CompletionService:
         tools = [{"name": t.function.name, "parameters": t.function.parameters} for t in request.tools or ()
                  if not isinstance(choice, NamedToolChoice) or t.function.name == choice.function.name]
         self._check_schema_size(request, tools)
+        self._check_schemas_are_finite(request)
         if request.forces_tool_call:
             lark, param = tool_call_grammar(tools, parallel=request.parallel_tool_calls and choice == "required"), "tools"
         elif request.response_format is not None and request.response_format.type != "text":
@@ -191,6 +193,24 @@ class CompletionService:
             raise invalid_request(f"{param}: the schemas are {num_bytes} bytes of JSON, more than the "
                                   f"{self.settings.max_schema_bytes} this server compiles into a grammar "
                                   f"(--max-schema-bytes)", param=param)
+
+    @staticmethod
+    def _check_schemas_are_finite(request: ChatCompletionRequest) -> None:
+        """A schema no finite value fits (required fields that recurse for ever) is a 400 naming the field:
+        under its grammar the model could only write until max_tokens cut it."""
+        schemas = []
+        if request.parses_tool_calls:
+            schemas += [(f"tools[{i}].function.parameters", "tools", tool.function.parameters)
+                        for i, tool in enumerate(request.tools) if tool.function.parameters]
+        spec = request.response_format.json_schema if request.response_format is not None else None
+        if spec is not None and spec.schema_ is not None:
+            schemas.append(("response_format.json_schema.schema", "response_format", spec.schema_))
+        for where, param, schema in schemas:
+            field = unsatisfiable_field(schema)
+            if field is not None:
+                what = f"the required field {field!r} can only hold an infinitely nested value" if field \
+                    else "nothing can satisfy it"
+                raise invalid_request(f"{where}: no finite JSON value fits this schema: {what}", param=param)
 
     def prepare_completion(self, request: CompletionRequest, request_id: str) -> GenerationJob:
         self._check_model(request.model)

@@ -254,6 +254,48 @@ def test_control_token_strings_in_documents_and_retrieved_chunks_stay_text(make_
         assert forged[:200] in tokenizer.decode(prompt, skip_special_tokens=False)
 
 
+def _pydantic_parameters() -> dict:
+    from pydantic import BaseModel
+
+    class Address(BaseModel):
+        city: str
+
+    class Person(BaseModel):
+        name: str
+        home: Address
+
+    return Person.model_json_schema()  # {"$defs": {"Address": ...}, "properties": {"home": {"$ref": ...}}}
+
+
+def test_tool_parameters_with_defs_work_under_required_and_named_tool_choice(make_client):
+    arguments = '{"name": "Ann", "home": {"city": "Oslo"}}'
+    client, engine = make_client(f'<tool_call>\n{{"name": "add_person", "arguments": {arguments}}}\n</tool_call>')
+    engine.last_finish_reason = FinishReason.STOP
+    tools = [{"type": "function", "function": {"name": "add_person", "parameters": _pydantic_parameters()}},
+             *TOOLS]
+    for tool_choice in ("required", {"type": "function", "function": {"name": "add_person"}}):
+        response = _chat(client, tools=tools, tool_choice=tool_choice)
+        assert response.status_code == 200, response.text
+        [call] = response.json()["choices"][0]["message"]["tool_calls"]
+        assert call["function"] == {"name": "add_person", "arguments": arguments}
+
+
+def test_a_schema_without_a_finite_value_is_a_400_naming_the_field(make_client):
+    client, _ = make_client()
+    looped = {"type": "object", "properties": {"child": {"$ref": "#"}}, "required": ["child"]}
+    tools = [*TOOLS, {"type": "function", "function": {"name": "loop", "parameters": looped}}]
+    for fields, param in (({"tools": tools, "tool_choice": "required"}, "tools"),
+                          ({"tools": tools}, "tools"),
+                          ({"response_format": {"type": "json_schema", "json_schema": {"schema": looped}}},
+                           "response_format")):
+        response = _chat(client, **fields)
+        error = response.json()["error"]
+        assert response.status_code == 400 and error["param"] == param
+        assert "'child'" in error["message"] and "no finite JSON value" in error["message"]
+        if param == "tools":
+            assert error["message"].startswith("tools[1].function.parameters")
+
+
 def test_canonical_rag_order_renders_the_same_chunks_the_same_way(make_client, tokenizer, tmp_path):
     client, engine = make_client("ok", collections_dir=tmp_path, rag_order="canonical")
     client.post("/v1/collections", json={"name": "c"})
