@@ -76,6 +76,9 @@ class ChoiceDelta:
     top_logprobs: list[list[tuple[int, float]]] | None
     finish_reason: str | None  # "stop" | "length" | "tool_calls" on the choice's last delta
     tool_calls: tuple[ToolCallDelta, ...] = ()
+    # On the last delta of a turn read for tool calls: its complete calls. A call cut off (max_tokens)
+    # was streamed as deltas but is no call: a non-streamed answer leaves it out.
+    final_calls: tuple[ToolCall, ...] | None = None
 
 
 @dataclass
@@ -125,6 +128,8 @@ class ChoiceResult:
             else:
                 last = self.tool_calls[call.index]
                 self.tool_calls[call.index] = replace(last, arguments=last.arguments + call.arguments)
+        if delta.final_calls is not None:
+            self.tool_calls = list(delta.final_calls)
 
     @property
     def content(self) -> str | None:
@@ -324,6 +329,7 @@ class CompletionService:
                     text += stops.flush()
                 finish_reason = "stop" if is_stopped else (output.finish_reason.value if is_last else None)
                 call_deltas: tuple[ToolCallDelta, ...] = ()
+                final_calls = None
                 if tool_calls is not None:
                     text, new_calls = tool_calls.push(text)
                     if finish_reason is not None:
@@ -331,12 +337,14 @@ class CompletionService:
                         text, new_calls = text + tail, new_calls + more_calls
                         if tool_calls.calls and finish_reason == "stop":
                             finish_reason = "tool_calls"
+                        final_calls = tuple(tool_calls.calls)
                     call_deltas = tuple(new_calls)
                 content.append(text)
                 yield ChoiceDelta(index, text, list(output.new_token_ids), output.logprobs,
-                                  output.top_logprobs, finish_reason, call_deltas)
+                                  output.top_logprobs, finish_reason, call_deltas, final_calls)
                 if finish_reason is not None:
-                    if job.is_chat and not is_stopped:
+                    # A turn with a call cut off cannot come back as the same message: not remembered.
+                    if job.is_chat and not is_stopped and not (tool_calls and tool_calls.num_unfinished_calls):
                         self._keep_turn(job, output.finish_reason, generated_ids, "".join(content),
                                         tool_calls.calls if tool_calls is not None else [])
                     return  # a stop string ends the choice here; closing the stream aborts it

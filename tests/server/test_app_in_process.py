@@ -296,6 +296,49 @@ def test_a_schema_without_a_finite_value_is_a_400_naming_the_field(make_client):
             assert error["message"].startswith("tools[1].function.parameters")
 
 
+def _streamed_calls(client, **fields) -> tuple[dict, str | None]:
+    """A streamed chat's tool calls as a streaming client reassembles them, and its finish_reason."""
+    calls, finish_reason = {}, None
+    with client.stream("POST", "/v1/chat/completions", json={"messages": PROMPT, "stream": True, **fields}) as response:
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            choice = json.loads(line[6:])["choices"][0]
+            finish_reason = choice.get("finish_reason") or finish_reason
+            for delta in choice["delta"].get("tool_calls") or ():
+                call = calls.setdefault(delta["index"], {"name": None, "arguments": ""})
+                call["name"] = delta["function"].get("name") or call["name"]
+                call["arguments"] += delta["function"]["arguments"]
+    return calls, finish_reason
+
+
+def test_a_closing_tag_inside_an_argument_string_does_not_end_the_call(make_client):
+    arguments = '{"text": "write </tool_call> literally"}'
+    client, engine = make_client(f'<tool_call>\n{{"name": "get_weather", "arguments": {arguments}}}\n</tool_call>')
+    engine.last_finish_reason = FinishReason.STOP
+    choice = _chat(client, tools=TOOLS).json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    assert [c["function"]["arguments"] for c in choice["message"]["tool_calls"]] == [arguments]
+    calls, finish_reason = _streamed_calls(client, tools=TOOLS)
+    assert finish_reason == "tool_calls" and calls == {0: {"name": "get_weather", "arguments": arguments}}
+
+
+def test_a_forced_call_cut_by_max_tokens_is_not_presented_as_a_call(make_client, tokenizer):
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Reykjavik, Iceland"}}\n</tool_call>'
+    client, engine = make_client(text)
+    max_tokens = len(tokenizer.encode(text)) - 8  # inside the arguments
+    fields = {"tools": TOOLS, "tool_choice": "required", "max_tokens": max_tokens}
+    choice = _chat(client, **fields).json()["choices"][0]
+    assert choice["finish_reason"] == "length" and not choice["message"].get("tool_calls")
+    # Streamed, the call's start went out as it came; finish_reason "length" says it was cut.
+    calls, finish_reason = _streamed_calls(client, **fields)
+    assert finish_reason == "length" and calls[0]["name"] == "get_weather"
+    assert calls[0]["arguments"].startswith('{"city": "Reyk')
+    # Whole, it is a call with complete arguments.
+    choice = _chat(client, tools=TOOLS, tool_choice="required", max_tokens=max_tokens + 8).json()["choices"][0]
+    assert json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]) == {"city": "Reykjavik, Iceland"}
+
+
 def test_canonical_rag_order_renders_the_same_chunks_the_same_way(make_client, tokenizer, tmp_path):
     client, engine = make_client("ok", collections_dir=tmp_path, rag_order="canonical")
     client.post("/v1/collections", json={"name": "c"})
