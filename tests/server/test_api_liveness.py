@@ -67,11 +67,12 @@ def test_health_answers_within_100ms_while_heavy_requests_run(server):
             sender.join()
     # Each is refused by the engine, after the work, as longer than the KV pool of the test server.
     assert [status for status, _ in results] == [400, 400, 400]
-    assert min(seconds for _, seconds in results) > 0.2 and len(latencies) >= 30  # the probes overlapped work
     # Every probe within the bound, but for at most two: the test machine's other processes can
     # deschedule this one for a moment; a blocked loop would instead hold every probe of a request.
     slowest = sorted(latencies)[-3:]
     assert slowest[0] < HEALTH_BOUND_S, f"slowest /health: {[round(s * 1000) for s in slowest]} ms"
+    assert min(seconds for _, seconds in results) > 0.2 and len(latencies) >= 30  # the probes overlapped work
+
 
 
 def test_cheap_bounds_refuse_before_the_work_and_say_the_limit(http, server):
