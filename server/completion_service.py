@@ -224,8 +224,9 @@ class CompletionService:
         return self._job(request, request_id, prompt_ids, request.max_new_tokens)
 
     def _max_num_prompt_tokens(self, request) -> int:
-        """The longest prompt the engine could take with this request's max_tokens (at least one)."""
-        return self.max_num_request_tokens - (request.max_new_tokens or 1)
+        """The longest prompt the engine could take (leaving room for one output token); a max_tokens
+        that does not fit beside the prompt is the engine's to report, with both numbers."""
+        return self.max_num_request_tokens - 1
 
     def _job(self, request, request_id: str, prompt_ids: list[int], max_new_tokens: int) -> GenerationJob:
         return GenerationJob(request_id=request_id, prompt_token_ids=prompt_ids,
