@@ -35,8 +35,8 @@ from dataclasses import dataclass, field, replace
 from assembly.constrained_output import (GrammarCompiler, GrammarError, json_grammar, optional_tool_calls_grammar,
                                          tool_call_grammar)
 from assembly.detokenizer import IncrementalDetokenizer
-from assembly.schema_finiteness import unsatisfiable_field
 from assembly.generated_turns import GeneratedTurns
+from assembly.schema_finiteness import unsatisfiable_field
 from assembly.stop_strings import StopStringMatcher
 from assembly.tool_call_stream import ToolCallDelta, ToolCallStreamParser
 from assembly.tool_calls import ToolCall, message_content
@@ -148,6 +148,9 @@ class CompletionService:
         # The longest prompt + output one request can have: the context, and the whole KV pool.
         num_pool_tokens = engine.stats().num_pages * llm.config.page_size
         self.max_num_request_tokens = min(llm.max_model_len, num_pool_tokens)
+        # The longest prompt it could take (room for one output token); a max_tokens that does not fit
+        # beside the prompt is the engine's to report, with both numbers.
+        self.max_num_prompt_tokens = self.max_num_request_tokens - 1
 
     # ---- requests -> jobs ---------------------------------------------------
 
@@ -156,7 +159,7 @@ class CompletionService:
         """`retrieved_documents` go into the prompt after the request's own documents."""
         self._check_model(request.model)
         self._check_capacity()
-        prompt_ids = self.prompts.chat_prompt_ids(request, retrieved_documents, self._max_num_prompt_tokens(request))
+        prompt_ids = self.prompts.chat_prompt_ids(request, retrieved_documents, self.max_num_prompt_tokens)
         # No max_tokens: as OpenAI, up to the end of the context.
         max_new_tokens = request.max_new_tokens or max(1, self.max_num_request_tokens - len(prompt_ids))
         job = self._job(request, request_id, prompt_ids, max_new_tokens)
@@ -220,13 +223,8 @@ class CompletionService:
     def prepare_completion(self, request: CompletionRequest, request_id: str) -> GenerationJob:
         self._check_model(request.model)
         self._check_capacity()
-        prompt_ids = self.prompts.completion_prompt_ids(request, self._max_num_prompt_tokens(request))
+        prompt_ids = self.prompts.completion_prompt_ids(request, self.max_num_prompt_tokens)
         return self._job(request, request_id, prompt_ids, request.max_new_tokens)
-
-    def _max_num_prompt_tokens(self, request) -> int:
-        """The longest prompt the engine could take (leaving room for one output token); a max_tokens
-        that does not fit beside the prompt is the engine's to report, with both numbers."""
-        return self.max_num_request_tokens - 1
 
     def _job(self, request, request_id: str, prompt_ids: list[int], max_new_tokens: int) -> GenerationJob:
         return GenerationJob(request_id=request_id, prompt_token_ids=prompt_ids,
