@@ -58,6 +58,9 @@ class Embedder:
         self._spans_tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self._spans_tokenizer.no_truncation()
         self._spans_tokenizer.no_padding()
+        # A text's "[SEP]" or "[CLS]" is text, not the marker the encoder reads as a boundary.
+        self._tokenizer.encode_special_tokens = True
+        self._spans_tokenizer.encode_special_tokens = True
         self._lock = threading.Lock()
 
     @property

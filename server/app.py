@@ -17,6 +17,7 @@ GET /openapi.json is the OpenAPI document of these routes (server/openapi.py); w
 """
 
 import asyncio
+import gc
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -84,6 +85,9 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
             app.state.prompt_ledger = PromptLedger()
             app.state.response_store = responses
             app.state.started_at = int(time.time())
+            # What startup built (model, tokenizers, templates) lives as long as the server: kept out of
+            # the collector's full passes, which otherwise walk it all and pause every thread.
+            gc.freeze()
             yield
         finally:
             await retrieval.close()

@@ -49,6 +49,9 @@ class ChoiceDelta:
     # the engine's prompt logprobs (params.prompt_logprobs), on the choice's first delta only
     prompt_logprobs: list[float | None] | None = None
     prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None
+    # On the last delta of a turn read for tool calls: its complete calls. A call cut off (max_tokens)
+    # was streamed as deltas but is no call: a non-streamed answer leaves it out.
+    final_calls: tuple[ToolCall, ...] | None = None
 
 
 @dataclass
@@ -100,6 +103,8 @@ class ChoiceResult:
             else:
                 last = self.tool_calls[call.index]
                 self.tool_calls[call.index] = replace(last, arguments=last.arguments + call.arguments)
+        if delta.final_calls is not None:
+            self.tool_calls = list(delta.final_calls)
 
     @property
     def content(self) -> str | None:
@@ -114,7 +119,8 @@ class FinishedChoice:
     reason: FinishReason
     generated_ids: list[int]  # all of them, the stop token included
     content: str
-    calls: list[ToolCall]
+    calls: list[ToolCall]  # complete calls only
+    has_unfinished_call: bool = False  # a call whose arguments never ended (cut by max_tokens)
 
 
 OnFinish = Callable[[GenerationJob, FinishedChoice], None]
@@ -184,8 +190,9 @@ class ChoiceRunner:
         stops = StopStringMatcher(job.stop_strings)
         tool_calls = ToolCallStreamParser() if job.parses_tool_calls else None
         params = choice_params(job.params, index)
-        if job.grammar is not None:
-            params = replace(params, logits_processors=(self.grammars.processor(job.grammar),))
+        if job.grammar is not None:  # compiling it takes up to seconds: off the event loop
+            processor = await asyncio.to_thread(self.grammars.processor, job.grammar)
+            params = replace(params, logits_processors=(processor,))
         engine_request_id = f"{job.request_id}-{index}"
         generated_ids: list[int] = []
         content: list[str] = []
@@ -209,6 +216,7 @@ class ChoiceRunner:
                 stop_string = _matched_stop(job.stop_strings, raw_text[num_emitted_chars:]) if is_stopped else None
                 finish_reason = "stop" if is_stopped else (output.finish_reason.value if is_last else None)
                 call_deltas: tuple[ToolCallDelta, ...] = ()
+                final_calls = None
                 if tool_calls is not None:
                     text, new_calls = tool_calls.push(text)
                     if finish_reason is not None:
@@ -216,16 +224,18 @@ class ChoiceRunner:
                         text, new_calls = text + tail, new_calls + more_calls
                         if tool_calls.calls and finish_reason == "stop":
                             finish_reason = "tool_calls"
+                        final_calls = tuple(tool_calls.calls)
                     call_deltas = tuple(new_calls)
                 content.append(text)
                 yield ChoiceDelta(index, text, list(output.new_token_ids), output.logprobs,
                                   output.top_logprobs, finish_reason, call_deltas, stop_string,
-                                  output.prompt_logprobs, output.prompt_top_logprobs)
+                                  output.prompt_logprobs, output.prompt_top_logprobs, final_calls)
                 if finish_reason is not None:
                     if not is_stopped:
                         calls = tool_calls.calls if tool_calls is not None else []
+                        unfinished = tool_calls is not None and tool_calls.num_unfinished_calls > 0
                         self.on_finish(job, FinishedChoice(index, output.finish_reason, generated_ids,
-                                                           "".join(content), list(calls)))
+                                                           "".join(content), list(calls), unfinished))
                     return  # a stop string ends the choice here; closing the stream aborts it
 
 

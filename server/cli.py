@@ -76,6 +76,7 @@ def _add_serve_parser(commands, default_model: str) -> None:
                                  DEFAULT_RESPONSES_MAX_BYTES, DEFAULT_RESPONSES_MAX_COUNT)
     from server.settings import (API_KEY_ENV_VAR, DEFAULT_HOST, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WAITING,
                                  DEFAULT_PORT, DEFAULT_TOOL_PIN_SECONDS)
+    from server.settings import DEFAULT_MAX_SCHEMA_BYTES, DEFAULT_RECEIVE_TIMEOUT_SECONDS
 
     serve = commands.add_parser("serve", help="serve the OpenAI-compatible HTTP API",
                                 description="Serve a model over an OpenAI-compatible HTTP API.")
@@ -123,6 +124,12 @@ def _add_serve_parser(commands, default_model: str) -> None:
                        help=f"waiting requests at which new ones get 503 (default: {DEFAULT_MAX_WAITING})")
     serve.add_argument("--max-body-bytes", type=_positive_int, default=DEFAULT_MAX_BODY_BYTES,
                        help=f"largest request body accepted (default: {DEFAULT_MAX_BODY_BYTES})")
+    serve.add_argument("--max-schema-bytes", type=_positive_int, default=DEFAULT_MAX_SCHEMA_BYTES,
+                       help="largest JSON of the tool parameter and response_format schemas one request's "
+                       f"grammar is compiled from (default: {DEFAULT_MAX_SCHEMA_BYTES})")
+    serve.add_argument("--receive-timeout", type=float, default=DEFAULT_RECEIVE_TIMEOUT_SECONDS, metavar="S",
+                       help="close a connection that has not sent a whole request (headers and body) within S "
+                       f"seconds of opening or of its last response (default: {DEFAULT_RECEIVE_TIMEOUT_SECONDS:g})")
     serve.add_argument("--rag-order", default="relevance", choices=("relevance", "canonical"),
                        help="order of retrieved documents in the prompt: best first, or by document id "
                        "(the same documents then share cached pages across questions; default: relevance)")

@@ -6,8 +6,12 @@ call, the calls tool_choice auto lets the model make, a JSON output format),
 the sampling fields checked, and the cache breakpoints turned into prefix
 lengths (each API's translation builds the ChatJob: server/chat_translation.py,
 server/api_anthropic/, server/api_responses/). `prepare_completion` is legacy
-completions' entry. Running the job (detokenize, stop strings, tool calls,
-n > 1) is server/choice_stream.py's; `generate` and `complete` hand it on.
+completions' entry. Both render, tokenize and check schemas, up to seconds of
+CPU for a large request, so every route runs them in a worker thread, never on
+the event loop (cheap bounds first: the prompt's length against the pool,
+--max-schema-bytes, schemas no finite value fits). Running the job (detokenize,
+stop strings, tool calls, n > 1) is server/choice_stream.py's; `generate` and
+`complete` hand it on.
 
 When a chat turn finishes, its generated ids are remembered (GeneratedTurns),
 so when the client sends the turn back it is spliced into the next prompt
@@ -16,12 +20,15 @@ verbatim; a turn that ends in tool calls has its prefix pinned in the cache for
 the request named is pinned for its TTL.
 """
 
+import asyncio
+import json
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
 from assembly.constrained_output import (GrammarCompiler, GrammarError, json_grammar, optional_tool_calls_grammar,
                                          tool_call_grammar)
 from assembly.generated_turns import GeneratedTurns
+from assembly.schema_finiteness import unsatisfiable_field
 from assembly.tool_calls import message_content
 from engine.async_engine import AsyncEngine
 from engine.request import FinishReason
@@ -53,8 +60,18 @@ class CompletionService:
         # The longest prompt + output one request can have: the context, and the whole KV pool.
         num_pool_tokens = engine.stats().num_pages * llm.config.page_size
         self.max_num_request_tokens = min(llm.max_model_len, num_pool_tokens)
+        # The longest prompt it could take (room for one output token); a max_tokens that does not fit
+        # beside the prompt is the engine's to report, with both numbers.
+        self.max_num_prompt_tokens = self.max_num_request_tokens - 1
 
     # ---- requests -> jobs ---------------------------------------------------
+
+    async def prepare_off_loop(self, job: ChatJob, request_id: str, caller: Caller | None = None) -> GenerationJob:
+        """`prepare` in a worker thread: what every chat-like route calls."""
+        return await asyncio.to_thread(self.prepare, job, request_id, caller)
+
+    async def prepare_completion_off_loop(self, request: CompletionRequest, request_id: str) -> list[GenerationJob]:
+        return await asyncio.to_thread(self.prepare_completion, request, request_id)
 
     def prepare(self, job: ChatJob, request_id: str, caller: Caller | None = None) -> GenerationJob:
         """Raises APIError (unknown model, overloaded), TemplateError; the engine checks the rest."""
@@ -62,7 +79,7 @@ class CompletionService:
             job = replace(job, cache_salt=caller.cache_salt(job.cache_salt))
         self.check_model(job.model)
         self._check_capacity()
-        prompt_ids = self.prompts.job_prompt_ids(job)
+        prompt_ids = self.prompts.job_prompt_ids(job, max_num_tokens=self.max_num_prompt_tokens)
         # No max tokens: as OpenAI, up to the end of the context.
         max_new_tokens = job.max_new_tokens or max(1, self.max_num_request_tokens - len(prompt_ids))
         pins = tuple(PrefixPin(num_tokens, min(breakpoint.seconds, self.settings.max_pin_seconds))
@@ -79,11 +96,14 @@ class CompletionService:
         named = job.named_tool
         tools = [{"name": t["function"]["name"], "parameters": t["function"].get("parameters")} for t in job.tools
                  if named is None or t["function"]["name"] == named]
+        self._check_schema_size(job, tools)
+        self._check_schemas_are_finite(job)
+        output_param = job.output_format_path.split(".")[0]
         if job.forces_tool_call:
             lark = tool_call_grammar(tools, parallel=job.parallel_tool_calls and job.tool_choice == "required")
             param = "tools"
         elif job.output_format is not None:
-            lark, param = json_grammar(job.output_format.schema), "response_format"
+            lark, param = json_grammar(job.output_format.schema), output_param
         elif job.parses_tool_calls:
             lark, param = optional_tool_calls_grammar(tools), "tools"
         else:
@@ -94,11 +114,40 @@ class CompletionService:
             raise invalid_request(f"{param}: the schema cannot be used to constrain output: {error}",
                                   param=param) from None
 
+    def _check_schema_size(self, job: ChatJob, tools: list[dict]) -> None:
+        """Refuse schemas too large to compile into a grammar quickly, before compiling them."""
+        schemas = [tool["parameters"] for tool in tools if tool["parameters"]] if job.parses_tool_calls else []
+        if job.output_format is not None and job.output_format.schema is not None:
+            schemas.append(job.output_format.schema)
+        num_bytes = len(json.dumps(schemas, ensure_ascii=False).encode()) if schemas else 0
+        if num_bytes > self.settings.max_schema_bytes:
+            param = "tools" if job.parses_tool_calls else job.output_format_path.split(".")[0]
+            raise invalid_request(f"{param}: the schemas are {num_bytes} bytes of JSON, more than the "
+                                  f"{self.settings.max_schema_bytes} this server compiles into a grammar "
+                                  f"(--max-schema-bytes)", param=param)
+
+    @staticmethod
+    def _check_schemas_are_finite(job: ChatJob) -> None:
+        """A schema no finite value fits (required fields that recurse for ever) is a 400 naming the field:
+        under its grammar the model could only write until max_tokens cut it."""
+        schemas = []
+        if job.parses_tool_calls:
+            schemas += [(job.tool_schema_path.format(i), "tools", tool["function"]["parameters"])
+                        for i, tool in enumerate(job.tools) if tool["function"].get("parameters")]
+        if job.output_format is not None and job.output_format.schema is not None:
+            schemas.append((job.output_format_path, job.output_format_path.split(".")[0], job.output_format.schema))
+        for where, param, schema in schemas:
+            field = unsatisfiable_field(schema)
+            if field is not None:
+                what = f"the required field {field!r} can only hold an infinitely nested value" if field \
+                    else "nothing can satisfy it"
+                raise invalid_request(f"{where}: no finite JSON value fits this schema: {what}", param=param)
+
     def prepare_completion(self, request: CompletionRequest, request_id: str) -> list[GenerationJob]:
         """One job per prompt, each with the request's n choices."""
         self.check_model(request.model)
         self._check_capacity()
-        prompt_id_lists = self.prompts.completion_prompt_ids(request)
+        prompt_id_lists = self.prompts.completion_prompt_ids(request, self.max_num_prompt_tokens)
         if len(prompt_id_lists) == 1:
             return [self._completion_job(request, request_id, prompt_id_lists[0])]
         return [self._completion_job(request, f"{request_id}-p{i}", prompt_ids)
@@ -136,7 +185,8 @@ class CompletionService:
         if choice.index == 0:
             for pin in job.pins:
                 self.engine.pin(job.prompt_token_ids[:pin.num_tokens], job.cache_salt, pin.seconds)
-        if not job.is_chat:
+        # A turn with a call cut off (max_tokens) cannot come back as the same message: not remembered.
+        if not job.is_chat or choice.has_unfinished_call:
             return
         if self.turns is not None:
             # A stop token is the end of the turn, which the template writes itself.

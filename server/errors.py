@@ -119,7 +119,8 @@ def _http_exception(request: Request, error: HTTPException) -> Response:
     if status == 404:
         message = "no such route"
     elif status == 413:
-        message = "request body is larger than the server accepts"
+        limit = getattr(request.app.state.get("settings"), "max_body_bytes", None)
+        message = f"request body is larger than the {limit} bytes the server accepts (--max-body-bytes)"
     headers = {k: v for k, v in (error.headers or {}).items()}
     return _respond(APIError(status, message, headers=headers))
 

@@ -52,6 +52,10 @@ class ChatJob:
     cache_salt: str | None = None  # tenants share KV only with the same salt
     cache_breakpoints: tuple[CacheBreakpoint, ...] = ()
     remembers_turn: bool = True  # the finished turn's ids go into turn memory for the next prompt
+    # Where the request holds tool i's parameter schema and the output format's schema, in its own API's
+    # names: for the 400s about a schema (its first part is the error's param).
+    tool_schema_path: str = "tools[{}].function.parameters"
+    output_format_path: str = "response_format.json_schema.schema"
 
     @property
     def named_tool(self) -> str | None:

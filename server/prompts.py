@@ -2,7 +2,7 @@
 
 from assembly.chat_template import TemplateError
 from assembly.prompt_builder import PromptBuilder
-from assembly.segment_tokenizer import SegmentTokenizer
+from assembly.segment_tokenizer import PromptTooLong, SegmentTokenizer
 from server.errors import invalid_request
 from server.job import CacheBreakpoint, ChatJob
 from server.schemas import CompletionRequest
@@ -14,14 +14,21 @@ class RequestPrompts:
         self.segments: SegmentTokenizer = builder.tokenizer
         self.tokenizer = builder.tokenizer.tokenizer  # for decoding
 
-    def job_prompt_ids(self, job: ChatJob, add_generation_prompt: bool = True) -> list[int]:
-        """Raises TemplateError when the template refuses these messages."""
-        token_ids = self._build(list(job.messages), job, add_generation_prompt)
+    def job_prompt_ids(self, job: ChatJob, add_generation_prompt: bool = True,
+                       max_num_tokens: int | None = None) -> list[int]:
+        """Raises TemplateError when the template refuses these messages; a 400 when the prompt
+        surely exceeds `max_num_tokens` (judged from its length, before tokenizing)."""
+        try:
+            token_ids = self._build(list(job.messages), job, add_generation_prompt, max_num_tokens)
+        except PromptTooLong as error:
+            raise invalid_request(f"messages: {error}", param="messages") from None
         return self._non_empty(token_ids, "messages")
 
-    def _build(self, messages: list[dict], job: ChatJob, add_generation_prompt: bool) -> list[int]:
+    def _build(self, messages: list[dict], job: ChatJob, add_generation_prompt: bool,
+               max_num_tokens: int | None = None) -> list[int]:
         return self.builder.build(messages, tools=[*job.tools] or None, documents=[*job.documents] or None,
-                                  template_kwargs=job.template_kwargs, add_generation_prompt=add_generation_prompt)
+                                  template_kwargs=job.template_kwargs, add_generation_prompt=add_generation_prompt,
+                                  max_num_tokens=max_num_tokens)
 
     def breakpoint_lengths(self, job: ChatJob, prompt_ids: list[int]) -> list[tuple[CacheBreakpoint, int]]:
         """Each breakpoint with the number of leading prompt tokens its prefix covers: the prompt
@@ -43,15 +50,23 @@ class RequestPrompts:
             lengths.append((breakpoint, common_prefix_length(prefix_ids, prompt_ids)))
         return lengths
 
-    def completion_prompt_ids(self, request: CompletionRequest) -> list[list[int]]:
-        """One id list per prompt (a text is tokenized, ids are taken as they are)."""
-        param = "prompt" if len(request.prompt) == 1 else None
-        return [self._non_empty(self.segments.encode(p) if isinstance(p, str) else list(p),
-                                param or f"prompt[{i}]")
-                for i, p in enumerate(request.prompt)]
+    def completion_prompt_ids(self, request: CompletionRequest, max_num_tokens: int | None = None) -> list[list[int]]:
+        """One id list per prompt (a text is tokenized, ids are taken as they are); a 400 when a text
+        surely exceeds `max_num_tokens` (judged from its length, before tokenizing)."""
+        id_lists = []
+        for i, prompt in enumerate(request.prompt):
+            param = "prompt" if len(request.prompt) == 1 else f"prompt[{i}]"
+            if isinstance(prompt, str):
+                try:
+                    self.segments.check_fits([prompt], max_num_tokens)
+                except PromptTooLong as error:
+                    raise invalid_request(f"{param}: {error}", param=param) from None
+            id_lists.append(self._non_empty(self.segments.encode(prompt) if isinstance(prompt, str) else list(prompt),
+                                            param))
+        return id_lists
 
-    def count_tokens(self, job: ChatJob) -> int:
-        return len(self.job_prompt_ids(job))
+    def count_tokens(self, job: ChatJob, max_num_tokens: int | None = None) -> int:
+        return len(self.job_prompt_ids(job, max_num_tokens=max_num_tokens))
 
     @staticmethod
     def _non_empty(token_ids: list[int], param: str) -> list[int]:

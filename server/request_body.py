@@ -15,11 +15,15 @@ a constraint on `X | None` to None too and raises TypeError, which is not a vali
 error and would turn a valid `null` into a 500.
 """
 
+import asyncio
 import math
 from functools import cache
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
+from litestar import Request
 from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
+
+Body = TypeVar("Body", bound=BaseModel)
 
 # Integers a stored value may hold: what JSON libraries (ours and clients') keep exactly as int64 / uint64.
 MIN_STORED_INT, MAX_STORED_INT = -(2**63), 2**64 - 1
@@ -83,3 +87,9 @@ FiniteJSON = Annotated[Any, AfterValidator(_finite)]
 # JSON the server stores and returns (document metadata): it must come back exactly as sent,
 # so numbers are finite and integers fit 64 bits (floats round-trip by their shortest repr).
 StorableJSON = Annotated[Any, AfterValidator(_storable)]
+
+
+async def validated_body(request: Request, model: type[Body]) -> Body:
+    """The request's JSON body as `model`. Validated in a worker thread: a body of megabytes takes
+    seconds, which must not stall the event loop (and every other request with it)."""
+    return await asyncio.to_thread(model.model_validate_json, await request.body())

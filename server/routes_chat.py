@@ -1,5 +1,7 @@
 """POST /v1/chat/completions"""
 
+import asyncio
+
 from litestar import Request, Response, post
 from litestar.datastructures import State
 
@@ -9,18 +11,19 @@ from server.chat_translation import chat_job
 from server.completion_response import answer
 from server.openapi import json_body
 from server.rag_context import retrieve_context
+from server.request_body import validated_body
 from server.responses import ChatShapes, ResponseIdentity
 from server.schemas import ChatCompletionRequest
 
 
 @post("/chat/completions", status_code=200, operation_class=json_body(ChatCompletionRequest))
 async def chat_completions(request: Request, state: State) -> Response:
-    body = ChatCompletionRequest.model_validate_json(await request.body())
+    body = await validated_body(request, ChatCompletionRequest)
     identity = ResponseIdentity.new("chatcmpl", state.settings.served_model_name)
     context = await retrieve_context(state.retrieval, body, state.settings.rag_order) if body.retrieval else None
     caller = caller_of(request)
     spec = chat_job(body, context.documents if context else ())
-    job = state.service.prepare(spec, identity.id, caller)
+    job = await state.service.prepare_off_loop(spec, identity.id, caller)
     extra_fields = {"retrieved_documents": context.reported} if context else {}
     # Recent prompts by id, so a later request can ask where it diverged from this one.
     owner = caller.owner(job.cache_salt)
@@ -28,8 +31,9 @@ async def chat_completions(request: Request, state: State) -> Response:
     if body.comparison_response_id is not None:
         previous = state.prompt_ledger.lookup(body.comparison_response_id, owner)
         sources = [f"messages[{i}]" for i in range(len(spec.messages))]
-        extra_fields["prompt_cache_diagnostics"] = openai_diagnostics_body(
-            diagnose(previous, state.service.prompts, spec, job.prompt_token_ids, parts, sources))
+        diagnosis = await asyncio.to_thread(diagnose, previous, state.service.prompts, spec, job.prompt_token_ids,
+                                            parts, sources)  # renders the prompt again, per message
+        extra_fields["prompt_cache_diagnostics"] = openai_diagnostics_body(diagnosis)
     state.prompt_ledger.record(identity.id, owner, job.prompt_token_ids, parts)
     shapes = ChatShapes(identity, state.logprobs, include_usage=body.include_usage_chunk,
                         extra_fields=extra_fields or None)

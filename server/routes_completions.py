@@ -1,6 +1,8 @@
 """POST /v1/completions (legacy text completions): one or more prompts, each with its n choices
 (indexed prompt-major), and `echo` (server/completion_batch.py)."""
 
+import asyncio
+
 from litestar import Request, Response, post
 from litestar.datastructures import State
 
@@ -8,16 +10,17 @@ from server.completion_batch import CompletionBatch, CompletionBatchRunner
 from server.completion_response import answer
 from server.errors import invalid_request
 from server.openapi import json_body
+from server.request_body import validated_body
 from server.responses import CompletionShapes, ResponseIdentity
 from server.schemas import CompletionRequest
 
 
 @post("/completions", status_code=200, operation_class=json_body(CompletionRequest))
 async def completions(request: Request, state: State) -> Response:
-    body = CompletionRequest.model_validate_json(await request.body())
+    body = await validated_body(request, CompletionRequest)
     identity = ResponseIdentity.new("cmpl", state.settings.served_model_name)
-    jobs = state.service.prepare_completion(body, identity.id)
-    echo_texts = tuple(_prompt_texts(body.prompt, state)) if body.echo else None
+    jobs = await state.service.prepare_completion_off_loop(body, identity.id)
+    echo_texts = tuple(await asyncio.to_thread(_prompt_texts, body.prompt, state)) if body.echo else None
     batch = CompletionBatch(tuple(jobs), body.n, echo_texts)
     shapes = CompletionShapes(identity, state.logprobs, include_usage=body.include_usage_chunk)
     return await answer(request, CompletionBatchRunner(state.service), batch, shapes, stream=body.stream,

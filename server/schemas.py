@@ -21,6 +21,7 @@ from server.schemas_prompt_cache import PromptCacheFields
 from server.settings import MAX_CHOICES
 
 MAX_STOP_STRINGS = 4
+MAX_TOOLS = 128  # OpenAI's limit; each tool is a branch of the grammar a forced call compiles
 
 
 def _content_text(value: Any) -> Any:
@@ -207,7 +208,7 @@ class ChatCompletionRequest(PromptCacheFields, _SamplingFields):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
-    tools: list[ToolSpec] | None = None
+    tools: Annotated[list[ToolSpec], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None

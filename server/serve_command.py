@@ -10,6 +10,7 @@ import uvicorn
 from assembly.chat_template import ChatTemplate, TemplateError
 from engine.engine_config import EngineConfig, parse_kv_cache_memory, resolve_device
 from engine.errors import RadixserveError
+from server.connection_deadline import with_receive_timeout
 from server.settings import ServerSettings, api_key_from_environment, read_api_keys_file
 
 logger = logging.getLogger("radixserve.server")
@@ -64,6 +65,8 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
             **({"responses_db": Path(args.responses_db).expanduser()} if args.responses_db else {}),
             max_waiting=args.max_waiting,
             max_body_bytes=args.max_body_bytes,
+            max_schema_bytes=args.max_schema_bytes,
+            receive_timeout_seconds=args.receive_timeout,
             tool_pin_seconds=args.tool_pin_seconds,
             rag_order=args.rag_order,
             allowed_origins=tuple(args.allowed_origins),
@@ -110,7 +113,8 @@ def serve(args: argparse.Namespace) -> int:
             raise RadixserveError(f"--chat-template: {error}") from None
     _configure_logging()
     config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, log_level="info",
-                            access_log=False, lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS)
+                            access_log=False, lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+                            http=with_receive_timeout(settings.receive_timeout_seconds))
     server = _Server(config, settings)
     try:
         server.run()

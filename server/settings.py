@@ -18,6 +18,8 @@ DEFAULT_MAX_PIN_SECONDS = 3600.0  # longer cache TTLs (OpenAI's 12h / 24h) are c
 DEFAULT_RESPONSES_MAX_COUNT = 10_000  # stored Responses, oldest out first
 DEFAULT_RESPONSES_MAX_BYTES = 256 << 20
 DEFAULT_RESPONSES_MAX_AGE_SECONDS = 30 * 86400.0  # as OpenAI: stored responses live 30 days
+DEFAULT_MAX_SCHEMA_BYTES = 256 << 10  # JSON of the schemas one request's grammar is compiled from
+DEFAULT_RECEIVE_TIMEOUT_SECONDS = 30.0  # to send a whole request (headers and body), else the connection closes
 
 
 def default_collections_dir() -> Path:
@@ -56,6 +58,8 @@ class ServerSettings:
     tenant_per_key: bool = False  # each key gets its own cache salt unless a request names one
     max_waiting: int = DEFAULT_MAX_WAITING  # engine.stats().num_waiting at which requests get 503
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_schema_bytes: int = DEFAULT_MAX_SCHEMA_BYTES  # tools' parameters + response_format schema, as JSON
+    receive_timeout_seconds: float = DEFAULT_RECEIVE_TIMEOUT_SECONDS  # server/connection_deadline.py
     collections_dir: Path = field(default_factory=default_collections_dir)  # retrieval collections live here
     tool_pin_seconds: float = DEFAULT_TOOL_PIN_SECONDS  # 0: no pinning
     chat_template_path: Path | None = None  # overrides the model's template
@@ -76,6 +80,10 @@ class ServerSettings:
             raise ValueError(f"max waiting must be >= 1, got {self.max_waiting}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max body bytes must be >= 1024, got {self.max_body_bytes}")
+        if self.max_schema_bytes < 1024:
+            raise ValueError(f"max schema bytes must be >= 1024, got {self.max_schema_bytes}")
+        if not 0 < self.receive_timeout_seconds <= 3600:
+            raise ValueError(f"receive timeout must be in (0, 3600] seconds, got {self.receive_timeout_seconds}")
         if self.rag_order not in ("relevance", "canonical"):
             raise ValueError(f"rag order must be relevance or canonical, got {self.rag_order!r}")
         if not 0 <= self.tool_pin_seconds <= 3600:

@@ -1,5 +1,7 @@
 """POST /v1/messages and /v1/messages/count_tokens (Anthropic's Messages API), errors in its shape."""
 
+import asyncio
+
 from litestar import Request, Response, post
 from litestar.datastructures import State
 
@@ -12,6 +14,7 @@ from server.cache_diagnostics import Diagnosis, diagnose, prompt_parts
 from server.choice_stream import Usage
 from server.completion_response import StartedStream, run_job
 from server.openapi import json_body
+from server.request_body import validated_body
 
 _MISS_TYPES = {"model": "model_changed", "system": "system_changed", "tools": "tools_changed"}
 
@@ -30,14 +33,14 @@ def _diagnostics_body(diagnosis: Diagnosis) -> dict:
 
 @post("/messages", status_code=200, operation_class=json_body(MessagesRequest))
 async def create_message(request: Request, state: State) -> Response:
-    body = MessagesRequest.model_validate_json(await request.body())
+    body = await validated_body(request, MessagesRequest)
     caller = caller_of(request)
     service = state.service
     prompt = TranslatedPrompt(body)
     chat_job = messages_job(body, prompt)
     message_id = new_message_id()
     service.check_model(body.model)
-    job = service.prepare(chat_job, message_id, caller)
+    job = await service.prepare_off_loop(chat_job, message_id, caller)
     owner = caller.owner(job.cache_salt)
     parts = prompt_parts(chat_job, body.model)
     diagnostics = None
@@ -47,8 +50,9 @@ async def create_message(request: Request, state: State) -> Response:
         if previous_id is None:
             diagnostics = {"cache_miss_reason": None}  # opted in, nothing to compare with yet
         else:
-            diagnostics = _diagnostics_body(diagnose(previous, service.prompts, chat_job, job.prompt_token_ids,
-                                                     parts, prompt.sources))
+            diagnosis = await asyncio.to_thread(diagnose, previous, service.prompts, chat_job, job.prompt_token_ids,
+                                                parts, prompt.sources)  # renders the prompt again, per message
+            diagnostics = _diagnostics_body(diagnosis)
     state.prompt_ledger.record(message_id, owner, job.prompt_token_ids, parts)
 
     usage = Usage()
@@ -67,10 +71,11 @@ async def create_message(request: Request, state: State) -> Response:
 
 @post("/messages/count_tokens", status_code=200, operation_class=json_body(CountTokensRequest))
 async def count_tokens(request: Request, state: State) -> Response:
-    body = CountTokensRequest.model_validate_json(await request.body())
+    body = await validated_body(request, CountTokensRequest)
     state.service.check_model(body.model)
     job = messages_job(body, TranslatedPrompt(body))
-    return Response({"input_tokens": state.service.prompts.count_tokens(job)}, status_code=200)
+    num_tokens = await asyncio.to_thread(state.service.prompts.count_tokens, job)  # renders and tokenizes
+    return Response({"input_tokens": num_tokens}, status_code=200)
 
 
 ANTHROPIC_ROUTES = [create_message, count_tokens]

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from server.request_body import FiniteJSON, RequestBody
-from server.schemas import MAX_STOP_STRINGS
+from server.schemas import MAX_STOP_STRINGS, MAX_TOOLS
 
 MAX_TEMPERATURE = 1.0  # Anthropic's range is [0, 1]
 MAX_CACHE_CONTROLS = 4  # as Anthropic: each is a pin, so they are bounded
@@ -142,7 +142,7 @@ class _PromptFields(_Body):
     model: Annotated[str, Field(min_length=1)]
     messages: Annotated[list[Message], Field(min_length=1)]
     system: str | list[TextBlock] | None = None
-    tools: list[Tool] | None = None
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = None
     cache_control: CacheControl | None = None
     output_config: OutputConfig | None = None

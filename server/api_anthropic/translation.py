@@ -123,6 +123,8 @@ def messages_job(request: CountTokensRequest, prompt: TranslatedPrompt) -> ChatJ
         max_new_tokens=max_new_tokens,
         stop_strings=stops,
         cache_breakpoints=tuple(prompt.breakpoints),
+        tool_schema_path="tools[{}].input_schema",
+        output_format_path="output_config.format.schema",
     )
 
 

@@ -16,6 +16,7 @@ from server.choice_stream import ChoiceResult, Usage
 from server.completion_response import StartedStream, run_job
 from server.errors import APIError
 from server.openapi import json_body
+from server.request_body import validated_body
 
 
 def _not_found(response_id: str, param: str | None = None) -> APIError:
@@ -25,7 +26,7 @@ def _not_found(response_id: str, param: str | None = None) -> APIError:
 
 @post("/responses", status_code=200, operation_class=json_body(ResponsesRequest))
 async def create_response(request: Request, state: State) -> Response:
-    body = ResponsesRequest.model_validate_json(await request.body())
+    body = await validated_body(request, ResponsesRequest)
     caller = caller_of(request)
     service, store = state.service, state.response_store
     owner = caller.owner(caller.cache_salt(body.cache_salt))
@@ -38,7 +39,7 @@ async def create_response(request: Request, state: State) -> Response:
     prompt = responses_prompt(body, previous)
     chat_job = responses_job(body, prompt)
     response_id = new_response_id()
-    job = service.prepare(chat_job, response_id, caller)
+    job = await service.prepare_off_loop(chat_job, response_id, caller)
     model = body.model or state.settings.served_model_name
     parts = prompt_parts(chat_job, model, body.prompt_cache_key)
     extra = {}
@@ -46,8 +47,9 @@ async def create_response(request: Request, state: State) -> Response:
         extra["prompt_cache_options"] = body.prompt_cache_options.model_dump()
         if (comparison_id := body.prompt_cache_options.comparison_response_id) is not None:
             compared = state.prompt_ledger.lookup(comparison_id, owner)
-            extra["prompt_cache_diagnostics"] = openai_diagnostics_body(
-                diagnose(compared, service.prompts, chat_job, job.prompt_token_ids, parts, prompt.sources))
+            diagnosis = await asyncio.to_thread(diagnose, compared, service.prompts, chat_job, job.prompt_token_ids,
+                                                parts, prompt.sources)  # renders the prompt again, per message
+            extra["prompt_cache_diagnostics"] = openai_diagnostics_body(diagnosis)
     state.prompt_ledger.record(response_id, owner, job.prompt_token_ids, parts)
     shapes = ResponseShapes(response_id, model, body)
     usage = Usage()

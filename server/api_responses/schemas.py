@@ -16,6 +16,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from engine.sampling_params import MAX_TEMPERATURE
 from server.request_body import FiniteJSON, RequestBody
+from server.schemas import MAX_TOOLS
 from server.schemas_prompt_cache import PromptCacheBreakpoint, PromptCacheOptions
 
 UNSUPPORTED_FIELDS = ("background", "conversation", "prompt", "max_tool_calls", "context_management",
@@ -137,7 +138,7 @@ class ResponsesRequest(_Body):
     model: str | None = None
     input: str | list[InputItem]
     instructions: str | None = None
-    tools: list[FunctionTool] | None = None
+    tools: Annotated[list[FunctionTool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
     parallel_tool_calls: bool | None = None
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None

@@ -117,4 +117,6 @@ def responses_job(request: ResponsesRequest, prompt: ResponsesPrompt) -> ChatJob
         model=request.model,
         cache_salt=request.cache_salt,
         cache_breakpoints=tuple(prompt.breakpoints),
+        tool_schema_path="tools[{}].parameters",
+        output_format_path="text.format.schema",
     )

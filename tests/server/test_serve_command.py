@@ -45,6 +45,8 @@ def test_engine_options_reach_the_engine_config(smollm2_dir):
     (("--kv-cache-memory", "lots"), "--kv-cache-memory"),
     (("--max-body-bytes", "10"), "max body bytes"),
     (("--port", "70000"), "port"),
+    (("--receive-timeout", "0"), "receive timeout"),
+    (("--max-schema-bytes", "10"), "max schema bytes"),
 ])
 def test_bad_values_are_one_line_errors(monkeypatch, capsys, smollm2_dir, argv, fragment):
     import engine.model_store
@@ -74,3 +76,8 @@ def test_several_api_keys_from_flags_and_a_file(monkeypatch, smollm2_dir, tmp_pa
     monkeypatch.delenv("RADIXSERVE_API_KEY")
     with pytest.raises(RadixserveError, match="tenant per key needs api keys"):
         settings_from_args(_args("--tenant-per-key"), smollm2_dir)
+
+
+def test_hardening_limits_reach_the_settings(smollm2_dir):
+    settings = settings_from_args(_args("--receive-timeout", "2.5", "--max-schema-bytes", "4096"), smollm2_dir)
+    assert (settings.receive_timeout_seconds, settings.max_schema_bytes) == (2.5, 4096)
