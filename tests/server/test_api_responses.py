@@ -85,7 +85,7 @@ def _items(response) -> list[dict]:
 @pytest.mark.parametrize("tool_choice", ["none", "required"])
 def test_streamed_events_reassemble_to_the_non_streamed_response(openai_client, server, tool_choice):
     request = dict(model=server.model, instructions=_instructions(), input="What is the weather in Oslo?",
-                   tools=[WEATHER_TOOL], tool_choice=tool_choice, max_output_tokens=20, temperature=0)
+                   tools=[WEATHER_TOOL], tool_choice=tool_choice, max_output_tokens=60, temperature=0)
     whole = openai_client.responses.create(**request)
     events = list(openai_client.responses.create(**request, stream=True))
     assert [e.type for e in events[:2]] == ["response.created", "response.in_progress"]
@@ -93,6 +93,18 @@ def test_streamed_events_reassemble_to_the_non_streamed_response(openai_client, 
     assert rebuilt == _items(final) == _items(whole)
     assert final.status == whole.status and final.usage.output_tokens == whole.usage.output_tokens
     assert openai_client.responses.retrieve(final.id).output_text == final.output_text
+
+
+def test_a_call_cut_by_max_output_tokens_is_no_call(openai_client, server):
+    """Its argument deltas were streamed (they cannot be taken back), but the response, streamed
+    or not, has no function_call: the arguments never ended (issue 12)."""
+    request = dict(model=server.model, instructions=_instructions(), input="What is the weather in Oslo?",
+                   tools=[WEATHER_TOOL], tool_choice="required", max_output_tokens=20, temperature=0)
+    whole = openai_client.responses.create(**request)
+    rebuilt, final = _reassembled(list(openai_client.responses.create(**request, stream=True)))
+    assert [item["type"] for item in rebuilt] == ["function_call"]
+    assert _items(final) == _items(whole) and not any(item.type == "function_call" for item in whole.output)
+    assert whole.status == final.status == "incomplete"
 
 
 def test_stored_responses_are_visible_only_to_their_key(openai_client, other_client, server):

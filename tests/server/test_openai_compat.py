@@ -8,7 +8,10 @@ import typing
 import pytest
 from pydantic import BaseModel, ValidationError
 
+import server.api_anthropic.schemas as anthropic
+import server.api_responses.schemas as responses
 import server.schemas as schemas
+import server.schemas_prompt_cache as prompt_cache
 import server.schemas_retrieval as schemas_retrieval
 from server.request_body import RequestBody
 
@@ -35,6 +38,34 @@ MINIMAL_BODIES = {
     schemas_retrieval.AddDocumentsRequest: {"documents": [{"text": "t"}]},
     schemas_retrieval.SearchRequest: {"query": "q"},
     schemas_retrieval.EmbeddingRequest: {"input": "a"},
+    prompt_cache.PromptCacheOptions: {},
+    prompt_cache.PromptCacheBreakpoint: {"mode": "explicit"},
+    prompt_cache.PromptCacheFields: {},
+    # Anthropic Messages and OpenAI Responses share the base (null is "not given" there too)
+    anthropic.CacheControl: {"type": "ephemeral"},
+    anthropic.TextBlock: {"type": "text", "text": "t"},
+    anthropic.ToolUseBlock: {"type": "tool_use", "id": "c", "name": "f", "input": {}},
+    anthropic.ToolResultBlock: {"type": "tool_result", "tool_use_id": "c"},
+    anthropic.Message: {"role": "user", "content": "hi"},
+    anthropic.Tool: {"name": "f", "input_schema": {"type": "object"}},
+    anthropic.ToolChoice: {"type": "auto"},
+    anthropic.Metadata: {},
+    anthropic.JSONOutputFormat: {"type": "json_schema", "schema": {"type": "object"}},
+    anthropic.OutputConfig: {},
+    anthropic.Thinking: {"type": "disabled"},
+    anthropic.Diagnostics: {},
+    anthropic.CountTokensRequest: {"model": "m", "messages": PROMPT},
+    anthropic.MessagesRequest: {"model": "m", "messages": PROMPT, "max_tokens": 4},
+    responses.TextPart: {"type": "input_text", "text": "t"},
+    responses.MessageItem: {"role": "user", "content": "hi"},
+    responses.FunctionCallItem: {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+    responses.FunctionCallOutputItem: {"type": "function_call_output", "call_id": "c", "output": "o"},
+    responses.FunctionTool: {"type": "function", "name": "f"},
+    responses.NamedFunction: {"type": "function", "name": "f"},
+    responses.TextFormat: {"type": "text"},
+    responses.TextConfig: {},
+    responses.Reasoning: {},
+    responses.ResponsesRequest: {"input": "hi"},
 }
 
 

@@ -39,8 +39,12 @@ def test_openapi_document_names_every_route_with_its_body(make_client):
     assert "messages" in body["schema"]["required"]
     assert "$ref" not in json.dumps(body)  # definitions inlined: the document stands alone
     assert client.get("/schema/openapi.json").json() == document
-    for path in ("/v1/completions", "/v1/embeddings", "/v1/collections", "/v1/collections/{name}/search"):
+    for path in ("/v1/completions", "/v1/embeddings", "/v1/collections", "/v1/collections/{name}/search",
+                 "/v1/messages", "/v1/messages/count_tokens", "/v1/responses"):
         assert "requestBody" in document["paths"][path]["post"], path
+    assert {"get", "delete"} <= set(document["paths"]["/v1/responses/{response_id}"])
+    messages = document["paths"]["/v1/messages"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert {"model", "messages", "max_tokens"} <= set(messages["required"]) and "$ref" not in json.dumps(messages)
 
 
 def test_metrics_content_type_has_one_charset_and_the_body_parses(make_client):
