@@ -95,3 +95,4 @@ def test_only_the_first_output_carries_prompt_logprobs(tiny_llama_dir, prompt):
 def test_prompt_logprobs_out_of_range_are_refused(value):
     with pytest.raises(RequestError, match="prompt_logprobs"):
         SamplingParams(prompt_logprobs=value)
+
