@@ -8,7 +8,7 @@ VPY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install install-cluster serve test bench bench-peers clean-venv
+.PHONY: install install-cluster serve test fuzz bench bench-peers clean-venv
 
 install: $(STAMP)
 
@@ -24,6 +24,14 @@ serve: install
 
 test: install
 	$(VPY) -m pytest $(PYTEST_ARGS)
+
+# Schema-driven fuzzing (schemathesis) of the app from its OpenAPI document, FUZZ_EXAMPLES
+# examples per route and mode (fitting the schema, and not); the suite runs 15. Prints the
+# request count and the 5xx count (which must be 0).
+FUZZ_EXAMPLES ?= 300
+
+fuzz: install
+	RADIXSERVE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(VPY) -m pytest tests/server/test_fuzz.py -s -q -p no:cacheprovider
 
 # Serving benchmarks (bench/suite.py): the optional `bench` extra (matplotlib) on top of the
 # base install. Results: bench/results/<date>.{json,md,png}. `make bench-peers

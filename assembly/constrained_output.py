@@ -53,10 +53,11 @@ def tool_call_grammar(tools: list[dict], parallel: bool) -> str:
         raise GrammarError("a forced tool call needs at least one tool")
     rules = []
     for i, tool in enumerate(tools):
-        parameters = tool.get("parameters") or {"type": "object"}
-        schema = {"type": "object", "properties": {"name": {"const": tool["name"]}, "arguments": parameters},
-                  "required": ["name", "arguments"], "additionalProperties": False}
-        rules.append(f"body_{i}: {_json_rule(schema)}")
+        # The call's JSON around the arguments is literal text; the arguments are their own %json
+        # rule, so the parameters stay a root schema and their "#/$defs/..." pointers resolve.
+        head = _lark_string('{"name": ' + _dumps(tool["name"]) + ', "arguments": ')
+        rules.append(f'body_{i}: {head} arguments_{i} "}}"')
+        rules.append(f"arguments_{i}: {_json_rule(tool.get('parameters') or {'type': 'object'})}")
     bodies = " | ".join(f"body_{i}" for i in range(len(tools)))
     opening, closing = _lark_string(CALL_OPEN + "\n"), _lark_string("\n" + CALL_CLOSE)
     start = 'start: call ("\\n" call)*' if parallel else "start: call"

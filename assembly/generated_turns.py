@@ -13,11 +13,13 @@ arguments still match). Tool-call ids are unique per response, so a tool turn
 is found only by the client that received it; text turns are matched by their
 text, and equal texts share an entry (either entry's ids spell the same text).
 Bounded by the tokens it holds (4 bytes each), least recently used first out.
+Thread-safe (prompts are built in worker threads, turns remembered on the event loop).
 """
 
 import hashlib
-from array import array
 import json
+import threading
+from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -56,6 +58,7 @@ class GeneratedTurns:
         self.max_tokens = max_tokens
         self._turns: OrderedDict[bytes, array] = OrderedDict()
         self.num_tokens = 0
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._turns)
@@ -64,17 +67,22 @@ class GeneratedTurns:
         """`token_ids`: what the model generated for this turn, without the end-of-turn token
         (the template writes that itself)."""
         key = _key(content, [(c.id, c.name, c.arguments) for c in calls])
-        if key in self._turns:
-            self.num_tokens -= len(self._turns.pop(key))
-        self._turns[key] = array("I", token_ids)
-        self.num_tokens += len(token_ids)
-        while self.num_tokens > self.max_tokens and self._turns:
-            self.num_tokens -= len(self._turns.popitem(last=False)[1])
+        ids = array("I", token_ids)
+        with self._lock:
+            if key in self._turns:
+                self.num_tokens -= len(self._turns.pop(key))
+            self._turns[key] = ids
+            self.num_tokens += len(ids)
+            while self.num_tokens > self.max_tokens and self._turns:
+                self.num_tokens -= len(self._turns.popitem(last=False)[1])
 
     def lookup(self, message: dict) -> list[int] | None:
         key = message_key(message)
-        ids = self._turns.get(key) if key is not None else None
-        if ids is None:
+        if key is None:
             return None
-        self._turns.move_to_end(key)
-        return ids.tolist()
+        with self._lock:
+            ids = self._turns.get(key)
+            if ids is None:
+                return None
+            self._turns.move_to_end(key)
+            return ids.tolist()

@@ -13,6 +13,11 @@ replaced by their generated token ids, so the next turn's prompt starts with
 exactly the tokens the engine cached for the previous one (prompt +
 generated). If the template does not reproduce a sentinel verbatim, the prompt
 is rendered again without splicing: correct, but without that guarantee.
+
+Everything a request sends (messages, tools, documents, chat_template_kwargs,
+keys and values alike) goes through `SegmentTokenizer.as_text` before it is
+rendered, so an added token's string in it is tokenized as text: only the
+template's and the built-in blocks' own markup yields control tokens.
 """
 
 import json
@@ -41,13 +46,34 @@ class PromptBuilder:
                documents: list[dict] | None = None, template_kwargs: dict[str, Any] | None = None,
                add_generation_prompt: bool = True) -> str:
         """The prompt's text, without splicing. Raises TemplateError."""
-        prepared = self._prepare(list(messages), tools, documents)
+        return self.tokenizer.unmarked(self._render_marked(list(messages), tools, documents, template_kwargs,
+                                                           add_generation_prompt))
+
+    def _render_marked(self, messages, tools, documents, template_kwargs, add_generation_prompt) -> str:
+        """The prompt's text with the request's values marked as text (see module doc). Tool-call
+        arguments are parsed first: a JSON escape (`\\u003c`) must not unmark what it spells."""
+        messages = [{**message, "tool_calls": _parsed_calls(message["tool_calls"], index)}
+                    if message.get("role") == "assistant" and message.get("tool_calls") else message
+                    for index, message in enumerate(messages)]
+        messages, tools, documents, template_kwargs = self._as_text([messages, tools, documents, template_kwargs])
+        prepared = self._prepare(messages, tools, documents)
         return self._render(prepared, tools, documents, template_kwargs, add_generation_prompt)
+
+    def _as_text(self, value):
+        """`value` (JSON-shaped) with every string in it, keys included, marked as text."""
+        if isinstance(value, str):
+            return self.tokenizer.as_text(value)
+        if isinstance(value, dict):
+            return {self._as_text(k): self._as_text(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self._as_text(v) for v in value]
+        return value
 
     def build(self, messages: Sequence[dict], *, tools: list[dict] | None = None,
               documents: list[dict] | None = None, template_kwargs: dict[str, Any] | None = None,
-              add_generation_prompt: bool = True) -> list[int]:
-        """The prompt's token ids. Raises TemplateError for messages the template refuses."""
+              add_generation_prompt: bool = True, max_num_tokens: int | None = None) -> list[int]:
+        """The prompt's token ids. Raises TemplateError for messages the template refuses, and
+        PromptTooLong when the rendered text cannot fit `max_num_tokens` (checked before tokenizing)."""
         messages = list(messages)
         spliced: list[list[int]] = []
         with_sentinels = []
@@ -59,13 +85,13 @@ class PromptBuilder:
                 with_sentinels.append({"role": "assistant", "content": _SENTINEL.format(len(spliced))})
                 spliced.append(ids)
         if spliced:
-            prepared = self._prepare(with_sentinels, tools, documents)
-            text = self._render(prepared, tools, documents, template_kwargs, add_generation_prompt)
+            text = self._render_marked(with_sentinels, tools, documents, template_kwargs, add_generation_prompt)
             pieces = _splice(text, spliced)
             if pieces is not None:
+                self.tokenizer.check_fits(pieces, max_num_tokens)
                 return self.tokenizer.encode_pieces(pieces)
-        text = self.render(messages, tools=tools, documents=documents, template_kwargs=template_kwargs,
-                           add_generation_prompt=add_generation_prompt)
+        text = self._render_marked(messages, tools, documents, template_kwargs, add_generation_prompt)
+        self.tokenizer.check_fits([text], max_num_tokens)
         return self.tokenizer.encode(text)
 
     # ---- messages the template can render ---------------------------------

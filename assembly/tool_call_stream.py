@@ -18,7 +18,13 @@ Rules (Hermes format, see tool_calls.py):
 - a block in another shape is judged when it closes: a valid call (arguments
   last, or given as a JSON string) is emitted whole; anything else becomes
   content, tags included, so nothing is lost.
-- a block still open when the turn ends (max_tokens) keeps what it streamed.
+- the closing tag ends a block only outside the JSON strings of its body: a
+  `</tool_call>` written inside an argument's string value is part of it.
+- a call whose arguments object never ended (the turn cut by max_tokens, or the
+  block closed mid-object) is not a call: its deltas were streamed, but it is
+  not in `calls` (a non-streamed answer leaves it out; the turn's
+  finish_reason, "length" when cut, says why), and `num_unfinished_calls`
+  counts it.
 """
 
 import json
@@ -58,6 +64,10 @@ class _OpenCall:
     in_string: bool = False
     escaped: bool = False
     arguments_done: bool = False
+    # Where the closing tag may be: only outside the body's JSON strings (state of the body read so far).
+    body_is_json: bool | None = None  # decided by the body's first non-space character: "{"
+    body_in_string: bool = False
+    body_escaped: bool = False
 
 
 class ToolCallStreamParser:
@@ -65,7 +75,8 @@ class ToolCallStreamParser:
         self._pending = ""  # text not yet classified
         self._held_space = ""  # content whitespace held back
         self._call: _OpenCall | None = None
-        self.calls: list[ToolCall] = []
+        self.calls: list[ToolCall] = []  # complete calls only
+        self.num_unfinished_calls = 0  # announced (deltas sent) but their arguments never ended
 
     def push(self, text: str) -> tuple[str, list[ToolCallDelta]]:
         """More of the turn's text -> (content to emit, tool-call deltas)."""
@@ -91,7 +102,7 @@ class ToolCallStreamParser:
             call.body += self._pending
             self._pending = ""
             if call.index is not None:
-                self._record(call)
+                self._record(call)  # complete only if its arguments ended before the turn did
             else:
                 content.append(self._settle(call, closed=False, deltas=deltas))
         else:
@@ -128,14 +139,9 @@ class ToolCallStreamParser:
     def _take_call(self) -> tuple[str, list[ToolCallDelta]]:
         call = self._call
         text = self._pending
-        close_at = text.find(CALL_CLOSE)
-        if close_at >= 0:
-            call.body += text[:close_at]
-            self._pending = text[close_at + len(CALL_CLOSE):]
-        else:
-            num_held = _partial_suffix(text, CALL_CLOSE)
-            call.body += text[:len(text) - num_held]
-            self._pending = text[len(text) - num_held:] if num_held else ""
+        close_at, num_body = _find_close(call, text)
+        call.body += text[:num_body]
+        self._pending = text[close_at + len(CALL_CLOSE):] if close_at >= 0 else text[num_body:]
         deltas = self._stream_arguments(call)
         content = ""
         if close_at >= 0:
@@ -207,7 +213,12 @@ class ToolCallStreamParser:
         return ""
 
     def _record(self, call: _OpenCall) -> None:
-        self.calls.append(ToolCall(call.id, call.name, call.arguments))
+        """An announced call ends: a call if its arguments object ended (or it was judged whole),
+        else unfinished (cut by max_tokens, or closed mid-object): never presented as a call."""
+        if call.arguments_done or call.scan_at is None:
+            self.calls.append(ToolCall(call.id, call.name, call.arguments))
+        else:
+            self.num_unfinished_calls += 1
         self._held_space = ""  # whitespace between calls is not content
 
 
@@ -221,6 +232,35 @@ def _merged(deltas: list[ToolCallDelta]) -> list[ToolCallDelta]:
         else:
             merged.append(delta)
     return merged
+
+
+def _find_close(call: _OpenCall, text: str) -> tuple[int, int]:
+    """Where `text` (more of `call`'s body) closes the call: (offset of a closing tag outside the
+    body's JSON strings or -1, number of characters that are surely body). Advances the string state
+    over those characters; a suffix that may begin the tag is held back."""
+    is_json, in_string, escaped = call.body_is_json, call.body_in_string, call.body_escaped
+    i = 0
+    while i < len(text):
+        char = text[i]
+        if is_json is None and not char.isspace():
+            is_json = char == "{"
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == "<" and text.startswith(CALL_CLOSE, i):
+            break
+        elif char == "<" and CALL_CLOSE.startswith(text[i:]):
+            call.body_is_json, call.body_in_string, call.body_escaped = is_json, in_string, escaped
+            return -1, i  # may be the tag: wait for more
+        elif char == '"' and is_json:
+            in_string = True
+        i += 1
+    call.body_is_json, call.body_in_string, call.body_escaped = is_json, in_string, escaped
+    return (i if i < len(text) else -1), i
 
 
 def _partial_suffix(text: str, tag: str) -> int:

@@ -33,6 +33,7 @@ class EngineFacts:
     max_num_request_tokens: int  # prompt + output of one request at most: the context, and the whole KV pool
     backend: str  # the execution backend's name ("cpu", "torch")
     backend_description: str  # Backend.describe(): what runs, and why each fallback happened
+    page_size: int  # tokens a KV page holds: chained page hashes (routing, tiers) are per page
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class AsyncEngine:
         num_pool_tokens = engine.scheduler.allocator.num_pages * engine.config.page_size
         self.facts = EngineFacts(engine.vocab_size, engine.eos_token_ids, engine.max_model_len,
                                  min(engine.max_model_len, num_pool_tokens), engine.backend.name,
-                                 engine.backend.describe())
+                                 engine.backend.describe(), engine.config.page_size)
         self._commands: queue.Queue = queue.Queue()
         # request_id -> (loop, asyncio.Queue); touched by the engine thread only.
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}

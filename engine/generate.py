@@ -46,7 +46,7 @@ def greedy_generate(
 
     def step(token_ids: list[int], start: int) -> torch.Tensor:
         batch = build_step_batch([SequenceChunk(token_ids, start, page_ids)], PAGE_SIZE, device)
-        return run_step(model, pool.layers, batch)[0]  # (V,)
+        return run_step(model, pool.layers, batch).sampled[0]  # (V,)
 
     output_ids: list[int] = []
     logits = step(prompt_ids, 0)

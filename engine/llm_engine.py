@@ -19,6 +19,7 @@ from engine.kv_tier_link import open_disk_tier_link
 from engine.metrics import EngineMetrics, EngineStats
 from engine.model_runner import ModelRunner
 from engine.prefix_pins import PrefixPins
+from engine.prompt_logprobs import prompt_logprobs_output, record_prompt_logprobs
 from engine.request import FinishReason, Request, RequestOutput
 from engine.sampler import Sampler, make_sampling_state
 from engine.sampling_params import SamplingParams
@@ -122,7 +123,9 @@ class LLMEngine:
             return []
         self.num_steps += 1
         started = time.perf_counter()
-        logits, sampled_chunks = self.runner.run(chunks)
+        logits, sampled_chunks, prompt_logits = self.runner.run(chunks)
+        for request, position, rows in prompt_logits:
+            record_prompt_logprobs(request, position, rows)
         self.scheduler.commit(chunks)
         outputs = self._postprocess(logits, sampled_chunks) if sampled_chunks else []
         self._account_step(chunks, time.perf_counter() - started)
@@ -146,6 +149,9 @@ class LLMEngine:
                 self.metrics.observe("e2e_latency", now - request.timings.arrival)
                 self.metrics.num_finished_requests += 1
             wants_logprobs = request.sampling.params.logprobs is not None
+            prompt_logprobs = prompt_top_logprobs = None
+            if request.sampling.params.prompt_logprobs is not None and len(request.output_token_ids) == 1:
+                prompt_logprobs, prompt_top_logprobs = prompt_logprobs_output(request)
             outputs.append(
                 RequestOutput(
                     request_id=request.request_id,
@@ -156,6 +162,8 @@ class LLMEngine:
                     num_prompt_tokens=len(request.prompt_token_ids),
                     num_cached_tokens=request.num_cached_tokens,
                     num_output_tokens=len(request.output_token_ids),
+                    prompt_logprobs=prompt_logprobs,
+                    prompt_top_logprobs=prompt_top_logprobs,
                 )
             )
         return outputs

@@ -1,16 +1,21 @@
-"""Turns a step's chunks into one flat batch, runs the model, returns logits.
+"""Turns a step's chunks into one flat batch (engine/step_batch.py), runs the model, returns logits.
 
 Rows of every scheduled chunk are concatenated (N tokens in all); logits are
-computed only for the rows that end a chunk completing its request's known
-tokens (a finished prefill or a decode), never for mid-prompt rows.
+computed for the rows that end a chunk completing its request's known tokens
+(a finished prefill or a decode), and mid-prompt only for a request that asked
+for prompt logprobs (each prompt row's logits score the prompt's next token).
 """
 
 import torch
 
 from cache.kv_pool import KVPool
+from engine.request import Request
 from engine.scheduler import ScheduledChunk
 from engine.step_batch import SequenceChunk, build_step_batch, run_step
 from model.llama import LlamaForCausalLM
+
+# (request, position p of its first row, logits (R, V) float32 of positions p..p+R-1)
+PromptLogits = tuple[Request, int, torch.Tensor]
 
 
 class ModelRunner:
@@ -20,11 +25,26 @@ class ModelRunner:
         self.page_size = kv_pool.page_size
         self.device = device
 
-    def run(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor | None, list[ScheduledChunk]]:
-        """Returns (logits (M, V) float32 or None, the M chunks they belong to)."""
-        batch = build_step_batch(
-            [SequenceChunk(chunk.request.token_ids_between(chunk.start, chunk.start + chunk.num_tokens), chunk.start,
-                           chunk.request.page_ids, chunk.completes_request_tokens) for chunk in chunks],
-            self.page_size, self.device)
-        logits = run_step(self.model, self.kv_pool.layers, batch)
-        return logits, [chunk for chunk in chunks if chunk.completes_request_tokens]
+    def run(self, chunks: list[ScheduledChunk]
+            ) -> tuple[torch.Tensor | None, list[ScheduledChunk], list[PromptLogits]]:
+        """Returns (logits (M, V) float32 or None, the M chunks they belong to, the logits of
+        prompt rows whose request wants prompt logprobs: a row's logits score the token after it)."""
+        sequence_chunks = []
+        prompt_spans: list[tuple[Request, int, int]] = []  # (request, first position, num rows)
+        for chunk in chunks:
+            request, end = chunk.request, chunk.start + chunk.num_tokens
+            num_prompt_rows = 0
+            if request.needs_prompt_logprobs:
+                # rows start..last-1 score prompt tokens start+1..last; the prompt's last row samples
+                num_prompt_rows = max(0, min(end, len(request.prompt_token_ids) - 1) - chunk.start)
+                if num_prompt_rows:
+                    prompt_spans.append((request, chunk.start, num_prompt_rows))
+            sequence_chunks.append(SequenceChunk(request.token_ids_between(chunk.start, end), chunk.start,
+                                                 request.page_ids, chunk.completes_request_tokens, num_prompt_rows))
+        logits = run_step(self.model, self.kv_pool.layers, build_step_batch(sequence_chunks, self.page_size, self.device))
+        prompt_logits: list[PromptLogits] = []
+        offset = 0
+        for request, position, num_rows in prompt_spans:
+            prompt_logits.append((request, position, logits.prompt[offset:offset + num_rows]))
+            offset += num_rows
+        return logits.sampled, [chunk for chunk in chunks if chunk.completes_request_tokens], prompt_logits

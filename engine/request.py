@@ -60,6 +60,10 @@ class Request:
     num_preemptions: int = 0
     # The generated tokens, owned here: the engine appends each one; the sampling state reads it.
     output_token_ids: list[int] = field(default_factory=list)
+    # With params.prompt_logprobs: entry t scores prompt token t + 1 (the first token has none).
+    # Filled as prefill chunks run; complete when it has len(prompt_token_ids) - 1 entries.
+    prompt_logprobs: list[float] = field(default_factory=list)
+    prompt_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
     def __post_init__(self):
         if self.sampling.output_token_ids is not self.output_token_ids:
@@ -78,6 +82,13 @@ class Request:
         if start >= len(prompt):
             return output[start - len(prompt) : end - len(prompt)]
         return prompt[start:] + output[: end - len(prompt)]
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Asked for prompt logprobs and not all computed yet: its prompt must be computed
+        without the prefix cache (cached tokens have no logits)."""
+        return (self.sampling.params.prompt_logprobs is not None
+                and len(self.prompt_logprobs) < len(self.prompt_token_ids) - 1)
 
     @property
     def num_tokens(self) -> int:
@@ -106,3 +117,7 @@ class RequestOutput:
     num_cached_tokens: int
     num_output_tokens: int
     error: str | None = None  # set when the engine refused or failed the request
+    # With params.prompt_logprobs, on the request's first output only: one entry per prompt
+    # token, None for the first (nothing precedes it); top alternatives likewise.
+    prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None

@@ -60,6 +60,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None      # None: none; k >= 0: chosen token + top-k alternatives
+    # None: none; k >= 0: each prompt token's logprob + top-k alternatives, on the first output.
+    # The prompt is then computed without the prefix cache (cached tokens have no logits).
+    prompt_logprobs: int | None = None
     logits_processors: tuple[LogitsProcessor, ...] = ()
 
     def __post_init__(self):
@@ -92,6 +95,10 @@ class SamplingParams:
                                               and 0 <= self.logprobs <= MAX_LOGPROBS):
             raise RequestError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] or null, "
                                f"got {self.logprobs!r}")
+        if self.prompt_logprobs is not None and not (_is_int(self.prompt_logprobs)
+                                                     and 0 <= self.prompt_logprobs <= MAX_LOGPROBS):
+            raise RequestError(f"prompt_logprobs must be an integer in [0, {MAX_LOGPROBS}] or null, "
+                               f"got {self.prompt_logprobs!r}")
         processors = tuple(self.logits_processors)
         if not all(callable(p) for p in processors):
             raise RequestError("logits_processors must be callables "

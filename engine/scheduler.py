@@ -237,6 +237,10 @@ class Scheduler:
         compute: its logits give the next token."""
         request.status = RequestStatus.PREFILLING
         tokens = request.all_token_ids
+        if request.needs_prompt_logprobs:
+            # Cached tokens have no logits: compute the whole prompt (again, after a preemption).
+            request.prompt_logprobs, request.prompt_top_logprobs = [], []
+            return
         if not self.enable_prefix_cache:
             return
         match = self.tree.match_prefix(tokens, request.cache_salt)
@@ -257,7 +261,7 @@ class Scheduler:
         now would compute the same prefix twice; a step or two later it is a cache hit (each
         prefill chunk goes into the tree when it is done). Requests arriving together with one
         long system prompt are the common case."""
-        if not self.enable_prefix_cache:
+        if not self.enable_prefix_cache or request.needs_prompt_logprobs:
             return False
         prefilling = [other for other in self.admitted
                       if other.status is RequestStatus.PREFILLING and other.cache_salt == request.cache_salt]

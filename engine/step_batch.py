@@ -5,6 +5,7 @@ greedy path (engine/generate.py) and the model tests all build their steps here.
 """
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -20,6 +21,8 @@ class SequenceChunk:
     start: int
     page_ids: list[int]  # the sequence's pages, in order (enough for every position)
     wants_logits: bool = True  # its last row's logits are needed (ends a prompt, or a decode)
+    # Its first rows whose logits score the next prompt token (prompt logprobs); 0 for most.
+    num_prompt_logit_rows: int = 0
 
 
 @dataclass(frozen=True)
@@ -27,24 +30,36 @@ class StepBatch:
     input_ids: Tensor  # (N,) int64: every chunk's tokens, concatenated
     attn: AttentionInputs
     logit_rows: Tensor  # (M,) int64: the rows whose logits are needed, in chunk order
+    prompt_logit_rows: Tensor  # (P,) int64: the chunks' prompt-logprob rows, in chunk order
 
 
 def build_step_batch(chunks: list[SequenceChunk], page_size: int, device: torch.device) -> StepBatch:
     input_ids: list[int] = []
     logit_rows: list[int] = []
+    prompt_logit_rows: list[int] = []
     for chunk in chunks:
+        first_row = len(input_ids)
         input_ids.extend(chunk.token_ids)
+        prompt_logit_rows.extend(range(first_row, first_row + chunk.num_prompt_logit_rows))
         if chunk.wants_logits:
             logit_rows.append(len(input_ids) - 1)
     attn = AttentionInputs.for_chunks(
         [(chunk.page_ids, chunk.start, chunk.start + len(chunk.token_ids)) for chunk in chunks], page_size, device)
     return StepBatch(torch.tensor(input_ids, dtype=torch.int64, device=device), attn,
-                     torch.tensor(logit_rows, dtype=torch.int64, device=device))
+                     torch.tensor(logit_rows, dtype=torch.int64, device=device),
+                     torch.tensor(prompt_logit_rows, dtype=torch.int64, device=device))
 
 
-def run_step(model, kv_caches: list[tuple[Tensor, Tensor]], batch: StepBatch) -> Tensor | None:
-    """The model over `batch` -> logits (M, V) float32 of its logit rows, or None when none."""
+class StepLogits(NamedTuple):
+    sampled: Tensor | None  # (M, V) float32 of the batch's logit rows, or None when none
+    prompt: Tensor | None  # (P, V) float32 of its prompt-logprob rows, or None when none
+
+
+def run_step(model, kv_caches: list[tuple[Tensor, Tensor]], batch: StepBatch) -> StepLogits:
+    """The model over `batch`; logits only for the rows that need them."""
     hidden = model(batch.input_ids, batch.attn.positions, kv_caches, batch.attn)  # (N, d)
-    if batch.logit_rows.numel() == 0:
-        return None
-    return model.compute_logits(hidden.index_select(0, batch.logit_rows))
+    return StepLogits(_logits_of(model, hidden, batch.logit_rows), _logits_of(model, hidden, batch.prompt_logit_rows))
+
+
+def _logits_of(model, hidden: Tensor, rows: Tensor) -> Tensor | None:
+    return model.compute_logits(hidden.index_select(0, rows)) if rows.numel() else None

@@ -15,11 +15,11 @@ import torch
 from ray import serve
 
 from assembly.constrained_output import GrammarCompiler
-from engine.async_engine import AsyncEngine
+from engine.async_engine import AsyncEngine, EngineFacts
 from engine.engine_config import EngineConfig
 from engine.errors import RequestError
 from replicas.replica_pages import ReplicaPages
-from replicas.work import ModelFacts, ReplicaReply, ReplicaWork
+from replicas.work import ReplicaReply, ReplicaWork
 
 logger = logging.getLogger("radixserve.replicas")
 
@@ -28,11 +28,11 @@ class EngineReplica:
     def __init__(self, engine_config: EngineConfig, num_threads: int):
         torch.set_num_threads(num_threads)
         self.engine = AsyncEngine.from_config(engine_config)
-        llm = self.engine.engine
         self.pages = ReplicaPages()
-        llm.scheduler.tree.page_listeners.append(self.pages.on_event)
-        self.grammars = GrammarCompiler(engine_config.model_dir / "tokenizer.json", sorted(llm.eos_token_ids),
-                                        llm.vocab_size)
+        self.engine.engine.scheduler.tree.page_listeners.append(self.pages.on_event)  # told on the engine thread
+        facts = self.engine.facts
+        self.grammars = GrammarCompiler(engine_config.model_dir / "tokenizer.json", sorted(facts.eos_token_ids),
+                                        facts.vocab_size)
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         logger.info("radixserve: replica %s ready (%d threads)", self.replica_id, num_threads)
 
@@ -50,10 +50,8 @@ class EngineReplica:
     def pin(self, work: ReplicaWork, seconds: float) -> None:
         self.engine.pin(work.prompt_token_ids, work.cache_salt, seconds)
 
-    def model_facts(self) -> ModelFacts:
-        llm = self.engine.engine
-        num_pool_tokens = self.engine.stats().num_pages * llm.config.page_size
-        return ModelFacts(llm.config, llm.eos_token_ids, llm.vocab_size, min(llm.max_model_len, num_pool_tokens))
+    def model_facts(self) -> EngineFacts:
+        return self.engine.facts
 
     def record_routing_stats(self) -> dict:
         version, page_hashes = self.pages.snapshot()

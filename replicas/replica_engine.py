@@ -2,8 +2,8 @@
 
 The server (server/app.py's create_app with this as its engine) uses exactly what it uses of
 AsyncEngine: generate (an async iterator of RequestOutput; leaving it early aborts), abort,
-pin, stats(), metrics (latency series the server's histograms listen to) and `engine` (the
-model facts). Each request's prompt ids become a ReplicaWork with the prompt's chained page
+pin, stats(), metrics (latency series the server's histograms listen to) and `facts` (the
+model facts, one replica's). Each request's prompt ids become a ReplicaWork with the prompt's chained page
 hashes, sent through a Ray Serve streaming DeploymentHandle; the prefix router picks the
 replica. Only token ids and page hashes travel, never KV.
 
@@ -22,6 +22,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.handle import DeploymentHandle
 
 from cache.page_hash import ROOT_PAGE_HASH, hash_pages
+from engine.async_engine import EngineFacts
 from engine.errors import RequestError
 from engine.metrics import EngineMetrics, EngineStats
 from engine.request import RequestOutput
@@ -29,7 +30,7 @@ from engine.sampling_params import SamplingParams
 from replicas.replica_metrics import ReplicaStatsCollector
 from replicas.routing_state import RoutingState
 from replicas.session_key import current_session_key
-from replicas.work import ModelFacts, ReplicaWork, split_grammars
+from replicas.work import ReplicaWork, split_grammars
 
 logger = logging.getLogger("radixserve.replicas")
 
@@ -42,8 +43,8 @@ class ReplicaFailed(RuntimeError):
 
 
 class ReplicaEngine:
-    def __init__(self, handle: DeploymentHandle, facts: ModelFacts, routing: RoutingState):
-        self.engine = facts
+    def __init__(self, handle: DeploymentHandle, facts: EngineFacts, routing: RoutingState):
+        self.facts = facts
         self.routing = routing
         self.metrics = EngineMetrics()
         self.prometheus_collectors = (ReplicaStatsCollector(routing),)
@@ -64,7 +65,7 @@ class ReplicaEngine:
     def _work(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
               cache_salt: str | None, affinity_key: str | None) -> ReplicaWork:
         params, grammars = split_grammars(params)
-        page_hashes = hash_pages(ROOT_PAGE_HASH, prompt_token_ids, self.engine.config.page_size, cache_salt)
+        page_hashes = hash_pages(ROOT_PAGE_HASH, prompt_token_ids, self.facts.page_size, cache_salt)
         return ReplicaWork(request_id, list(prompt_token_ids), params, cache_salt, grammars, page_hashes,
                            affinity_key if affinity_key is not None else current_session_key.get(), self.routing)
 

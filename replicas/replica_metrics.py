@@ -13,7 +13,7 @@ PREFIX = "radixserve:"
 
 # (family, name, help, value from EngineStats)
 _PER_REPLICA = (
-    (GaugeMetricFamily, "replica_num_requests_running", "Requests admitted on the replica.", lambda s: s.num_running),
+    (GaugeMetricFamily, "replica_num_requests_running", "Requests admitted on the replica.", lambda s: s.num_admitted),
     (GaugeMetricFamily, "replica_num_requests_waiting", "Requests queued on the replica.", lambda s: s.num_waiting),
     (GaugeMetricFamily, "replica_kv_cache_usage_perc", "Share of the replica's KV pages in use (0..1).",
      lambda s: s.num_pages_in_use / s.num_pages if s.num_pages else 0.0),

@@ -8,7 +8,7 @@ import argparse
 import logging
 
 from assembly.chat_template import ChatTemplate, TemplateError
-from engine.errors import RadixserveError
+from store.errors import RadixserveError
 from replicas import cluster
 from replicas.prefix_policy import PrefixRoutingPolicy, RoutingThresholds
 from replicas.replica_engine import ReplicaEngine

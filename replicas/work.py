@@ -10,7 +10,6 @@ travel as their grammar text and the replica compiles them again.
 from dataclasses import dataclass, field, replace
 
 from assembly.constrained_output import GrammarLogitsProcessor
-from engine.engine_config import EngineConfig
 from engine.errors import RequestError
 from engine.request import RequestOutput
 from engine.sampling_params import SamplingParams
@@ -57,14 +56,3 @@ class ReplicaReply:
     output: RequestOutput | None = None
     refusal: str | None = None  # RequestError message: raised again at the ingress
 
-
-@dataclass(frozen=True)
-class ModelFacts:
-    """What the server reads of the engine (AsyncEngine.engine) at start-up, as a replica sees it."""
-
-    config: EngineConfig
-    eos_token_ids: frozenset[int]
-    vocab_size: int
-    # The longest prompt + output one request may have: the context, and one replica's whole pool
-    # (the server computes min(max_model_len, stats().num_pages * page_size), and stats() sums pools).
-    max_model_len: int

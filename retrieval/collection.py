@@ -10,13 +10,16 @@ store's version: kept, loaded from index.faiss when that file is at the version,
 rebuilt from the store's embeddings and saved (a corrupt file is rebuilt with a warning).
 
 Thread-safe: one lock serialises store and index access; embedding (the slow part)
-happens outside it.
+happens outside it. Closing (what deleting the collection does first) takes the lock too:
+every call either finishes before the close (a write is then committed) or raises
+CollectionNotFoundError.
 """
 
 import logging
 import threading
 import uuid
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -239,10 +242,15 @@ class Collection:
             raise EmbedderMismatchError(f"collection {self.name!r} holds {model} embeddings ({dim} dims), "
                                         f"not {embedder.name} ({embedder.dim})")
 
+    @contextmanager
     def _open_lock(self):
-        if self._is_closed:
-            raise CollectionNotFoundError(f"collection {self.name!r} does not exist")
-        return self._lock
+        """The lock, held, on a collection not closed. Checked after acquiring it: a delete closes
+        the collection under the same lock, so a call that waited for it sees the close (a 404)
+        rather than a closed store; a write that got the lock first commits before the close."""
+        with self._lock:
+            if self._is_closed:
+                raise CollectionNotFoundError(f"collection {self.name!r} does not exist")
+            yield
 
 
 def _check_documents(documents: Sequence[NewDocument], ids: list[str]) -> None:

@@ -15,6 +15,7 @@ from litestar import Request
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.completion_service import Usage
+from server.disconnect import CLIENT_CLOSED_REQUEST, watch_body
 
 logger = logging.getLogger("radixserve.access")
 
@@ -27,7 +28,7 @@ class AccessRecord:
     path: str
     start_time: float  # time.perf_counter()
     status: int | None = None
-    is_complete: bool = False  # the last body byte went out (False: client gone mid-response)
+    is_complete: bool = False  # the last body byte went out (False: client gone mid-request or mid-response)
     request_id: str | None = None
     usage: Usage | None = None
 
@@ -67,10 +68,10 @@ class AccessLogMiddleware:
             if message["type"] == "http.response.start":
                 record.status = message["status"]
             elif message["type"] == "http.response.body" and not message.get("more_body", False):
-                record.is_complete = True
+                record.is_complete = record.status != CLIENT_CLOSED_REQUEST  # a 499 reaches no one
             await send(message)
 
         try:
-            await self.app(scope, receive, send_and_watch)
+            await self.app(scope, watch_body(scope, receive), send_and_watch)
         finally:
             logger.info(record.line(time.perf_counter()))

@@ -9,14 +9,23 @@ lifespan and kept on `app.state`:
     logprobs   LogprobFormatter
     started_at unix seconds the model became ready
     retrieval  RetrievalService (collections, embeddings; its model loads on first use)
+    prompt_ledger  PromptLedger (recent prompts by response id, for cache diagnostics)
+    response_store ResponseStore (stored Responses, SQLite)
+
+GET /openapi.json is the OpenAPI document of these routes (server/openapi.py); with
+`allowed_origins` (serve --allowed-origins) browsers on those origins may call the API (CORS).
 """
 
 import asyncio
+import gc
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
+from importlib.metadata import version
+
 from litestar import Litestar, Router
+from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 
 from assembly.chat_template import ChatTemplate
@@ -28,12 +37,17 @@ from assembly.tokenizer import Tokenizer
 from engine.async_engine import AsyncEngine
 from engine.engine_config import EngineConfig
 from server.access_log import AccessLogMiddleware
+from server.api_anthropic.errors import EXCEPTION_HANDLERS_BY_API
+from server.api_anthropic.routes import ANTHROPIC_ROUTES
+from server.api_responses.routes import RESPONSES_ROUTES
 from server.auth import require_api_key
 from server.completion_service import CompletionService
-from server.errors import EXCEPTION_HANDLERS
 from server.logprobs import LogprobFormatter
 from server.metrics import ServerMetrics
+from server.openapi import openapi_config, openapi_document
+from server.prompt_ledger import PromptLedger
 from server.prompts import RequestPrompts
+from server.response_store import ResponseStore
 from server.retrieval_service import RetrievalService
 from server.routes_chat import chat_completions
 from server.routes_collections import COLLECTION_ROUTES
@@ -56,6 +70,8 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
         engine = await asyncio.to_thread(engine_factory, settings.engine)  # loads weights: seconds
         server_metrics = ServerMetrics(engine)
         retrieval = RetrievalService(settings.collections_dir)
+        responses = ResponseStore(settings.responses_db, settings.responses_max_count, settings.responses_max_bytes,
+                                  settings.responses_max_age_seconds)
         try:
             app.state.retrieval = retrieval
             app.state.engine = engine
@@ -66,25 +82,41 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
             grammars = GrammarCompiler(tokenizer.path, sorted(facts.eos_token_ids), facts.vocab_size)
             app.state.service = CompletionService(engine, prompts, grammars, settings, turns)
             app.state.logprobs = LogprobFormatter(tokenizer)
+            app.state.prompt_ledger = PromptLedger()
+            app.state.response_store = responses
             app.state.started_at = int(time.time())
+            # What startup built (model, tokenizers, templates) lives as long as the server: kept out of
+            # the collector's full passes, which otherwise walk it all and pause every thread.
+            gc.freeze()
             yield
         finally:
             await retrieval.close()
+            responses.close()
             server_metrics.close()
             await asyncio.to_thread(engine.shutdown)
 
     api = Router("/v1", route_handlers=[chat_completions, completions, list_models, get_model, embeddings,
-                                       *COLLECTION_ROUTES],
+                                       *COLLECTION_ROUTES, *RESPONSES_ROUTES, *ANTHROPIC_ROUTES],
                  guards=[require_api_key])
     app = Litestar(
-        route_handlers=[api, health, metrics],
+        route_handlers=[api, health, metrics, openapi_document],
         lifespan=[open_resources],
-        exception_handlers=EXCEPTION_HANDLERS,
+        exception_handlers=EXCEPTION_HANDLERS_BY_API,
         request_max_body_size=settings.max_body_bytes,
         state=State({"settings": settings}),
-        openapi_config=None,
+        openapi_config=openapi_config(version("radixserve")),  # GET /openapi.json
+        cors_config=_cors_config(settings.allowed_origins),
         logging_config=None,
     )
     # Outermost, so the access log sees every request, routed or not.
     app.asgi_handler = AccessLogMiddleware(app.asgi_handler)
     return app
+
+
+def _cors_config(allowed_origins: tuple[str, ...]) -> CORSConfig | None:
+    """Browsers may call the API from these origins. A preflight (OPTIONS) is answered by the
+    CORS middleware before any guard, so it needs no API key; the real request still does."""
+    if not allowed_origins:
+        return None
+    return CORSConfig(allow_origins=list(allowed_origins), allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+                      allow_headers=["*"], expose_headers=["Retry-After"], max_age=600)

@@ -78,8 +78,11 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _add_serve_parser(commands, default_model: str) -> None:
+    from server.settings import (DEFAULT_MAX_PIN_SECONDS, DEFAULT_RESPONSES_MAX_AGE_SECONDS,
+                                 DEFAULT_RESPONSES_MAX_BYTES, DEFAULT_RESPONSES_MAX_COUNT)
     from server.settings import (API_KEY_ENV_VAR, DEFAULT_HOST, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WAITING,
                                  DEFAULT_PORT, DEFAULT_TOOL_PIN_SECONDS)
+    from server.settings import DEFAULT_MAX_SCHEMA_BYTES, DEFAULT_RECEIVE_TIMEOUT_SECONDS
 
     serve = commands.add_parser("serve", help="serve the OpenAI-compatible HTTP API",
                                 description="Serve a model over an OpenAI-compatible HTTP API.")
@@ -89,8 +92,24 @@ def _add_serve_parser(commands, default_model: str) -> None:
                        help="the model name clients use (default: the model directory's name)")
     serve.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default: {DEFAULT_HOST})")
     serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default: {DEFAULT_PORT})")
-    serve.add_argument("--api-key", metavar="KEY",
-                       help=f"require 'Authorization: Bearer KEY' on /v1 routes (default: ${API_KEY_ENV_VAR})")
+    serve.add_argument("--api-key", metavar="KEY", action="append",
+                       help="require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on /v1 routes; repeat "
+                       f"for several keys (default: ${API_KEY_ENV_VAR})")
+    serve.add_argument("--api-keys-file", metavar="FILE", help="more accepted keys, one a line")
+    serve.add_argument("--tenant-per-key", action="store_true",
+                       help="give each API key its own cache salt: no KV shared across keys unless a request "
+                       "names the same cache_salt")
+    serve.add_argument("--max-pin-seconds", type=float, default=DEFAULT_MAX_PIN_SECONDS,
+                       help="the longest a cache breakpoint (cache_control, prompt_cache_breakpoint) keeps its "
+                       f"prefix from eviction (default: {DEFAULT_MAX_PIN_SECONDS:g})")
+    serve.add_argument("--responses-db", metavar="FILE",
+                       help="SQLite file of stored Responses (default: $RADIXSERVE_HOME/responses.sqlite3)")
+    serve.add_argument("--responses-max-count", type=_positive_int, default=DEFAULT_RESPONSES_MAX_COUNT,
+                       help=f"stored Responses kept, oldest out first (default: {DEFAULT_RESPONSES_MAX_COUNT})")
+    serve.add_argument("--responses-max-bytes", type=_positive_int, default=DEFAULT_RESPONSES_MAX_BYTES,
+                       help=f"bytes of stored Responses kept (default: {DEFAULT_RESPONSES_MAX_BYTES})")
+    serve.add_argument("--responses-max-age-seconds", type=float, default=DEFAULT_RESPONSES_MAX_AGE_SECONDS,
+                       help=f"age at which a stored Response is dropped (default: {DEFAULT_RESPONSES_MAX_AGE_SECONDS:g})")
     serve.add_argument("--kv-cache-memory", metavar="SIZE",
                        help="KV cache size: bytes like '2GiB', or a fraction of free memory like '0.3'")
     serve.add_argument("--max-num-seqs", type=_positive_int, help="requests running at once")
@@ -123,6 +142,12 @@ def _add_serve_parser(commands, default_model: str) -> None:
                        help=f"waiting requests at which new ones get 503 (default: {DEFAULT_MAX_WAITING})")
     serve.add_argument("--max-body-bytes", type=_positive_int, default=DEFAULT_MAX_BODY_BYTES,
                        help=f"largest request body accepted (default: {DEFAULT_MAX_BODY_BYTES})")
+    serve.add_argument("--max-schema-bytes", type=_positive_int, default=DEFAULT_MAX_SCHEMA_BYTES,
+                       help="largest JSON of the tool parameter and response_format schemas one request's "
+                       f"grammar is compiled from (default: {DEFAULT_MAX_SCHEMA_BYTES})")
+    serve.add_argument("--receive-timeout", type=float, default=DEFAULT_RECEIVE_TIMEOUT_SECONDS, metavar="S",
+                       help="close a connection that has not sent a whole request (headers and body) within S "
+                       f"seconds of opening or of its last response (default: {DEFAULT_RECEIVE_TIMEOUT_SECONDS:g})")
     serve.add_argument("--rag-order", default="relevance", choices=("relevance", "canonical"),
                        help="order of retrieved documents in the prompt: best first, or by document id "
                        "(the same documents then share cached pages across questions; default: relevance)")
@@ -133,6 +158,9 @@ def _add_serve_parser(commands, default_model: str) -> None:
                        f"(0: off; default: {DEFAULT_TOOL_PIN_SECONDS:g})")
     serve.add_argument("--collections-dir", metavar="DIR",
                        help="where retrieval collections live (default: $RADIXSERVE_HOME/collections)")
+    serve.add_argument("--allowed-origins", nargs="+", default=(), metavar="ORIGIN",
+                       help="browser origins allowed to call the API (CORS), e.g. https://app.example.com, "
+                       "or '*' for any (default: none: no CORS headers)")
     cluster = serve.add_argument_group("replicas (Ray Serve; make install-cluster)")
     cluster.add_argument("--replicas", type=_positive_int, metavar="N",
                          help="serve with N engine replicas on Ray Serve behind this one endpoint, routed by cached "

@@ -1,130 +1,50 @@
-"""Runs a validated completion request on the engine and yields text deltas per choice.
+"""Requests -> prepared jobs, and what a finished turn leaves behind (turn memory, pins).
 
-What the handlers call: `prepare_chat` / `prepare_completion` turn a request
-into a GenerationJob (prompt ids, SamplingParams, stop strings), `generate`
-drives AsyncEngine and yields ChoiceDelta, `complete` collects them.
+Every chat-like API hands `prepare` a ChatJob (server/job.py): the prompt is
+rendered and tokenized by the prompt builder, the grammar chosen (a forced tool
+call, the calls tool_choice auto lets the model make, a JSON output format),
+the sampling fields checked, and the cache breakpoints turned into prefix
+lengths (each API's translation builds the ChatJob: server/chat_translation.py,
+server/api_anthropic/, server/api_responses/). `prepare_completion` is legacy
+completions' entry. Both render, tokenize and check schemas, up to seconds of
+CPU for a large request, so every route runs them in a worker thread, never on
+the event loop (cheap bounds first: the prompt's length against the pool,
+--max-schema-bytes, schemas no finite value fits). Running the job (detokenize,
+stop strings, tool calls, n > 1) is server/choice_stream.py's; `generate` and
+`complete` hand it on.
 
-Chat turns: with tools (and tool_choice not none) the text is read for tool
-calls as it streams (assembly's ToolCallStreamParser); a forced call, the calls
-of tool_choice auto (free text, but a call once begun must be valid) and a JSON
-response_format run under a grammar (a logits processor per choice). Every
-finished chat turn's generated ids are remembered (GeneratedTurns), so when the
-client sends the turn back it is spliced into the next prompt verbatim; a turn
-that ends in tool calls has its prefix pinned in the cache for
-`tool_pin_seconds`, for the tool's result to find.
-
-n > 1 choices share the prompt's KV pages: choice 0 runs alone until its first
-token, by which time its prompt's full pages are in the radix tree; only then
-are choices 1..n-1 submitted, and their admission matches those pages.
-
-Cancellation: every engine stream is closed on every way out (finish, stop
-string, error, the consumer closing this generator or its task being
-cancelled), and AsyncEngine aborts a stream closed before its end, so a
-client that goes away frees its pages within one engine step.
+When a chat turn finishes, its generated ids are remembered (GeneratedTurns),
+so when the client sends the turn back it is spliced into the next prompt
+verbatim; a turn that ends in tool calls has its prefix pinned in the cache for
+`tool_pin_seconds`, for the tool's result to find; and every cache breakpoint
+the request named is pinned for its TTL.
 """
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Sequence
-from contextlib import aclosing
-from dataclasses import dataclass, field, replace
+import json
+from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from assembly.constrained_output import (GrammarCompiler, GrammarError, json_grammar, optional_tool_calls_grammar,
                                          tool_call_grammar)
-from assembly.detokenizer import IncrementalDetokenizer
 from assembly.generated_turns import GeneratedTurns
-from assembly.stop_strings import StopStringMatcher
-from assembly.tool_call_stream import ToolCallDelta, ToolCallStreamParser
-from assembly.tool_calls import ToolCall, message_content
+from assembly.schema_finiteness import unsatisfiable_field
+from assembly.tool_calls import message_content
 from engine.async_engine import AsyncEngine
-from engine.request import FinishReason, RequestOutput
+from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
+from server.auth import Caller
+from server.choice_stream import ChoiceDelta, ChoiceResult, ChoiceRunner, FinishedChoice, Usage
 from server.errors import APIError, invalid_request
+from server.job import ChatJob, GenerationJob, PrefixPin
 from server.prompts import RequestPrompts
-from server.sampling import choice_params, sampling_params
-from server.schemas import ChatCompletionRequest, CompletionRequest, NamedToolChoice
+from server.sampling import sampling_params
+from server.schemas import CompletionRequest
 from server.settings import ServerSettings
 
+__all__ = ["ChoiceDelta", "ChoiceResult", "CompletionService", "GenerationJob", "Usage"]
+
 RETRY_AFTER_SECONDS = 1
-
-
-@dataclass(frozen=True)
-class GenerationJob:
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    stop_strings: tuple[str, ...] = ()
-    num_choices: int = 1
-    cache_salt: str | None = None
-    grammar: str | None = None  # llguidance grammar the output must follow
-    parses_tool_calls: bool = False
-    is_chat: bool = False  # chat turns are remembered for splicing into the next prompt
-
-
-@dataclass(frozen=True)
-class ChoiceDelta:
-    """What one engine output added to one choice."""
-
-    index: int
-    text: str  # complete characters, stop strings and tool calls removed; may be ""
-    token_ids: list[int]
-    logprobs: list[float] | None
-    top_logprobs: list[list[tuple[int, float]]] | None
-    finish_reason: str | None  # "stop" | "length" | "tool_calls" on the choice's last delta
-    tool_calls: tuple[ToolCallDelta, ...] = ()
-
-
-@dataclass
-class Usage:
-    """Filled in as outputs arrive; read by the response and the access log."""
-
-    num_prompt_tokens: int = 0
-    num_cached_tokens: int = 0  # of the prompt, served from the prefix cache (choice 0's admission)
-    num_completion_tokens_by_choice: dict[int, int] = field(default_factory=dict)
-    first_token_time: float | None = None  # time.perf_counter() of the first output
-
-    @property
-    def num_completion_tokens(self) -> int:
-        return sum(self.num_completion_tokens_by_choice.values())
-
-    def record(self, index: int, output: RequestOutput) -> None:
-        if index == 0:
-            self.num_prompt_tokens = output.num_prompt_tokens
-            self.num_cached_tokens = output.num_cached_tokens
-        self.num_completion_tokens_by_choice[index] = output.num_output_tokens
-        if self.first_token_time is None:
-            self.first_token_time = time.perf_counter()
-
-
-@dataclass
-class ChoiceResult:
-    """A whole choice, for non-streamed responses."""
-
-    index: int
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] | None = None
-    top_logprobs: list[list[tuple[int, float]]] | None = None
-    finish_reason: str | None = None
-    tool_calls: list[ToolCall] = field(default_factory=list)
-
-    def add(self, delta: ChoiceDelta) -> None:
-        self.text += delta.text
-        self.token_ids.extend(delta.token_ids)
-        if delta.logprobs is not None:
-            self.logprobs = (self.logprobs or []) + delta.logprobs
-            self.top_logprobs = (self.top_logprobs or []) + (delta.top_logprobs or [[] for _ in delta.logprobs])
-        self.finish_reason = delta.finish_reason or self.finish_reason
-        for call in delta.tool_calls:  # reassembled as a streaming client would
-            if call.id is not None:
-                self.tool_calls.append(ToolCall(call.id, call.name, call.arguments))
-            else:
-                last = self.tool_calls[call.index]
-                self.tool_calls[call.index] = replace(last, arguments=last.arguments + call.arguments)
-
-    @property
-    def content(self) -> str | None:
-        return message_content(self.text, self.tool_calls)
 
 
 class CompletionService:
@@ -135,35 +55,54 @@ class CompletionService:
         self.grammars = grammars
         self.settings = settings
         self.turns = turns
+        self.runner = ChoiceRunner(engine, prompts.tokenizer, grammars, self._keep_turn)
         # The longest prompt + output one request can have: the context, and the whole KV pool.
         self.max_num_request_tokens = engine.facts.max_num_request_tokens
+        # The longest prompt it could take (room for one output token); a max_tokens that does not fit
+        # beside the prompt is the engine's to report, with both numbers.
+        self.max_num_prompt_tokens = self.max_num_request_tokens - 1
 
     # ---- requests -> jobs ---------------------------------------------------
 
-    def prepare_chat(self, request: ChatCompletionRequest, request_id: str,
-                     retrieved_documents: Sequence[dict] = ()) -> GenerationJob:
-        """`retrieved_documents` go into the prompt after the request's own documents."""
-        self._check_model(request.model)
-        self._check_capacity()
-        prompt_ids = self.prompts.chat_prompt_ids(request, retrieved_documents)
-        # No max_tokens: as OpenAI, up to the end of the context.
-        max_new_tokens = request.max_new_tokens or max(1, self.max_num_request_tokens - len(prompt_ids))
-        job = self._job(request, request_id, prompt_ids, max_new_tokens)
-        return replace(job, grammar=self._chat_grammar(request), parses_tool_calls=request.parses_tool_calls,
-                       is_chat=True)
+    async def prepare_off_loop(self, job: ChatJob, request_id: str, caller: Caller | None = None) -> GenerationJob:
+        """`prepare` in a worker thread: what every chat-like route calls."""
+        return await asyncio.to_thread(self.prepare, job, request_id, caller)
 
-    def _chat_grammar(self, request: ChatCompletionRequest) -> str | None:
+    async def prepare_completion_off_loop(self, request: CompletionRequest, request_id: str) -> list[GenerationJob]:
+        return await asyncio.to_thread(self.prepare_completion, request, request_id)
+
+    def prepare(self, job: ChatJob, request_id: str, caller: Caller | None = None) -> GenerationJob:
+        """Raises APIError (unknown model, overloaded), TemplateError; the engine checks the rest."""
+        if caller is not None:
+            job = replace(job, cache_salt=caller.cache_salt(job.cache_salt))
+        self.check_model(job.model)
+        self._check_capacity()
+        prompt_ids = self.prompts.job_prompt_ids(job, max_num_tokens=self.max_num_prompt_tokens)
+        # No max tokens: as OpenAI, up to the end of the context.
+        max_new_tokens = job.max_new_tokens or max(1, self.max_num_request_tokens - len(prompt_ids))
+        pins = tuple(PrefixPin(num_tokens, min(breakpoint.seconds, self.settings.max_pin_seconds))
+                     for breakpoint, num_tokens in self.prompts.breakpoint_lengths(job, prompt_ids) if num_tokens)
+        return GenerationJob(request_id=request_id, prompt_token_ids=prompt_ids,
+                             params=SamplingParams(max_tokens=max_new_tokens, **job.sampling),
+                             stop_strings=job.stop_strings, num_choices=job.num_choices, cache_salt=job.cache_salt,
+                             grammar=self._grammar(job), parses_tool_calls=job.parses_tool_calls,
+                             is_chat=job.remembers_turn, pins=pins)
+
+    def _grammar(self, job: ChatJob) -> str | None:
         """The grammar the output runs under: a forced tool call, the calls tool_choice auto lets the
-        model make (text stays free), or a JSON response_format; None when free."""
-        choice = request.tool_choice
-        tools = [{"name": t.function.name, "parameters": t.function.parameters} for t in request.tools or ()
-                 if not isinstance(choice, NamedToolChoice) or t.function.name == choice.function.name]
-        if request.forces_tool_call:
-            lark, param = tool_call_grammar(tools, parallel=request.parallel_tool_calls and choice == "required"), "tools"
-        elif request.response_format is not None and request.response_format.type != "text":
-            spec = request.response_format.json_schema
-            lark, param = json_grammar(spec.schema_ if spec is not None else None), "response_format"
-        elif request.parses_tool_calls:
+        model make (text stays free), or a JSON output format; None when free."""
+        named = job.named_tool
+        tools = [{"name": t["function"]["name"], "parameters": t["function"].get("parameters")} for t in job.tools
+                 if named is None or t["function"]["name"] == named]
+        self._check_schema_size(job, tools)
+        self._check_schemas_are_finite(job)
+        output_param = job.output_format_path.split(".")[0]
+        if job.forces_tool_call:
+            lark = tool_call_grammar(tools, parallel=job.parallel_tool_calls and job.tool_choice == "required")
+            param = "tools"
+        elif job.output_format is not None:
+            lark, param = json_grammar(job.output_format.schema), output_param
+        elif job.parses_tool_calls:
             lark, param = optional_tool_calls_grammar(tools), "tools"
         else:
             return None
@@ -173,19 +112,53 @@ class CompletionService:
             raise invalid_request(f"{param}: the schema cannot be used to constrain output: {error}",
                                   param=param) from None
 
-    def prepare_completion(self, request: CompletionRequest, request_id: str) -> GenerationJob:
-        self._check_model(request.model)
-        self._check_capacity()
-        prompt_ids = self.prompts.completion_prompt_ids(request)
-        return self._job(request, request_id, prompt_ids, request.max_new_tokens)
+    def _check_schema_size(self, job: ChatJob, tools: list[dict]) -> None:
+        """Refuse schemas too large to compile into a grammar quickly, before compiling them."""
+        schemas = [tool["parameters"] for tool in tools if tool["parameters"]] if job.parses_tool_calls else []
+        if job.output_format is not None and job.output_format.schema is not None:
+            schemas.append(job.output_format.schema)
+        num_bytes = len(json.dumps(schemas, ensure_ascii=False).encode()) if schemas else 0
+        if num_bytes > self.settings.max_schema_bytes:
+            param = "tools" if job.parses_tool_calls else job.output_format_path.split(".")[0]
+            raise invalid_request(f"{param}: the schemas are {num_bytes} bytes of JSON, more than the "
+                                  f"{self.settings.max_schema_bytes} this server compiles into a grammar "
+                                  f"(--max-schema-bytes)", param=param)
 
-    def _job(self, request, request_id: str, prompt_ids: list[int], max_new_tokens: int) -> GenerationJob:
+    @staticmethod
+    def _check_schemas_are_finite(job: ChatJob) -> None:
+        """A schema no finite value fits (required fields that recurse for ever) is a 400 naming the field:
+        under its grammar the model could only write until max_tokens cut it."""
+        schemas = []
+        if job.parses_tool_calls:
+            schemas += [(job.tool_schema_path.format(i), "tools", tool["function"]["parameters"])
+                        for i, tool in enumerate(job.tools) if tool["function"].get("parameters")]
+        if job.output_format is not None and job.output_format.schema is not None:
+            schemas.append((job.output_format_path, job.output_format_path.split(".")[0], job.output_format.schema))
+        for where, param, schema in schemas:
+            field = unsatisfiable_field(schema)
+            if field is not None:
+                what = f"the required field {field!r} can only hold an infinitely nested value" if field \
+                    else "nothing can satisfy it"
+                raise invalid_request(f"{where}: no finite JSON value fits this schema: {what}", param=param)
+
+    def prepare_completion(self, request: CompletionRequest, request_id: str) -> list[GenerationJob]:
+        """One job per prompt, each with the request's n choices."""
+        self.check_model(request.model)
+        self._check_capacity()
+        prompt_id_lists = self.prompts.completion_prompt_ids(request, self.max_num_prompt_tokens)
+        if len(prompt_id_lists) == 1:
+            return [self._completion_job(request, request_id, prompt_id_lists[0])]
+        return [self._completion_job(request, f"{request_id}-p{i}", prompt_ids)
+                for i, prompt_ids in enumerate(prompt_id_lists)]
+
+    @staticmethod
+    def _completion_job(request: CompletionRequest, request_id: str, prompt_ids: list[int]) -> GenerationJob:
         return GenerationJob(request_id=request_id, prompt_token_ids=prompt_ids,
-                             params=sampling_params(request, max_new_tokens),
+                             params=sampling_params(request, request.max_new_tokens),
                              stop_strings=tuple(request.stop or ()), num_choices=request.n,
                              cache_salt=request.cache_salt)
 
-    def _check_model(self, model: str | None) -> None:
+    def check_model(self, model: str | None) -> None:
         if model is not None and model != self.settings.served_model_name:
             raise APIError(404, f"model {model!r} does not exist; this server serves "
                                 f"{self.settings.served_model_name!r}", param="model", code="model_not_found")
@@ -198,111 +171,27 @@ class CompletionService:
 
     # ---- running ------------------------------------------------------------
 
-    async def generate(self, job: GenerationJob, usage: Usage) -> AsyncIterator[ChoiceDelta]:
-        """Deltas of all choices, interleaved as they come. Raises RequestError if the engine
-        refuses the request (before any delta)."""
-        if job.num_choices == 1:
-            async with aclosing(self._run_choice(job, 0, usage)) as deltas:
-                async for delta in deltas:
-                    yield delta
-            return
-        async with aclosing(self._run_choices(job, usage)) as deltas:
-            async for delta in deltas:
-                yield delta
+    def generate(self, job: GenerationJob, usage: Usage) -> AsyncIterator[ChoiceDelta]:
+        return self.runner.generate(job, usage)
 
     async def complete(self, job: GenerationJob, usage: Usage) -> list[ChoiceResult]:
-        results = [ChoiceResult(i) for i in range(job.num_choices)]
-        async with aclosing(self.generate(job, usage)) as deltas:
-            async for delta in deltas:
-                results[delta.index].add(delta)
-        return results
+        return await self.runner.complete(job, usage)
 
-    async def _run_choices(self, job: GenerationJob, usage: Usage) -> AsyncIterator[ChoiceDelta]:
-        """n > 1: one task per choice feeding a queue; choices 1.. start after choice 0's first output."""
-        deltas: asyncio.Queue = asyncio.Queue()
-        first_output = asyncio.Event()
-        done = object()
-
-        async def pump(index: int) -> None:
-            try:
-                if index > 0:
-                    await first_output.wait()
-                async with aclosing(self._run_choice(job, index, usage)) as choice:
-                    async for delta in choice:
-                        first_output.set()
-                        deltas.put_nowait(delta)
-            except Exception as error:  # handed to the consumer, which raises it
-                deltas.put_nowait(error)
-            finally:
-                first_output.set()  # choice 0 failed or ended: never leave the others waiting
-                deltas.put_nowait(done)
-
-        tasks = [asyncio.create_task(pump(i), name=f"{job.request_id}-{i}") for i in range(job.num_choices)]
-        try:
-            num_running = len(tasks)
-            while num_running:
-                item = await deltas.get()
-                if item is done:
-                    num_running -= 1
-                elif isinstance(item, BaseException):
-                    raise item
-                else:
-                    yield item
-        finally:
-            # Cancelling closes each choice's engine stream, which aborts it. Not awaited: this
-            # may run inside a cancelled scope (client gone), and the tasks end on their own.
-            for task in tasks:
-                task.cancel()
-
-    async def _run_choice(self, job: GenerationJob, index: int, usage: Usage) -> AsyncIterator[ChoiceDelta]:
-        detokenizer = IncrementalDetokenizer(self.prompts.tokenizer)
-        stops = StopStringMatcher(job.stop_strings)
-        tool_calls = ToolCallStreamParser() if job.parses_tool_calls else None
-        params = choice_params(job.params, index)
-        if job.grammar is not None:
-            params = replace(params, logits_processors=(self.grammars.processor(job.grammar),))
-        engine_request_id = f"{job.request_id}-{index}"
-        generated_ids: list[int] = []
-        content: list[str] = []
-        outputs = self.engine.generate(engine_request_id, job.prompt_token_ids, params, job.cache_salt)
-        async with aclosing(outputs):
-            async for output in outputs:
-                if output.error is not None:
-                    raise RuntimeError(f"engine failed request {engine_request_id}: {output.error}")
-                usage.record(index, output)
-                generated_ids.extend(output.new_token_ids)
-                text = detokenizer.push(output.new_token_ids)
-                is_last = output.finish_reason is not None
-                if is_last:
-                    text += detokenizer.flush()
-                text, is_stopped = stops.push(text)
-                if is_last and not is_stopped:
-                    text += stops.flush()
-                finish_reason = "stop" if is_stopped else (output.finish_reason.value if is_last else None)
-                call_deltas: tuple[ToolCallDelta, ...] = ()
-                if tool_calls is not None:
-                    text, new_calls = tool_calls.push(text)
-                    if finish_reason is not None:
-                        tail, more_calls = tool_calls.finish()
-                        text, new_calls = text + tail, new_calls + more_calls
-                        if tool_calls.calls and finish_reason == "stop":
-                            finish_reason = "tool_calls"
-                    call_deltas = tuple(new_calls)
-                content.append(text)
-                yield ChoiceDelta(index, text, list(output.new_token_ids), output.logprobs,
-                                  output.top_logprobs, finish_reason, call_deltas)
-                if finish_reason is not None:
-                    if job.is_chat and not is_stopped:
-                        self._keep_turn(job, output.finish_reason, generated_ids, "".join(content),
-                                        tool_calls.calls if tool_calls is not None else [])
-                    return  # a stop string ends the choice here; closing the stream aborts it
-
-    def _keep_turn(self, job: GenerationJob, reason: FinishReason, generated_ids: list[int], content: str,
-                   calls: list[ToolCall]) -> None:
-        """Remember a finished turn's ids for the next prompt; pin a tool-call turn's prefix."""
+    def _keep_turn(self, job: GenerationJob, choice: FinishedChoice) -> None:
+        """Remember a finished turn's ids for the next prompt; pin a tool-call turn's prefix and the
+        request's cache breakpoints."""
+        if choice.index == 0:
+            for pin in job.pins:
+                self.engine.pin(job.prompt_token_ids[:pin.num_tokens], job.cache_salt, pin.seconds)
+        # A turn with a call cut off (max_tokens) cannot come back as the same message: not remembered.
+        if not job.is_chat or choice.has_unfinished_call:
+            return
         if self.turns is not None:
             # A stop token is the end of the turn, which the template writes itself.
-            turn_ids = generated_ids[:-1] if reason is FinishReason.STOP else generated_ids
-            self.turns.remember(message_content(content, calls), calls, turn_ids)
-        if calls and self.settings.tool_pin_seconds > 0:
-            self.engine.pin(job.prompt_token_ids + generated_ids, job.cache_salt, self.settings.tool_pin_seconds)
+            ids = choice.generated_ids
+            turn_ids = ids[:-1] if choice.reason is FinishReason.STOP else ids
+            self.turns.remember(message_content(choice.content, choice.calls), choice.calls, turn_ids)
+        if choice.calls and self.settings.tool_pin_seconds > 0:
+            self.engine.pin(job.prompt_token_ids + choice.generated_ids, job.cache_salt,
+                            self.settings.tool_pin_seconds)
+

@@ -5,6 +5,8 @@ Streams notice by themselves (Litestar's streaming response listens for
 its answer does not: uvicorn lets it run on. `until_disconnected` races the
 work against the client's `http.disconnect` and cancels the work when the
 client leaves first; cancelling closes the engine streams, which aborts them.
+A client that leaves while still sending its body is noticed by `watch_body` (the
+access log's middleware wraps every request's `receive` with it).
 """
 
 import asyncio
@@ -12,11 +14,36 @@ from collections.abc import Awaitable
 from typing import TypeVar
 
 from litestar import Request
+from litestar.types import Message, Receive, Scope
 
 T = TypeVar("T")
 
 # nginx's "client closed request": what the access log records for such a request.
 CLIENT_CLOSED_REQUEST = 499
+
+_BODY_CUT_KEY = "radixserve.body_cut"
+
+
+def watch_body(scope: Scope, receive: Receive) -> Receive:
+    """`receive`, noting in the scope a client that disconnects before its body is complete
+    (Litestar then raises a 500 "client disconnected prematurely"; `is_body_cut` tells the
+    error handler it was the client)."""
+    is_body_complete = False
+
+    async def receive_and_watch() -> Message:
+        nonlocal is_body_complete
+        message = await receive()
+        if message["type"] == "http.request" and not message.get("more_body", False):
+            is_body_complete = True
+        elif message["type"] == "http.disconnect" and not is_body_complete:
+            scope[_BODY_CUT_KEY] = True
+        return message
+
+    return receive_and_watch
+
+
+def is_body_cut(scope: Scope) -> bool:
+    return bool(scope.get(_BODY_CUT_KEY))
 
 
 class ClientDisconnected(Exception):

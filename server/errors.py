@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from assembly.chat_template import TemplateError
 from engine.errors import RequestError
+from server.disconnect import CLIENT_CLOSED_REQUEST, is_body_cut
 
 logger = logging.getLogger("radixserve.server")
 
@@ -71,6 +72,8 @@ def from_validation_error(error: ValidationError) -> APIError:
         return invalid_request(f"malformed JSON body: {first['msg']}", code="invalid_json")
     param = param_path(first["loc"])
     message = first["msg"]
+    if first["type"] == "finite_number":  # NaN, Infinity, or a literal that overflows to it
+        message = "must be a finite number: NaN and Infinity (or a number that overflows to it) are refused"
     if message.startswith("Value error, "):
         message = message[len("Value error, "):]
     where = f"{param}: " if param else "request body: "
@@ -104,15 +107,20 @@ def _template_error(_: Request, error: TemplateError) -> Response:
 
 
 def _http_exception(request: Request, error: HTTPException) -> Response:
-    """Framework errors: 404 unknown route, 405 wrong method, 413 body too large, ..."""
+    """Framework errors: 404 unknown route, 405 wrong method, 413 body too large, ...; a client
+    that went away while sending its body (Litestar's 500) is a client close: 499, no traceback."""
     status = error.status_code
+    if is_body_cut(request.scope):
+        logger.info("client closed %s %s while sending its body", request.method, request.url.path)
+        return Response(b"", status_code=CLIENT_CLOSED_REQUEST)
     if status >= 500:
         return _internal_error(request, error)
     message = error.detail or "error"
     if status == 404:
         message = "no such route"
     elif status == 413:
-        message = "request body is larger than the server accepts"
+        limit = getattr(request.app.state.get("settings"), "max_body_bytes", None)
+        message = f"request body is larger than the {limit} bytes the server accepts (--max-body-bytes)"
     headers = {k: v for k, v in (error.headers or {}).items()}
     return _respond(APIError(status, message, headers=headers))
 

@@ -32,13 +32,15 @@ class LogprobFormatter:
 
     def completion(self, token_ids: list[int], logprobs: list[float],
                    top_logprobs: list[list[tuple[int, float]]] | None, text_offset: int = 0) -> dict:
-        """{"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}"""
+        """{"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}; an echoed
+        prompt's first token has logprob None and top_logprobs None."""
         tokens, offsets = [], []
         for token_id in token_ids[:len(logprobs)]:
             text = self._token_text(token_id)
             tokens.append(text)
             offsets.append(text_offset)
             text_offset += len(text)
-        tops = [{self._token_text(t): lp for t, lp in alternatives} for alternatives in (top_logprobs or [])]
+        tops = [None if alternatives is None else {self._token_text(t): lp for t, lp in alternatives}
+                for alternatives in (top_logprobs or [])]  # None: an echoed prompt's first token
         return {"tokens": tokens, "token_logprobs": list(logprobs), "top_logprobs": tops or None,
                 "text_offset": offsets}

@@ -13,7 +13,10 @@ from engine.async_engine import AsyncEngine
 from engine.metrics import EngineStats
 
 PREFIX = "radixserve:"
-CONTENT_TYPE = CONTENT_TYPE_LATEST
+CONTENT_TYPE = CONTENT_TYPE_LATEST  # "text/plain; version=...; charset=utf-8"
+# What the route hands Litestar, which appends "; charset=utf-8" to every text/ media type
+# itself: passing CONTENT_TYPE would send charset twice, which strict scrapers reject.
+MEDIA_TYPE = "; ".join(part.strip() for part in CONTENT_TYPE.split(";") if not part.strip().startswith("charset="))
 
 # Buckets as vLLM's: seconds.
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,

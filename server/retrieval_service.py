@@ -59,14 +59,18 @@ class RetrievalService:
     async def search(self, name: str, query: str, top_k: int) -> list[SearchHit]:
         return await self._run(self.collections.search, name, query, top_k)
 
-    async def embed(self, texts: list[str], model: str | None) -> EmbeddingBatch:
+    async def embed(self, inputs: list[str] | list[list[int]], model: str | None) -> EmbeddingBatch:
+        """Texts or token-id lists (the embedding model's word-pieces); an input longer than the
+        model's window is a 400, never silently truncated."""
         if model is not None and model.lower() not in EMBEDDING_MODEL_ALIASES:
             raise APIError(404, f"embedding model {model!r} does not exist; this server embeds with "
                            f"{EMBEDDING_MODEL}", param="model", code="model_not_found")
-        if len(texts) > MAX_EMBEDDING_INPUTS:
-            raise APIError(413, f"{len(texts)} inputs in one request; at most {MAX_EMBEDDING_INPUTS}",
+        if len(inputs) > MAX_EMBEDDING_INPUTS:
+            raise APIError(413, f"{len(inputs)} inputs in one request; at most {MAX_EMBEDDING_INPUTS}",
                            param="input", code="batch_too_large")
-        return await self._run(lambda: self.collections.embedder.embed(texts))
+        if inputs and isinstance(inputs[0], str):
+            return await self._run(lambda: self.collections.embedder.embed(inputs, truncate=False))
+        return await self._run(lambda: self.collections.embedder.embed_token_ids(inputs))
 
     @property
     def embedding_dim(self) -> int:

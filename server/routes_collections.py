@@ -20,6 +20,7 @@ from litestar.datastructures import State
 from litestar.params import FromPath
 
 from retrieval.collections import CollectionInfo, NewDocument
+from server.openapi import json_body
 from server.schemas_retrieval import AddDocumentsRequest, CreateCollectionRequest, SearchRequest
 
 
@@ -28,7 +29,7 @@ def _collection(info: CollectionInfo) -> dict:
             "num_chunks": info.num_chunks}
 
 
-@post("/collections", status_code=201)
+@post("/collections", status_code=201, operation_class=json_body(CreateCollectionRequest))
 async def create_collection(request: Request, state: State) -> dict:
     body = CreateCollectionRequest.model_validate_json(await request.body())
     return _collection(await state.retrieval.create_collection(body.name, body.index))
@@ -50,7 +51,7 @@ async def delete_collection(state: State, name: FromPath[str]) -> dict:
     return {"name": name, "object": "collection.deleted", "deleted": True}
 
 
-@post("/collections/{name:str}/documents", status_code=200)
+@post("/collections/{name:str}/documents", status_code=200, operation_class=json_body(AddDocumentsRequest))
 async def add_documents(request: Request, state: State, name: FromPath[str]) -> dict:
     body = AddDocumentsRequest.model_validate_json(await request.body())
     documents = [NewDocument(d.text, d.id, d.metadata) for d in body.documents]
@@ -71,7 +72,7 @@ async def delete_document(state: State, name: FromPath[str], document_id: FromPa
     return {"id": document_id, "object": "document.deleted", "deleted": True}
 
 
-@post("/collections/{name:str}/search", status_code=200)
+@post("/collections/{name:str}/search", status_code=200, operation_class=json_body(SearchRequest))
 async def search_collection(request: Request, state: State, name: FromPath[str]) -> dict:
     body = SearchRequest.model_validate_json(await request.body())
     hits = await state.retrieval.search(name, body.query, body.top_k)

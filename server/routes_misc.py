@@ -5,7 +5,7 @@ from litestar.datastructures import State
 from litestar.params import FromPath
 
 from server.errors import APIError
-from server.metrics import CONTENT_TYPE
+from server.metrics import MEDIA_TYPE
 
 
 def _model_card(state: State) -> dict:
@@ -37,4 +37,4 @@ async def health(state: State) -> dict:
 
 @get("/metrics")
 async def metrics(state: State) -> Response:
-    return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+    return Response(state.metrics.render(), media_type=MEDIA_TYPE)  # Litestar adds the charset

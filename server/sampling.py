@@ -13,19 +13,30 @@ _OPTIONAL_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty"
                     "repetition_penalty", "seed")
 
 
-def sampling_params(request: ChatCompletionRequest | CompletionRequest, max_new_tokens: int) -> SamplingParams:
+def sampling_fields(request: ChatCompletionRequest | CompletionRequest) -> dict:
+    """The SamplingParams fields a request sets, max_tokens aside."""
     fields = {name: value for name in _OPTIONAL_FIELDS if (value := getattr(request, name)) is not None}
     if request.logit_bias:
         fields["logit_bias"] = {int(token_id): bias for token_id, bias in request.logit_bias.items()}
     if request.stop_token_ids:
         fields["stop_token_ids"] = tuple(request.stop_token_ids)
-    return SamplingParams(max_tokens=max_new_tokens, ignore_eos=request.ignore_eos,
-                          logprobs=request.num_top_logprobs, **fields)
+    if getattr(request, "echo", False) and request.num_top_logprobs is not None:
+        fields["prompt_logprobs"] = request.num_top_logprobs  # the echoed prompt's logprobs
+    return {**fields, "ignore_eos": request.ignore_eos, "logprobs": request.num_top_logprobs}
+
+
+def sampling_params(request: ChatCompletionRequest | CompletionRequest, max_new_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_new_tokens, **sampling_fields(request))
 
 
 def choice_params(params: SamplingParams, index: int) -> SamplingParams:
     """Choice `index` of n: a seeded request gives each choice its own (still reproducible) seed,
-    so n > 1 choices differ as they would without a seed."""
-    if params.seed is None or index == 0:
+    so n > 1 choices differ as they would without a seed. Prompt logprobs are computed once,
+    by choice 0 (they are the same for every choice)."""
+    if index == 0:
+        return params
+    if params.prompt_logprobs is not None:
+        params = replace(params, prompt_logprobs=None)
+    if params.seed is None:
         return params
     return replace(params, seed=(params.seed + index) % 2**63)

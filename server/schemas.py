@@ -1,23 +1,27 @@
 """Request bodies of the OpenAI-compatible routes, validated by pydantic.
 
-Strict types (a string is not a number, 1 is not `true`); ranges as OpenAI
-documents them, and as `SamplingParams` checks them again. Fields the API has
-but we do not use are ignored, except those whose effect a client would miss
-(`echo`, `suffix`, `best_of`): those are refused. Extensions: `documents`
+Every body is a `RequestBody` (server/request_body.py): strict types, `null` in an
+optional field means "not given", numbers finite. Ranges as OpenAI documents them,
+and as `SamplingParams` checks them again. Fields the API has but we do not use are
+ignored, except those whose effect a client would miss (`suffix`, `best_of` other
+than n): those are refused. Extensions: `documents`
 (rendered into the prompt by the assembly layer), `retrieval` (documents from a
 collection) and `chat_template_kwargs`.
-Values are normalised here (content parts joined, prompts as str | ids) so the
-service sees one shape.
+Values are normalised here (content parts joined, prompts as a list of str | ids)
+so the service sees one shape.
 """
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
 from engine.sampling_params import MAX_ABS_LOGIT_BIAS, MAX_ABS_PENALTY, MAX_LOGPROBS, MAX_TEMPERATURE
+from server.request_body import FiniteJSON, RequestBody
+from server.schemas_prompt_cache import PromptCacheFields
 from server.settings import MAX_CHOICES
 
 MAX_STOP_STRINGS = 4
+MAX_TOOLS = 128  # OpenAI's limit; each tool is a branch of the grammar a forced call compiles
 
 
 def _content_text(value: Any) -> Any:
@@ -41,21 +45,36 @@ def _stop_list(value: Any) -> Any:
     return [value] if isinstance(value, str) else value
 
 
-def _prompt(value: Any) -> Any:
-    """str | [str] | [int, ...] | [[int, ...]] -> str | list[int]; more than one prompt is refused."""
-    if isinstance(value, list) and value and isinstance(value[0], (str, list)):
-        if len(value) != 1:
-            raise ValueError("only one prompt per request is supported")
-        value = value[0]
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
-        return value
-    raise ValueError("prompt must be a string or a list of token ids (integers >= 0)")
+MAX_PROMPTS = 64  # prompts in one /v1/completions request (each gets its n choices)
+
+# What a client may send (the OpenAPI document shows these; validators normalise them).
+_Text = Annotated[str, Field(min_length=1)]
+_TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+_PromptInput = (_Text | Annotated[list[_Text], Field(min_length=1, max_length=MAX_PROMPTS)]
+                | _TokenIds | Annotated[list[_TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)])
+_StopInput = _Text | Annotated[list[_Text], Field(max_length=MAX_STOP_STRINGS)] | None
+_TextPart = dict[Literal["type", "text"], str]
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+def _is_token_ids(value: Any) -> bool:
+    return (isinstance(value, list) and bool(value)
+            and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value))
+
+
+def _prompts(value: Any) -> Any:
+    """str | [str, ...] | [int, ...] | [[int, ...], ...] -> a list of prompts, each str | list[int]."""
+    if isinstance(value, str) or _is_token_ids(value):
+        return [value]
+    if isinstance(value, list) and value and (all(isinstance(p, str) for p in value)
+                                              or all(_is_token_ids(p) for p in value)):
+        if len(value) > MAX_PROMPTS:
+            raise ValueError(f"{len(value)} prompts in one request; at most {MAX_PROMPTS}")
+        return value
+    raise ValueError("prompt must be a string, a list of strings, a list of token ids (integers >= 0) "
+                     "or a list of such lists (not a mix)")
+
+
+_Body = RequestBody
 
 
 class CalledFunction(_Body):
@@ -71,7 +90,8 @@ class AssistantToolCall(_Body):
 
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Annotated[str | None, BeforeValidator(_content_text)] = None
+    content: Annotated[str | None,
+                       BeforeValidator(_content_text, json_schema_input_type=str | list[_TextPart] | None)] = None
     name: str | None = None
     tool_calls: list[AssistantToolCall] | None = None  # an assistant turn's calls, re-rendered by the template
     tool_call_id: str | None = None
@@ -92,7 +112,7 @@ class StreamOptions(_Body):
 class FunctionSpec(_Body):
     name: Annotated[str, Field(min_length=1)]
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: dict[str, FiniteJSON] | None = None
 
 
 class ToolSpec(_Body):
@@ -112,7 +132,7 @@ class NamedToolChoice(_Body):
 class JSONSchemaSpec(_Body):
     name: Annotated[str, Field(min_length=1, max_length=64)] = "response"
     description: str | None = None
-    schema_: Annotated[dict[str, Any] | None, Field(alias="schema")] = None
+    schema_: Annotated[dict[str, FiniteJSON] | None, Field(alias="schema")] = None
     strict: bool | None = None
 
 
@@ -135,7 +155,7 @@ class RetrievalSpec(_Body):
 
     collection: Annotated[str, Field(min_length=1)]
     top_k: Annotated[int, Field(ge=1, le=MAX_RETRIEVAL_TOP_K)] = 4
-    query: Annotated[str | None, Field(min_length=1)] = None  # default: the last user message
+    query: Annotated[str, Field(min_length=1)] | None = None  # default: the last user message
 
 
 class Document(_Body):
@@ -150,44 +170,51 @@ class _SamplingFields(_Body):
     """What chat and legacy completions share."""
 
     model: str | None = None  # None: the served model
-    max_tokens: Annotated[int | None, Field(ge=1)] = None
-    temperature: Annotated[float | None, Field(ge=0, le=MAX_TEMPERATURE)] = None
-    top_p: Annotated[float | None, Field(gt=0, le=1)] = None
-    top_k: Annotated[int | None, Field(ge=-1)] = None
-    min_p: Annotated[float | None, Field(ge=0, le=1)] = None
-    presence_penalty: Annotated[float | None, Field(ge=-MAX_ABS_PENALTY, le=MAX_ABS_PENALTY)] = None
-    frequency_penalty: Annotated[float | None, Field(ge=-MAX_ABS_PENALTY, le=MAX_ABS_PENALTY)] = None
-    repetition_penalty: Annotated[float | None, Field(gt=0)] = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=MAX_TEMPERATURE)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    top_k: Annotated[int, Field(ge=-1)] | None = None
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-MAX_ABS_PENALTY, le=MAX_ABS_PENALTY)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-MAX_ABS_PENALTY, le=MAX_ABS_PENALTY)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0)] | None = None
     logit_bias: dict[Annotated[str, Field(pattern=r"^\d+$")],
                      Annotated[float, Field(ge=-MAX_ABS_LOGIT_BIAS, le=MAX_ABS_LOGIT_BIAS)]] | None = None
     seed: int | None = None
-    stop: Annotated[list[Annotated[str, Field(min_length=1)]] | None,
-                    BeforeValidator(_stop_list), Field(max_length=MAX_STOP_STRINGS)] = None
+    stop: Annotated[Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_STRINGS)] | None,
+                    BeforeValidator(_stop_list, json_schema_input_type=_StopInput)] = None
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None  # extension, as vLLM
     n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    cache_salt: Annotated[str | None, Field(min_length=1)] = None  # extension: tenants share KV only with the same salt
+    cache_salt: Annotated[str, Field(min_length=1)] | None = None  # extension: tenants share KV only with the same salt
     ignore_eos: bool = False  # extension
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(cls, value, info: ValidationInfo):
+        if value is not None and not info.data.get("stream"):
+            raise ValueError("stream_options is only allowed when stream is true")
+        return value
 
     @property
     def include_usage_chunk(self) -> bool:
         return self.stream and self.stream_options is not None and self.stream_options.include_usage
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(PromptCacheFields, _SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: Annotated[int | None, Field(ge=1)] = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
-    top_logprobs: Annotated[int | None, Field(ge=0, le=MAX_LOGPROBS)] = None
-    tools: list[ToolSpec] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    tools: Annotated[list[ToolSpec], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
     documents: list[Document] | None = None  # extension
     retrieval: RetrievalSpec | None = None  # extension
-    chat_template_kwargs: dict[str, Any] | None = None  # extension: more variables for the template
+    chat_template_kwargs: dict[str, FiniteJSON] | None = None  # extension: more variables for the template
 
     @field_validator("top_logprobs")
     @classmethod
@@ -228,9 +255,9 @@ class ChatCompletionRequest(_SamplingFields):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: Annotated[str | list[int], BeforeValidator(_prompt)]
-    logprobs: Annotated[int | None, Field(ge=0, le=MAX_LOGPROBS)] = None
-    echo: Literal[False] = False
+    prompt: Annotated[list[str] | list[list[int]], BeforeValidator(_prompts, json_schema_input_type=_PromptInput)]
+    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    echo: bool = False  # the prompt's text (and, with logprobs, its tokens' logprobs) before each choice's
     suffix: None = None
     best_of: int | None = None
 

@@ -6,15 +6,14 @@ service and answered with 413, not here.
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, field_validator
 
 from retrieval.collections import MAX_TOP_K
+from server.request_body import RequestBody, StorableJSON
 
 DEFAULT_TOP_K = 4
 
-
-class _Body(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+_Body = RequestBody  # strict, null means "not given", numbers finite
 
 
 def _not_blank(value: str, info: ValidationInfo) -> str:
@@ -34,7 +33,7 @@ class CreateCollectionRequest(_Body):
 class DocumentIn(_Body):
     id: str | None = None  # None: the server picks one
     text: TextNotBlank
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, StorableJSON] = Field(default_factory=dict)  # returned exactly as sent
 
     @field_validator("id")
     @classmethod
@@ -53,31 +52,42 @@ class SearchRequest(_Body):
     top_k: int = Field(DEFAULT_TOP_K, ge=1, le=MAX_TOP_K)
 
 
+def _is_token_ids(value: Any) -> bool:
+    return (isinstance(value, list) and bool(value)
+            and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value))
+
+
+def _embedding_inputs(value: Any) -> Any:
+    """str | [str, ...] | [int, ...] | [[int, ...], ...] -> a list of texts or a list of token-id lists."""
+    if isinstance(value, str) or _is_token_ids(value):
+        return [value]
+    if isinstance(value, list) and value and (all(isinstance(v, str) for v in value)
+                                              or all(_is_token_ids(v) for v in value)):
+        return value
+    if value == []:
+        raise ValueError("input must not be an empty list")
+    raise ValueError("input must be a string, a list of strings, a list of token ids (integers >= 0) "
+                     "or a list of such lists")
+
+
+_TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+# What a client may send (the OpenAPI document shows it; the validator normalises it to a list).
+_Text = Annotated[str, Field(min_length=1)]
+_EmbeddingInput = (_Text | Annotated[list[_Text], Field(min_length=1)]
+                   | _TokenIds | Annotated[list[_TokenIds], Field(min_length=1)])
+
+
 class EmbeddingRequest(_Body):
-    input: str | list[str]
+    input: Annotated[list[str] | list[list[int]],
+                     BeforeValidator(_embedding_inputs, json_schema_input_type=_EmbeddingInput)]
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
     user: str | None = None
 
-    @field_validator("input", mode="before")
-    @classmethod
-    def _texts(cls, value: Any) -> Any:
-        if isinstance(value, list) and value and not all(isinstance(v, str) for v in value):
-            raise ValueError("input must be a string or a list of strings (token ids are not supported)")
-        return value
-
     @field_validator("input")
     @classmethod
-    def _not_empty(cls, value: str | list[str]) -> str | list[str]:
-        texts = [value] if isinstance(value, str) else value
-        if not texts:
-            raise ValueError("input must not be an empty list")
-        for text in texts:
-            if not text:
-                raise ValueError("input must not contain empty strings")
+    def _no_empty_text(cls, value: list[str] | list[list[int]]) -> list[str] | list[list[int]]:
+        if any(isinstance(v, str) and not v for v in value):
+            raise ValueError("input must not contain empty strings")
         return value
-
-    @property
-    def texts(self) -> list[str]:
-        return [self.input] if isinstance(self.input, str) else self.input

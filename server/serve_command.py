@@ -10,8 +10,9 @@ import uvicorn
 from assembly.chat_template import ChatTemplate, TemplateError
 from engine.engine_config import EngineConfig, parse_kv_cache_memory, resolve_device, resolve_dtype
 from model.backends import check_backend_choice
+from server.connection_deadline import with_receive_timeout
+from server.settings import ServerSettings, api_key_from_environment, read_api_keys_file
 from store.errors import RadixserveError
-from server.settings import ServerSettings, api_key_from_environment
 
 logger = logging.getLogger("radixserve.server")
 
@@ -53,11 +54,19 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
             served_model_name=args.served_model_name or model_dir.name,
             host=args.host,
             port=args.port,
-            api_key=args.api_key if args.api_key is not None else api_key_from_environment(),
+            **_api_key_fields(args),
+            max_pin_seconds=args.max_pin_seconds,
+            responses_max_count=args.responses_max_count,
+            responses_max_bytes=args.responses_max_bytes,
+            responses_max_age_seconds=args.responses_max_age_seconds,
+            **({"responses_db": Path(args.responses_db).expanduser()} if args.responses_db else {}),
             max_waiting=args.max_waiting,
             max_body_bytes=args.max_body_bytes,
+            max_schema_bytes=args.max_schema_bytes,
+            receive_timeout_seconds=args.receive_timeout,
             tool_pin_seconds=args.tool_pin_seconds,
             rag_order=args.rag_order,
+            allowed_origins=tuple(args.allowed_origins),
             chat_template_path=Path(args.chat_template).expanduser() if args.chat_template else None,
             **({"collections_dir": Path(args.collections_dir).expanduser()} if args.collections_dir else {}),
         )
@@ -82,6 +91,20 @@ def _kv_disk_fields(args: argparse.Namespace) -> dict:
 
         root = radixserve_home() / "kv"
     return {"kv_disk_dir": root, "kv_disk_bytes": num_bytes, "kv_disk_policy": args.kv_disk_policy}
+
+
+def _api_key_fields(args: argparse.Namespace) -> dict:
+    """`--api-key` (repeated; else $RADIXSERVE_API_KEY), then the keys of `--api-keys-file`."""
+    keys = list(args.api_key or ())
+    if not keys and (from_environment := api_key_from_environment()) is not None:
+        keys = [from_environment]
+    if args.api_keys_file:
+        try:
+            keys += read_api_keys_file(Path(args.api_keys_file).expanduser())
+        except OSError as error:
+            raise ValueError(f"--api-keys-file: {error}") from None
+    return {"api_key": keys[0] if keys else None, "more_api_keys": tuple(keys[1:]),
+            "tenant_per_key": args.tenant_per_key}
 
 
 def configure_logging() -> None:
@@ -111,7 +134,8 @@ def serve(args: argparse.Namespace) -> int:
 def run_server(app, settings: ServerSettings) -> int:
     """Serve the ASGI `app` under uvicorn until Ctrl-C / SIGTERM; 1 if it never started."""
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
-                            access_log=False, lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS)
+                            access_log=False, lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+                            http=with_receive_timeout(settings.receive_timeout_seconds))
     server = _Server(config, settings)
     try:
         server.run()

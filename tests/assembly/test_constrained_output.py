@@ -111,3 +111,65 @@ def _walk_more(processor, tokenizer, generated: list[int], text: str) -> list[in
         assert token_id in _allowed(processor, generated + added), tokenizer.decode(generated + added + [token_id])
         added.append(token_id)
     return added
+
+
+def _pydantic_tool() -> dict:
+    """Parameters as pydantic's model_json_schema() writes them: nested models under $defs, by $ref."""
+    from pydantic import BaseModel
+
+    class Address(BaseModel):
+        city: str
+        zip: str
+
+    class Person(BaseModel):
+        name: str
+        home: Address
+        friends: list["Person"] = []
+
+    return {"name": "add_person", "parameters": Person.model_json_schema()}
+
+
+def test_forced_calls_take_parameters_with_defs_and_refs(compiler, smollm2_tokenizer):
+    tool = _pydantic_tool()
+    assert "$defs" in tool["parameters"] and "$ref" in json.dumps(tool["parameters"])
+    for parallel in (False, True):
+        processor = compiler.processor(compiler.check(tool_call_grammar([tool, SEARCH], parallel=parallel)))
+        arguments = ('{"name": "Ann", "home": {"city": "Oslo", "zip": "0150"}, "friends": '
+                     '[{"name": "Bo", "home": {"city": "Bergen", "zip": "5003"}, "friends": []}]}')
+        text = f'<tool_call>\n{{"name": "add_person", "arguments": {arguments}}}\n</tool_call>'
+        generated = _walk(processor, smollm2_tokenizer, text)
+        assert EOS in _allowed(processor, generated)
+        # The $ref'd Address is enforced: after "home": { only its fields may start.
+        probe = compiler.processor(compiler.check(tool_call_grammar([tool], parallel=parallel)))
+        ids = _walk(probe, smollm2_tokenizer, '<tool_call>\n{"name": "add_person", "arguments": {"name": "A", '
+                                              '"home": {"')
+        starts = {smollm2_tokenizer.decode([t]) for t in _allowed(probe, ids)}
+        assert starts and all("city".startswith(s) or "zip".startswith(s) for s in starts)
+
+
+@pytest.mark.parametrize("schema, field", [
+    ({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}, "a"),
+    ({"$defs": {"N": {"type": "object", "properties": {"next": {"$ref": "#/$defs/N"}}, "required": ["next"]}},
+      "type": "object", "properties": {"head": {"$ref": "#/$defs/N"}}, "required": ["head"]}, "head.next"),
+    ({"type": "object", "properties": {"xs": {"type": "array", "minItems": 1, "items": {"$ref": "#"}}},
+      "required": ["xs"]}, "xs[0]"),
+    ({"type": "object", "properties": {"e": {"enum": []}}, "required": ["e"]}, "e"),
+    (False, ""),
+])
+def test_schemas_without_a_finite_value_name_the_field(schema, field):
+    from assembly.schema_finiteness import unsatisfiable_field
+
+    assert unsatisfiable_field(schema) == field
+
+
+@pytest.mark.parametrize("schema", [
+    _pydantic_tool()["parameters"],  # recursion through an optional list: [] ends it
+    {"$defs": {"N": {"type": "object", "properties": {"next": {"anyOf": [{"$ref": "#/$defs/N"}, {"type": "null"}]}},
+                     "required": ["next"]}}, "$ref": "#/$defs/N"},
+    {"type": "object", "properties": {"a": {"$ref": "#"}}},  # not required
+    {"type": "object", "properties": {"xs": {"type": "array", "items": {"$ref": "#"}}}, "required": ["xs"]},
+])
+def test_recursive_schemas_with_a_way_out_are_finite(schema):
+    from assembly.schema_finiteness import unsatisfiable_field
+
+    assert unsatisfiable_field(schema) is None

@@ -55,3 +55,12 @@ def test_token_spans_are_untruncated_word_pieces(embedder):
     start, end = spans.offsets[0]
     assert text[start:end] == "un"  # 'unbelievably' is several pieces of one word
     assert spans.word_ids[0] == spans.word_ids[1]
+
+
+def test_marker_strings_in_a_text_are_text_not_the_encoder_s_markers(embedder):
+    """[CLS]/[SEP]/[PAD]/[MASK] written in a document are word-pieces; only the embedder adds markers."""
+    text = "first part [SEP] [CLS] second [MASK] part [PAD]"
+    ids = embedder._tokenizer.encode(text).ids
+    markers = {embedder._tokenizer.token_to_id(t) for t in ("[CLS]", "[SEP]", "[MASK]", "[PAD]")}
+    assert [i for i in ids if i in markers] == [ids[0], ids[-1]] and len(ids) > 12
+    assert len(embedder.token_spans(text).offsets) == len(ids) - 2

@@ -1,10 +1,14 @@
-"""A real `radixserve serve` process on the default model, shared by the API tests.
+"""Two ways to serve the API tests: a real `radixserve serve` process on the default model
+(`server`, shared by the API tests), and the app in-process with a scripted fake engine
+(`make_client`: fast, deterministic where a real model is not).
 
-It runs with an API key (from $RADIXSERVE_API_KEY, so the variable is tested
-too) and a 1 MB body limit; clients here send the key unless a test is about
-leaving it out.
+The shared server runs with an API key (from $RADIXSERVE_API_KEY, so the variable is tested
+too), a second one from --api-keys-file (tests of what one key cannot see of
+another's), its own stored-Responses file and a 1 MB body limit; clients here
+send the first key unless a test is about leaving it out.
 """
 
+import asyncio
 import json
 import os
 import signal
@@ -19,8 +23,19 @@ from pathlib import Path
 
 import httpx
 import pytest
+from litestar.testing import TestClient
+
+from assembly.tokenizer import Tokenizer
+from engine.async_engine import EngineFacts
+from engine.engine_config import EngineConfig
+from engine.metrics import EngineMetrics, EngineStats
+from engine.request import FinishReason, RequestOutput
+from server.app import create_app
+from server.settings import ServerSettings
 
 API_KEY = "test-key-123"
+OTHER_API_KEY = "other-key-456"
+MODEL = "fake-model"  # the in-process app's served model name
 MAX_BODY_BYTES = 1_000_000
 PAGE_SIZE = 16
 STARTUP_TIMEOUT_S = 180
@@ -51,12 +66,15 @@ def _free_port() -> int:
 
 
 @contextmanager
-def running_server(log_path: Path, *extra_args: str) -> Iterator[RunningServer]:
-    """A `radixserve serve` subprocess on the default model, stopped with SIGINT (Ctrl-C) on exit."""
+def serving(server_dir: Path, extra_args: list[str], env: dict[str, str] | None = None) -> Iterator[RunningServer]:
+    """A `radixserve serve` process on the default model (CPU, float32, 256 MiB of KV), logging into
+    server_dir, until the block ends."""
     port = _free_port()
-    env = dict(os.environ, RADIXSERVE_API_KEY=API_KEY)
+    log_path = server_dir / "server.log"
     command = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--kv-cache-memory", "256MiB",
-               "--dtype", "float32", "--device", "cpu", "--max-body-bytes", str(MAX_BODY_BYTES), *extra_args]
+               "--dtype", "float32", "--device", "cpu", "--responses-db", str(server_dir / "responses.sqlite3"),
+               # its own KV disk tier: tests never read pages another run (or checkout) left behind
+               "--kv-disk-dir", str(server_dir / "kv"), *extra_args]
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     running = RunningServer(f"http://127.0.0.1:{port}", "smollm2-135m-instruct", log_path, process)
@@ -82,17 +100,12 @@ def running_server(log_path: Path, *extra_args: str) -> Iterator[RunningServer]:
 
 
 @pytest.fixture(scope="session")
-def server(smollm2_dir, tmp_path_factory) -> Iterator[RunningServer]:
+def server(smollm2_dir, tmp_path_factory) -> RunningServer:
     server_dir = tmp_path_factory.mktemp("server")
-    # Its own KV disk tier: tests never read pages another run (or another checkout) left behind.
-    with running_server(server_dir / "server.log", "--kv-disk-dir", str(server_dir / "kv")) as running:
+    (server_dir / "keys.txt").write_text(f"# more keys\n{OTHER_API_KEY}\n")
+    with serving(server_dir, ["--max-body-bytes", str(MAX_BODY_BYTES), "--api-keys-file", str(server_dir / "keys.txt")],
+                 env=dict(os.environ, RADIXSERVE_API_KEY=API_KEY)) as running:
         yield running
-
-
-@pytest.fixture(scope="session")
-def start_server(smollm2_dir):
-    """start_server(log_path, *serve_args): one more server of its own, as a context manager."""
-    return running_server
 
 
 @pytest.fixture
@@ -143,3 +156,105 @@ def wait_until_idle(scrape):
             time.sleep(0.05)
 
     return wait
+
+
+# ---- the app in-process, with a scripted fake engine (fast, deterministic) ----
+
+
+class FakeEngine:
+    """AsyncEngine's surface, answering every request with `script` (token ids) and recording closes."""
+
+    def __init__(self, config: EngineConfig, script: list[int]):
+        self.facts = EngineFacts(vocab_size=49152, eos_token_ids=frozenset({2}), max_model_len=2048,
+                                 max_num_request_tokens=2048, backend="fake", backend_description="backend fake",
+                                 page_size=config.page_size)
+        self.metrics = EngineMetrics()
+        self.script = script
+        self.num_waiting = 0
+        self.failure: Exception | None = None
+        self.closed_early: list[str] = []  # request ids whose stream was left before its end
+        self.last_finish_reason = FinishReason.LENGTH
+        self.pins: list[tuple[list[int], str | None, float]] = []
+        self.prompts: list[list[int]] = []
+        self.is_shut_down = False
+
+    def stats(self) -> EngineStats:
+        return EngineStats(num_admitted=0, num_prefilling=0, num_waiting=self.num_waiting, num_pages=128, num_free_pages=128,
+                           num_cached_pages=0, num_held_pages=0, num_pages_in_use=0, num_prefix_query_tokens=7,
+                           num_prefix_hit_tokens=3)
+
+    async def generate(self, request_id, prompt_token_ids, params, cache_salt=None):
+        if self.failure is not None:
+            raise self.failure
+        script = self.script[:params.max_tokens]
+        self.prompts.append(list(prompt_token_ids))
+        finished = False
+        try:
+            for i, token_id in enumerate(script):
+                await asyncio.sleep(0)
+                is_last = i == len(script) - 1
+                self.metrics.observe("time_to_first_token" if i == 0 else "inter_token_latency", 0.01)
+                prompt_logprobs = prompt_top_logprobs = None
+                if i == 0 and params.prompt_logprobs is not None:  # a fixed score, of the right shape
+                    prompt_logprobs = [None] + [-1.0] * (len(prompt_token_ids) - 1)
+                    top = [(token_id, -1.0) for token_id in prompt_token_ids[1:]][:params.prompt_logprobs]
+                    prompt_top_logprobs = [None] + [top] * (len(prompt_token_ids) - 1)
+                logprobs = top_logprobs = None
+                if params.logprobs is not None:
+                    logprobs, top_logprobs = [-0.5], [[(token_id, -0.5)][:params.logprobs]]
+                yield RequestOutput(request_id, [token_id], logprobs, top_logprobs,
+                                    self.last_finish_reason if is_last else None, len(prompt_token_ids), 0, i + 1,
+                                    prompt_logprobs=prompt_logprobs, prompt_top_logprobs=prompt_top_logprobs)
+            finished = True
+        finally:
+            if not finished:
+                self.closed_early.append(request_id)
+
+    def pin(self, token_ids, cache_salt, seconds) -> None:
+        self.pins.append((list(token_ids), cache_salt, seconds))
+
+    def shutdown(self) -> None:
+        self.is_shut_down = True
+
+
+@pytest.fixture(scope="session")
+def tokenizer(smollm2_dir):
+    return Tokenizer(smollm2_dir)
+
+
+@pytest.fixture(scope="session")
+def make_fake_app(smollm2_dir, tokenizer, tmp_path_factory):
+    """make_fake_app(text, **settings) -> (app, engines): the app, whose lifespan will build one
+    FakeEngine 'generating' `text` into `engines`."""
+
+    def make(text: str = "Hello there, friend.", **settings_fields):
+        engines = []
+
+        def factory(config):
+            engines.append(FakeEngine(config, tokenizer.encode(text)))
+            return engines[-1]
+
+        settings_fields.setdefault("collections_dir", tmp_path_factory.mktemp("collections"))
+        settings_fields.setdefault("responses_db", tmp_path_factory.mktemp("responses") / "responses.sqlite3")
+        settings = ServerSettings(engine=EngineConfig(model_dir=smollm2_dir), served_model_name=MODEL,
+                                  **settings_fields)
+        return create_app(settings, engine_factory=factory), engines
+
+    return make
+
+
+@pytest.fixture
+def make_client(make_fake_app):
+    """make_client(text, **settings) -> (TestClient, FakeEngine) whose engine 'generates' `text`."""
+    clients = []
+
+    def make(text: str = "Hello there, friend.", **settings_fields):
+        app, engines = make_fake_app(text, **settings_fields)
+        client = TestClient(app, raise_server_exceptions=False)
+        client.__enter__()  # runs the lifespan
+        clients.append(client)
+        return client, engines[0]
+
+    yield make
+    for client in clients:
+        client.__exit__(None, None, None)

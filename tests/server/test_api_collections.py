@@ -178,7 +178,10 @@ def test_embeddings_in_openai_shape(running):
         assert np.allclose(decoded, vectors[0], atol=1e-5)
         assert _error(http.post("/embeddings", json={"input": "x", "model": "text-embedding-3-small"}), 404)
         assert _error(http.post("/embeddings", json={"input": ["ok", ""]}), 400)["param"] == "input"
-        assert _error(http.post("/embeddings", json={"input": [1, 2, 3]}), 400)["param"] == "input"
+        by_ids = http.post("/embeddings", json={"input": [1, 2, 3]}).json()  # word-piece ids, [CLS] [SEP] added
+        assert len(by_ids["data"]) == 1 and by_ids["usage"]["prompt_tokens"] == 5
+        assert _error(http.post("/embeddings", json={"input": "word " * 300}), 400)["param"] == "input"  # not truncated
+        assert _error(http.post("/embeddings", json={"input": [1, "x"]}), 400)["param"] == "input"  # ids or text
         assert _error(http.post("/embeddings", json={"input": "x", "dimensions": 64}), 400)["param"] == "dimensions"
         assert _error(http.post("/embeddings", json={"input": ["x"] * 2049}), 413)
 

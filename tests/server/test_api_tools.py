@@ -47,6 +47,34 @@ def test_named_tool_choice_returns_a_schema_valid_call(openai_client, server):
     assert _fits_weather_schema(json.loads(call.function.arguments))
 
 
+def test_pydantic_parameters_with_defs_give_calls_that_validate(openai_client, server):
+    """Parameters from pydantic's model_json_schema() ($defs + $ref), forced by name and by required:
+    the real model's arguments are complete JSON that the pydantic model accepts."""
+    from pydantic import BaseModel
+
+    class Address(BaseModel):
+        city: str
+        country: str
+
+    class Booking(BaseModel):
+        guest: str
+        address: Address
+        nights: int
+
+    tools = [{"type": "function", "function": {"name": "book_hotel", "description": "Book a hotel room.",
+                                               "parameters": Booking.model_json_schema()}}]
+    for tool_choice in ({"type": "function", "function": {"name": "book_hotel"}}, "required"):
+        response = openai_client.chat.completions.create(
+            model=server.model, messages=_session("Book me two nights in Paris, I am Ann."), tools=tools,
+            tool_choice=tool_choice, max_tokens=200, temperature=0)
+        choice = response.choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        assert choice.message.tool_calls
+        for call in choice.message.tool_calls:  # "required" allows parallel calls
+            assert call.function.name == "book_hotel"
+            Booking.model_validate_json(call.function.arguments)
+
+
 def test_streamed_tool_call_deltas_reassemble_to_the_non_streamed_call(openai_client, server):
     messages = _session("Check the weather in Lisbon, please.")
     request = dict(model=server.model, messages=messages, tools=TOOLS, tool_choice=WEATHER_CHOICE, max_tokens=60,

@@ -5,6 +5,8 @@ import re
 import httpx
 import pytest
 
+from tests.server.conftest import serving
+
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 API_KEY = "test-key-123"  # tests/server/conftest.py
@@ -27,15 +29,16 @@ def _metric(server, name: str) -> float:
     return float(re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE).group(1))
 
 
-def test_after_a_restart_the_prompt_is_a_disk_hit_with_the_cold_answer(start_server, tmp_path):
+def test_after_a_restart_the_prompt_is_a_disk_hit_with_the_cold_answer(smollm2_dir, tmp_path):
     kv_dir = str(tmp_path / "kv")
-    with start_server(tmp_path / "first.log", "--kv-disk-dir", kv_dir) as first:
+    (tmp_path / "first").mkdir(), (tmp_path / "second").mkdir()
+    with serving(tmp_path / "first", ["--kv-disk-dir", kv_dir]) as first:
         cold = _chat(first)
     assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     prompt_tokens = cold["usage"]["prompt_tokens"]
     assert prompt_tokens > 20 * PAGE_SIZE
 
-    with start_server(tmp_path / "second.log", "--kv-disk-dir", kv_dir) as second:
+    with serving(tmp_path / "second", ["--kv-disk-dir", kv_dir]) as second:
         tier_lines = [line for line in second.log_lines() if "KV disk tier at" in line]
         assert len(tier_lines) == 1 and kv_dir in tier_lines[0]
         num_pages_held = int(re.search(r"holds (\d+) pages", tier_lines[0]).group(1))

@@ -59,6 +59,8 @@ def test_engine_options_reach_the_engine_config(smollm2_dir):
     (("--kv-cache-memory", "lots"), "--kv-cache-memory"),
     (("--max-body-bytes", "10"), "max body bytes"),
     (("--port", "70000"), "port"),
+    (("--receive-timeout", "0"), "receive timeout"),
+    (("--max-schema-bytes", "10"), "max schema bytes"),
 ])
 def test_bad_values_are_one_line_errors(monkeypatch, capsys, smollm2_dir, argv, fragment):
     import store.model_store
@@ -88,3 +90,24 @@ def test_the_kv_disk_tier_is_on_by_default_under_the_home(monkeypatch, tmp_path,
     for bad in ("0.5", "lots", "0"):
         with pytest.raises(RadixserveError, match="--kv-disk-bytes"):
             settings_from_args(_args("--kv-disk-bytes", bad), smollm2_dir)
+
+
+def test_several_api_keys_from_flags_and_a_file(monkeypatch, smollm2_dir, tmp_path):
+    monkeypatch.delenv("RADIXSERVE_API_KEY", raising=False)
+    keys_file = tmp_path / "keys.txt"
+    keys_file.write_text("# team keys\nk3\n\n  k4  \n")
+    settings = settings_from_args(_args("--api-key", "k1", "--api-key", "k2", "--api-keys-file", str(keys_file),
+                                        "--tenant-per-key"), smollm2_dir)
+    assert settings.api_keys == ("k1", "k2", "k3", "k4") and settings.tenant_per_key
+    monkeypatch.setenv("RADIXSERVE_API_KEY", "from-env")
+    assert settings_from_args(_args("--api-keys-file", str(keys_file)), smollm2_dir).api_keys == ("from-env", "k3", "k4")
+    with pytest.raises(RadixserveError, match="api-keys-file"):
+        settings_from_args(_args("--api-keys-file", str(tmp_path / "missing.txt")), smollm2_dir)
+    monkeypatch.delenv("RADIXSERVE_API_KEY")
+    with pytest.raises(RadixserveError, match="tenant per key needs api keys"):
+        settings_from_args(_args("--tenant-per-key"), smollm2_dir)
+
+
+def test_hardening_limits_reach_the_settings(smollm2_dir):
+    settings = settings_from_args(_args("--receive-timeout", "2.5", "--max-schema-bytes", "4096"), smollm2_dir)
+    assert (settings.receive_timeout_seconds, settings.max_schema_bytes) == (2.5, 4096)

@@ -1,0 +1,81 @@
+"""POST /v1/messages and /v1/messages/count_tokens (Anthropic's Messages API), errors in its shape."""
+
+import asyncio
+
+from litestar import Request, Response, post
+from litestar.datastructures import State
+
+from server.api_anthropic.schemas import CountTokensRequest, MessagesRequest
+from server.api_anthropic.streaming import message_stream
+from server.api_anthropic.translation import (TranslatedPrompt, message_body, messages_job, new_message_id,
+                                              usage_body)
+from server.auth import caller_of
+from server.cache_diagnostics import Diagnosis, diagnose, prompt_parts
+from server.choice_stream import Usage
+from server.completion_response import StartedStream, run_job
+from server.openapi import json_body
+from server.request_body import validated_body
+
+_MISS_TYPES = {"model": "model_changed", "system": "system_changed", "tools": "tools_changed"}
+
+
+def _diagnostics_body(diagnosis: Diagnosis) -> dict:
+    """`diagnostics`, as Anthropic shapes it; the first differing block and token are this server's own."""
+    if diagnosis.cause == "hit":
+        return {"cache_miss_reason": None}
+    if diagnosis.cause == "not_found":
+        return {"cache_miss_reason": {"type": "previous_message_not_found"}}
+    return {"cache_miss_reason": {"type": _MISS_TYPES.get(diagnosis.cause, "messages_changed"),
+                                  "cache_missed_input_tokens": diagnosis.num_missed_tokens,
+                                  "first_differing_block": diagnosis.block,
+                                  "first_differing_token": diagnosis.position}}
+
+
+@post("/messages", status_code=200, operation_class=json_body(MessagesRequest))
+async def create_message(request: Request, state: State) -> Response:
+    body = await validated_body(request, MessagesRequest)
+    caller = caller_of(request)
+    service = state.service
+    prompt = TranslatedPrompt(body)
+    chat_job = messages_job(body, prompt)
+    message_id = new_message_id()
+    service.check_model(body.model)
+    job = await service.prepare_off_loop(chat_job, message_id, caller)
+    owner = caller.owner(job.cache_salt)
+    parts = prompt_parts(chat_job, body.model)
+    diagnostics = None
+    if body.diagnostics is not None:
+        previous_id = body.diagnostics.previous_message_id
+        previous = state.prompt_ledger.lookup(previous_id, owner) if previous_id is not None else None
+        if previous_id is None:
+            diagnostics = {"cache_miss_reason": None}  # opted in, nothing to compare with yet
+        else:
+            diagnosis = await asyncio.to_thread(diagnose, previous, service.prompts, chat_job, job.prompt_token_ids,
+                                                parts, prompt.sources)  # renders the prompt again, per message
+            diagnostics = _diagnostics_body(diagnosis)
+    state.prompt_ledger.record(message_id, owner, job.prompt_token_ids, parts)
+
+    usage = Usage()
+    outcome = await run_job(request, service, job, usage, stream=body.stream)
+    if isinstance(outcome, Response):
+        return outcome
+    model = body.model
+    if isinstance(outcome, StartedStream):
+        start = {"id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
+                 "stop_reason": None, "stop_sequence": None, "usage": {**usage_body(usage, job), "output_tokens": 0}}
+        if diagnostics is not None:
+            start["diagnostics"] = diagnostics
+        return message_stream(start, outcome.first, outcome.deltas, lambda: usage_body(usage, job))
+    return Response(message_body(message_id, model, outcome[0], usage, job, diagnostics), status_code=200)
+
+
+@post("/messages/count_tokens", status_code=200, operation_class=json_body(CountTokensRequest))
+async def count_tokens(request: Request, state: State) -> Response:
+    body = await validated_body(request, CountTokensRequest)
+    state.service.check_model(body.model)
+    job = messages_job(body, TranslatedPrompt(body))
+    num_tokens = await asyncio.to_thread(state.service.prompts.count_tokens, job)  # renders and tokenizes
+    return Response({"input_tokens": num_tokens}, status_code=200)
+
+
+ANTHROPIC_ROUTES = [create_message, count_tokens]

@@ -1,0 +1,244 @@
+"""A prepared job's choices on the engine: token ids -> text, stop strings, tool calls, n > 1.
+
+`ChoiceRunner.generate` drives AsyncEngine and yields ChoiceDelta; `complete`
+collects them into ChoiceResult. What every API shares once the prompt is
+built: detokenization (UTF-8 safe, incremental), stop strings matched across
+token boundaries, tool calls split from content as text streams in
+(assembly's ToolCallStreamParser), the grammar's logits processor, and usage
+as the engine reports it.
+
+n > 1 choices share the prompt's KV pages: choice 0 runs alone until its first
+token, by which time its prompt's full pages are in the radix tree; only then
+are choices 1..n-1 submitted, and their admission matches those pages.
+
+Cancellation: every engine stream is closed on every way out (finish, stop
+string, error, the consumer closing this generator or its task being
+cancelled), and AsyncEngine aborts a stream closed before its end, so a
+client that goes away frees its pages within one engine step.
+"""
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass, field, replace
+
+from assembly.constrained_output import GrammarCompiler
+from assembly.detokenizer import IncrementalDetokenizer
+from assembly.stop_strings import StopStringMatcher
+from assembly.tool_call_stream import ToolCallDelta, ToolCallStreamParser
+from assembly.tool_calls import ToolCall, message_content
+from engine.async_engine import AsyncEngine
+from engine.request import FinishReason, RequestOutput
+from server.job import GenerationJob
+from server.sampling import choice_params
+
+
+@dataclass(frozen=True)
+class ChoiceDelta:
+    """What one engine output added to one choice."""
+
+    index: int
+    text: str  # complete characters, stop strings and tool calls removed; may be ""
+    token_ids: list[int]
+    logprobs: list[float] | None
+    top_logprobs: list[list[tuple[int, float]]] | None
+    finish_reason: str | None  # "stop" | "length" | "tool_calls" on the choice's last delta
+    tool_calls: tuple[ToolCallDelta, ...] = ()
+    stop_string: str | None = None  # the stop string that ended the choice, on its last delta
+    # the engine's prompt logprobs (params.prompt_logprobs), on the choice's first delta only
+    prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None
+    # On the last delta of a turn read for tool calls: its complete calls. A call cut off (max_tokens)
+    # was streamed as deltas but is no call: a non-streamed answer leaves it out.
+    final_calls: tuple[ToolCall, ...] | None = None
+
+
+@dataclass
+class Usage:
+    """Filled in as outputs arrive; read by the response and the access log."""
+
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0  # of the prompt, served from the prefix cache (choice 0's admission)
+    num_completion_tokens_by_choice: dict[int, int] = field(default_factory=dict)
+    first_token_time: float | None = None  # time.perf_counter() of the first output
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return sum(self.num_completion_tokens_by_choice.values())
+
+    def record(self, index: int, output: RequestOutput) -> None:
+        if index == 0:
+            self.num_prompt_tokens = output.num_prompt_tokens
+            self.num_cached_tokens = output.num_cached_tokens
+        self.num_completion_tokens_by_choice[index] = output.num_output_tokens
+        if self.first_token_time is None:
+            self.first_token_time = time.perf_counter()
+
+
+@dataclass
+class ChoiceResult:
+    """A whole choice, for non-streamed responses."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    finish_reason: str | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    stop_string: str | None = None
+
+    def add(self, delta: ChoiceDelta) -> None:
+        self.text += delta.text
+        self.token_ids.extend(delta.token_ids)
+        if delta.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + delta.logprobs
+            self.top_logprobs = (self.top_logprobs or []) + (delta.top_logprobs or [[] for _ in delta.logprobs])
+        self.finish_reason = delta.finish_reason or self.finish_reason
+        self.stop_string = delta.stop_string or self.stop_string
+        for call in delta.tool_calls:  # reassembled as a streaming client would
+            if call.id is not None:
+                self.tool_calls.append(ToolCall(call.id, call.name, call.arguments))
+            else:
+                last = self.tool_calls[call.index]
+                self.tool_calls[call.index] = replace(last, arguments=last.arguments + call.arguments)
+        if delta.final_calls is not None:
+            self.tool_calls = list(delta.final_calls)
+
+    @property
+    def content(self) -> str | None:
+        return message_content(self.text, self.tool_calls)
+
+
+@dataclass(frozen=True)
+class FinishedChoice:
+    """A choice that ended without a stop string, as the turn memory and pins need it."""
+
+    index: int
+    reason: FinishReason
+    generated_ids: list[int]  # all of them, the stop token included
+    content: str
+    calls: list[ToolCall]  # complete calls only
+    has_unfinished_call: bool = False  # a call whose arguments never ended (cut by max_tokens)
+
+
+OnFinish = Callable[[GenerationJob, FinishedChoice], None]
+
+
+class ChoiceRunner:
+    def __init__(self, engine: AsyncEngine, tokenizer, grammars: GrammarCompiler, on_finish: OnFinish):
+        self.engine = engine
+        self.tokenizer = tokenizer  # for decoding
+        self.grammars = grammars
+        self.on_finish = on_finish  # called once per choice that ends without a stop string
+
+    async def generate(self, job: GenerationJob, usage: Usage) -> AsyncIterator[ChoiceDelta]:
+        """Deltas of all choices, interleaved as they come. Raises RequestError if the engine
+        refuses the request (before any delta)."""
+        choices = self._run_choice(job, 0, usage) if job.num_choices == 1 else self._run_choices(job, usage)
+        async with aclosing(choices) as deltas:
+            async for delta in deltas:
+                yield delta
+
+    async def complete(self, job: GenerationJob, usage: Usage) -> list[ChoiceResult]:
+        results = [ChoiceResult(i) for i in range(job.num_choices)]
+        async with aclosing(self.generate(job, usage)) as deltas:
+            async for delta in deltas:
+                results[delta.index].add(delta)
+        return results
+
+    async def _run_choices(self, job: GenerationJob, usage: Usage) -> AsyncIterator[ChoiceDelta]:
+        """n > 1: one task per choice feeding a queue; choices 1.. start after choice 0's first output."""
+        deltas: asyncio.Queue = asyncio.Queue()
+        first_output = asyncio.Event()
+        done = object()
+
+        async def pump(index: int) -> None:
+            try:
+                if index > 0:
+                    await first_output.wait()
+                async with aclosing(self._run_choice(job, index, usage)) as choice:
+                    async for delta in choice:
+                        first_output.set()
+                        deltas.put_nowait(delta)
+            except Exception as error:  # handed to the consumer, which raises it
+                deltas.put_nowait(error)
+            finally:
+                first_output.set()  # choice 0 failed or ended: never leave the others waiting
+                deltas.put_nowait(done)
+
+        tasks = [asyncio.create_task(pump(i), name=f"{job.request_id}-{i}") for i in range(job.num_choices)]
+        try:
+            num_running = len(tasks)
+            while num_running:
+                item = await deltas.get()
+                if item is done:
+                    num_running -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield item
+        finally:
+            # Cancelling closes each choice's engine stream, which aborts it. Not awaited: this
+            # may run inside a cancelled scope (client gone), and the tasks end on their own.
+            for task in tasks:
+                task.cancel()
+
+    async def _run_choice(self, job: GenerationJob, index: int, usage: Usage) -> AsyncIterator[ChoiceDelta]:
+        detokenizer = IncrementalDetokenizer(self.tokenizer)
+        stops = StopStringMatcher(job.stop_strings)
+        tool_calls = ToolCallStreamParser() if job.parses_tool_calls else None
+        params = choice_params(job.params, index)
+        if job.grammar is not None:  # compiling it takes up to seconds: off the event loop
+            processor = await asyncio.to_thread(self.grammars.processor, job.grammar)
+            params = replace(params, logits_processors=(processor,))
+        engine_request_id = f"{job.request_id}-{index}"
+        generated_ids: list[int] = []
+        content: list[str] = []
+        raw_text, num_emitted_chars = "", 0  # before / after stop strings, to name the one that matched
+        outputs = self.engine.generate(engine_request_id, job.prompt_token_ids, params, job.cache_salt)
+        async with aclosing(outputs):
+            async for output in outputs:
+                if output.error is not None:
+                    raise RuntimeError(f"engine failed request {engine_request_id}: {output.error}")
+                usage.record(index, output)
+                generated_ids.extend(output.new_token_ids)
+                text = detokenizer.push(output.new_token_ids)
+                is_last = output.finish_reason is not None
+                if is_last:
+                    text += detokenizer.flush()
+                raw_text += text
+                text, is_stopped = stops.push(text)
+                if is_last and not is_stopped:
+                    text += stops.flush()
+                num_emitted_chars += len(text)
+                stop_string = _matched_stop(job.stop_strings, raw_text[num_emitted_chars:]) if is_stopped else None
+                finish_reason = "stop" if is_stopped else (output.finish_reason.value if is_last else None)
+                call_deltas: tuple[ToolCallDelta, ...] = ()
+                final_calls = None
+                if tool_calls is not None:
+                    text, new_calls = tool_calls.push(text)
+                    if finish_reason is not None:
+                        tail, more_calls = tool_calls.finish()
+                        text, new_calls = text + tail, new_calls + more_calls
+                        if tool_calls.calls and finish_reason == "stop":
+                            finish_reason = "tool_calls"
+                        final_calls = tuple(tool_calls.calls)
+                    call_deltas = tuple(new_calls)
+                content.append(text)
+                yield ChoiceDelta(index, text, list(output.new_token_ids), output.logprobs,
+                                  output.top_logprobs, finish_reason, call_deltas, stop_string,
+                                  output.prompt_logprobs, output.prompt_top_logprobs, final_calls)
+                if finish_reason is not None:
+                    if not is_stopped:
+                        calls = tool_calls.calls if tool_calls is not None else []
+                        unfinished = tool_calls is not None and tool_calls.num_unfinished_calls > 0
+                        self.on_finish(job, FinishedChoice(index, output.finish_reason, generated_ids,
+                                                           "".join(content), list(calls), unfinished))
+                    return  # a stop string ends the choice here; closing the stream aborts it
+
+
+def _matched_stop(stop_strings: tuple[str, ...], tail: str) -> str | None:
+    """The stop string the held-back tail starts with (the matcher cut the text right before it)."""
+    return next((s for s in stop_strings if tail.startswith(s)), None)
