@@ -22,6 +22,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from assembly.constrained_output import GrammarCompiler
 from assembly.detokenizer import IncrementalDetokenizer
@@ -30,6 +31,7 @@ from assembly.tool_call_stream import ToolCallDelta, ToolCallStreamParser
 from assembly.tool_calls import ToolCall, message_content
 from engine.async_engine import AsyncEngine
 from engine.request import FinishReason, RequestOutput
+from server.interleave import interleave
 from server.job import GenerationJob
 from server.sampling import choice_params
 
@@ -134,10 +136,28 @@ class ChoiceRunner:
         self.on_finish = on_finish  # called once per choice that ends without a stop string
 
     async def generate(self, job: GenerationJob, usage: Usage) -> AsyncIterator[ChoiceDelta]:
-        """Deltas of all choices, interleaved as they come. Raises RequestError if the engine
+        """Deltas of all choices, interleaved as they come; choices 1.. start once choice 0 has its
+        first output, so they find its prompt pages in the tree. Raises RequestError if the engine
         refuses the request (before any delta)."""
-        choices = self._run_choice(job, 0, usage) if job.num_choices == 1 else self._run_choices(job, usage)
-        async with aclosing(choices) as deltas:
+        first_output = asyncio.Event()
+
+        async def first_choice() -> AsyncIterator[ChoiceDelta]:
+            try:
+                async with aclosing(self._run_choice(job, 0, usage)) as deltas:
+                    async for delta in deltas:
+                        first_output.set()
+                        yield delta
+            finally:
+                first_output.set()  # choice 0 failed or ended: never leave the others waiting
+
+        async def later_choice(index: int) -> AsyncIterator[ChoiceDelta]:
+            await first_output.wait()
+            async with aclosing(self._run_choice(job, index, usage)) as deltas:
+                async for delta in deltas:
+                    yield delta
+
+        streams = [first_choice, *(partial(later_choice, i) for i in range(1, job.num_choices))]
+        async with aclosing(interleave(streams, job.request_id)) as deltas:
             async for delta in deltas:
                 yield delta
 
@@ -147,43 +167,6 @@ class ChoiceRunner:
             async for delta in deltas:
                 results[delta.index].add(delta)
         return results
-
-    async def _run_choices(self, job: GenerationJob, usage: Usage) -> AsyncIterator[ChoiceDelta]:
-        """n > 1: one task per choice feeding a queue; choices 1.. start after choice 0's first output."""
-        deltas: asyncio.Queue = asyncio.Queue()
-        first_output = asyncio.Event()
-        done = object()
-
-        async def pump(index: int) -> None:
-            try:
-                if index > 0:
-                    await first_output.wait()
-                async with aclosing(self._run_choice(job, index, usage)) as choice:
-                    async for delta in choice:
-                        first_output.set()
-                        deltas.put_nowait(delta)
-            except Exception as error:  # handed to the consumer, which raises it
-                deltas.put_nowait(error)
-            finally:
-                first_output.set()  # choice 0 failed or ended: never leave the others waiting
-                deltas.put_nowait(done)
-
-        tasks = [asyncio.create_task(pump(i), name=f"{job.request_id}-{i}") for i in range(job.num_choices)]
-        try:
-            num_running = len(tasks)
-            while num_running:
-                item = await deltas.get()
-                if item is done:
-                    num_running -= 1
-                elif isinstance(item, BaseException):
-                    raise item
-                else:
-                    yield item
-        finally:
-            # Cancelling closes each choice's engine stream, which aborts it. Not awaited: this
-            # may run inside a cancelled scope (client gone), and the tasks end on their own.
-            for task in tasks:
-                task.cancel()
 
     async def _run_choice(self, job: GenerationJob, index: int, usage: Usage) -> AsyncIterator[ChoiceDelta]:
         detokenizer = IncrementalDetokenizer(self.tokenizer)

@@ -14,12 +14,13 @@ computes them in prefill, without the prefix cache (see engine/prompt_logprobs.p
 per prompt (choice 0) and every choice of the prompt repeats them.
 """
 
-import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, replace
+from functools import partial
 
 from server.completion_service import ChoiceDelta, ChoiceResult, CompletionService, GenerationJob, Usage
+from server.interleave import interleave
 
 
 @dataclass(frozen=True)
@@ -66,40 +67,17 @@ class CompletionBatchRunner:
 
     async def _merged(self, batch: CompletionBatch, usages: list[Usage]
                       ) -> AsyncIterator[tuple[int, ChoiceDelta]]:
-        """(prompt index, delta) as they come; one prompt runs without a task of its own."""
-        if len(batch.jobs) == 1:
-            async with aclosing(self.service.generate(batch.jobs[0], usages[0])) as deltas:
+        """(prompt index, delta) as they come (server/interleave.py)."""
+
+        async def prompt_deltas(prompt_index: int) -> AsyncIterator[tuple[int, ChoiceDelta]]:
+            async with aclosing(self.service.generate(batch.jobs[prompt_index], usages[prompt_index])) as deltas:
                 async for delta in deltas:
-                    yield 0, delta
-            return
-        queue: asyncio.Queue = asyncio.Queue()
-        done = object()
+                    yield prompt_index, delta
 
-        async def pump(prompt_index: int) -> None:
-            try:
-                async with aclosing(self.service.generate(batch.jobs[prompt_index], usages[prompt_index])) as deltas:
-                    async for delta in deltas:
-                        queue.put_nowait((prompt_index, delta))
-            except Exception as error:  # handed to the consumer, which raises it
-                queue.put_nowait(error)
-            finally:
-                queue.put_nowait(done)
-
-        tasks = [asyncio.create_task(pump(i), name=f"{job.request_id}-pump") for i, job in enumerate(batch.jobs)]
-        try:
-            num_running = len(tasks)
-            while num_running:
-                item = await queue.get()
-                if item is done:
-                    num_running -= 1
-                elif isinstance(item, BaseException):
-                    raise item
-                else:
-                    yield item
-        finally:
-            # Cancelling closes each prompt's engine streams, which aborts them (see CompletionService).
-            for task in tasks:
-                task.cancel()
+        streams = [partial(prompt_deltas, i) for i in range(len(batch.jobs))]
+        async with aclosing(interleave(streams, batch.jobs[0].request_id)) as deltas:
+            async for item in deltas:
+                yield item
 
 
 def _sum_usage(total: Usage, usages: Sequence[Usage], n: int) -> None:
