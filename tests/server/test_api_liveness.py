@@ -95,3 +95,36 @@ def test_cheap_bounds_refuse_before_the_work_and_say_the_limit(http, server):
     assert huge_format.status_code == 400 and huge_format.json()["error"]["param"] == "response_format"
     too_big_body = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "z" * 1_100_000}]})
     assert too_big_body.status_code == 413 and "1000000 bytes" in too_big_body.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("path", ["/messages", "/responses"])
+def test_health_answers_while_a_long_prompt_runs_on_the_other_apis(server, path):
+    """Anthropic Messages and Responses prepare their job on the same off-loop path as chat."""
+    # as above: passes the length bound, then a second of tokenizing (a text of its own: the
+    # segment cache would know one sent before)
+    text = _words(450_000, seed=2 if path == "/messages" else 3)
+    body = ({"model": server.model, "max_tokens": 1, "messages": [{"role": "user", "content": text}]}
+            if path == "/messages" else {"model": server.model, "max_output_tokens": 1, "input": text, "store": False})
+    results = []
+
+    def send() -> None:
+        started = time.perf_counter()
+        response = httpx.post(server.api_url + path, json=body, timeout=120, headers={"x-api-key": API_KEY})
+        results.append((response.status_code, time.perf_counter() - started))
+
+    with httpx.Client(base_url=server.base_url, timeout=10) as health:
+        health.get("/health")
+        latencies = []
+        sender = threading.Thread(target=send)
+        sender.start()
+        while sender.is_alive():
+            started = time.perf_counter()
+            assert health.get("/health").status_code == 200
+            latencies.append(time.perf_counter() - started)
+            time.sleep(0.01)
+        sender.join()
+    [(status, seconds)] = results
+    assert status == 400  # longer than the test server's KV pool, found after the work
+    slowest = sorted(latencies)[-3:]
+    assert slowest[0] < HEALTH_BOUND_S, f"slowest /health: {[round(s * 1000) for s in slowest]} ms"
+    assert seconds > 0.2 and len(latencies) >= 10
