@@ -160,8 +160,8 @@ def test_chat_and_generate_subcommands_call_generate_text(monkeypatch, tmp_path,
     assert cli.main(["generate", "hello", "--max-tokens", "5", "--raw"]) == 0
     assert capsys.readouterr().out == "reply\nreply\n"
     assert calls == [
-        ((tmp_path, "hello"), {"max_new_tokens": 5, "chat": True, "dtype": "auto"}),
-        ((tmp_path, "hello"), {"max_new_tokens": 5, "chat": False, "dtype": "auto"}),
+        ((tmp_path, "hello"), {"max_new_tokens": 5, "chat": True, "dtype": "auto", "device": "auto", "backend": "auto"}),
+        ((tmp_path, "hello"), {"max_new_tokens": 5, "chat": False, "dtype": "auto", "device": "auto", "backend": "auto"}),
     ]
 
 
