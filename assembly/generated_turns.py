@@ -7,7 +7,9 @@ a tool call's JSON may be re-serialised), and every token after the first
 difference misses the prefix cache. Splicing the generated ids in instead makes
 the next prompt start with exactly the sequence the engine cached.
 
-Keyed by what the client sends back: the content (None and "" alike) and each
+Kept apart per scope (the server's: API key, cache salt and prompt_cache_key),
+so a turn remembered in one scope is never spliced into another's prompt. Within
+a scope, keyed by what the client sends back: the content (None and "" alike) and each
 tool call's id, name and arguments (compared as parsed JSON, so re-serialised
 arguments still match). Tool-call ids are unique per response, so a tool turn
 is found only by the client that received it; text turns are matched by their
@@ -37,20 +39,21 @@ def _canonical_arguments(arguments) -> str:
     return json.dumps(arguments, sort_keys=True, ensure_ascii=False)
 
 
-def _key(content: str | None, calls: Sequence[tuple[str, str, str]]) -> bytes:
-    payload = json.dumps([content or "", [[i, n, _canonical_arguments(a)] for i, n, a in calls]], ensure_ascii=False)
+def _key(scope: str, content: str | None, calls: Sequence[tuple[str, str, str]]) -> bytes:
+    payload = json.dumps([scope, content or "", [[i, n, _canonical_arguments(a)] for i, n, a in calls]],
+                         ensure_ascii=False)
     return hashlib.sha256(payload.encode()).digest()
 
 
-def message_key(message: dict) -> bytes | None:
-    """The key of an assistant message in OpenAI's shape, or None if its calls are malformed."""
+def message_key(message: dict, scope: str = "") -> bytes | None:
+    """The key of an assistant message in OpenAI's shape in `scope`, or None if its calls are malformed."""
     calls = []
     for call in message.get("tool_calls") or ():
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict):
             return None
         calls.append((call.get("id"), function.get("name"), function.get("arguments")))
-    return _key(message.get("content"), calls)
+    return _key(scope, message.get("content"), calls)
 
 
 class GeneratedTurns:
@@ -63,10 +66,11 @@ class GeneratedTurns:
     def __len__(self) -> int:
         return len(self._turns)
 
-    def remember(self, content: str | None, calls: Sequence[ToolCall], token_ids: Sequence[int]) -> None:
+    def remember(self, content: str | None, calls: Sequence[ToolCall], token_ids: Sequence[int],
+                 scope: str = "") -> None:
         """`token_ids`: what the model generated for this turn, without the end-of-turn token
-        (the template writes that itself)."""
-        key = _key(content, [(c.id, c.name, c.arguments) for c in calls])
+        (the template writes that itself); only a lookup in the same `scope` finds it."""
+        key = _key(scope, content, [(c.id, c.name, c.arguments) for c in calls])
         ids = array("I", token_ids)
         with self._lock:
             if key in self._turns:
@@ -76,8 +80,8 @@ class GeneratedTurns:
             while self.num_tokens > self.max_tokens and self._turns:
                 self.num_tokens -= len(self._turns.popitem(last=False)[1])
 
-    def lookup(self, message: dict) -> list[int] | None:
-        key = message_key(message)
+    def lookup(self, message: dict, scope: str = "") -> list[int] | None:
+        key = message_key(message, scope)
         if key is None:
             return None
         with self._lock:

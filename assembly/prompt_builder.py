@@ -71,14 +71,17 @@ class PromptBuilder:
 
     def build(self, messages: Sequence[dict], *, tools: list[dict] | None = None,
               documents: list[dict] | None = None, template_kwargs: dict[str, Any] | None = None,
-              add_generation_prompt: bool = True, max_num_tokens: int | None = None) -> list[int]:
-        """The prompt's token ids. Raises TemplateError for messages the template refuses, and
-        PromptTooLong when the rendered text cannot fit `max_num_tokens` (checked before tokenizing)."""
+              add_generation_prompt: bool = True, max_num_tokens: int | None = None,
+              turn_scope: str = "") -> list[int]:
+        """The prompt's token ids, with the assistant turns remembered in `turn_scope` spliced in.
+        Raises TemplateError for messages the template refuses, and PromptTooLong when the rendered
+        text cannot fit `max_num_tokens` (checked before tokenizing)."""
         messages = list(messages)
         spliced: list[list[int]] = []
         with_sentinels = []
         for message in messages:
-            ids = self.turns.lookup(message) if self.turns is not None and message.get("role") == "assistant" else None
+            is_assistant = message.get("role") == "assistant"
+            ids = self.turns.lookup(message, turn_scope) if self.turns is not None and is_assistant else None
             if ids is None:
                 with_sentinels.append(message)
             else:

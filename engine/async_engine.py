@@ -85,10 +85,13 @@ class AsyncEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         cache_salt: str | None = None,
+        affinity_key: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yields one RequestOutput per generated token; the last one carries
         finish_reason. Raises RequestError if the engine refuses the request.
-        Leaving the iteration early (client gone) aborts the request."""
+        Leaving the iteration early (client gone) aborts the request.
+        `affinity_key` (prompt_cache_key) is a routing hint for replicas
+        (ReplicaEngine); one in-process engine does not need it."""
         outputs: asyncio.Queue = asyncio.Queue()
         self._commands.put(_Add(request_id, prompt_token_ids, params, cache_salt, asyncio.get_running_loop(), outputs))
         finished = False

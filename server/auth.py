@@ -3,12 +3,14 @@
 A key comes as `Authorization: Bearer <key>` (OpenAI) or `x-api-key: <key>`
 (Anthropic). The caller is named by a digest of its key, never the key itself:
 stored responses, pins and turn memory are visible only to that caller (and
-salt); with `--tenant-per-key` the digest is also the cache salt of requests
-that name none, so keys share no KV unless they name the same salt.
+salt; turn memory also only to the same prompt_cache_key); with
+`--tenant-per-key` the digest is also the cache salt of requests that name none,
+so keys share no KV unless they name the same salt.
 """
 
 import hashlib
 import hmac
+import json
 from dataclasses import dataclass
 
 from litestar.connection import ASGIConnection
@@ -31,6 +33,11 @@ class Caller:
     def owner(self, cache_salt: str | None) -> str:
         """What stored state is scoped by: the key and the salt."""
         return f"{self.key_id}/{cache_salt or ''}"
+
+    def turn_scope(self, cache_salt: str | None, prompt_cache_key: str | None) -> str:
+        """Whose turn memory a prompt splices from and a finished turn goes into: the key, the salt and
+        OpenAI's prompt_cache_key (as JSON, so no value can pass for another's)."""
+        return json.dumps([self.key_id, cache_salt, prompt_cache_key])
 
 
 def _presented_key(connection: ASGIConnection) -> str | None:

@@ -50,5 +50,6 @@ def chat_job(request: ChatCompletionRequest, retrieved_documents: Sequence[dict]
         num_choices=request.n,
         model=request.model,
         cache_salt=request.cache_salt,
+        prompt_cache_key=request.prompt_cache_key,
         cache_breakpoints=tuple(request.cache_breakpoints),
     )

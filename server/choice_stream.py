@@ -180,7 +180,8 @@ class ChoiceRunner:
         generated_ids: list[int] = []
         content: list[str] = []
         raw_text, num_emitted_chars = "", 0  # before / after stop strings, to name the one that matched
-        outputs = self.engine.generate(engine_request_id, job.prompt_token_ids, params, job.cache_salt)
+        outputs = self.engine.generate(engine_request_id, job.prompt_token_ids, params, job.cache_salt,
+                                       affinity_key=job.affinity_key)
         async with aclosing(outputs):
             async for output in outputs:
                 if output.error is not None:

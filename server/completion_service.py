@@ -15,7 +15,8 @@ stop strings, tool calls, n > 1) is server/choice_stream.py's; `generate` and
 
 When a chat turn finishes, its generated ids are remembered (GeneratedTurns),
 so when the client sends the turn back it is spliced into the next prompt
-verbatim; a turn that ends in tool calls has its prefix pinned in the cache for
+verbatim (only into a prompt of the same API key, cache salt and
+prompt_cache_key: `turn_scope`); a turn that ends in tool calls has its prefix pinned in the cache for
 `tool_pin_seconds`, for the tool's result to find; and every cache breakpoint
 the request named is pinned for its TTL.
 """
@@ -71,10 +72,17 @@ class CompletionService:
     async def prepare_completion_off_loop(self, request: CompletionRequest, request_id: str) -> list[GenerationJob]:
         return await asyncio.to_thread(self.prepare_completion, request, request_id)
 
+    @staticmethod
+    def scoped(job: ChatJob, caller: Caller | None) -> ChatJob:
+        """`job` with the salt it runs with and the turn memory scope it splices from (idempotent):
+        what prepare runs, and what a route renders again for a diagnosis."""
+        caller = caller or Caller(key_id="")
+        salt = caller.cache_salt(job.cache_salt)
+        return replace(job, cache_salt=salt, turn_scope=caller.turn_scope(salt, job.prompt_cache_key))
+
     def prepare(self, job: ChatJob, request_id: str, caller: Caller | None = None) -> GenerationJob:
         """Raises APIError (unknown model, overloaded), TemplateError; the engine checks the rest."""
-        if caller is not None:
-            job = replace(job, cache_salt=caller.cache_salt(job.cache_salt))
+        job = self.scoped(job, caller)
         self.check_model(job.model)
         self._check_capacity()
         prompt_ids = self.prompts.job_prompt_ids(job, max_num_tokens=self.max_num_prompt_tokens)
@@ -86,7 +94,8 @@ class CompletionService:
                              params=SamplingParams(max_tokens=max_new_tokens, **job.sampling),
                              stop_strings=job.stop_strings, num_choices=job.num_choices, cache_salt=job.cache_salt,
                              grammar=self._grammar(job), parses_tool_calls=job.parses_tool_calls,
-                             is_chat=job.remembers_turn, pins=pins)
+                             is_chat=job.remembers_turn, pins=pins, turn_scope=job.turn_scope,
+                             affinity_key=job.prompt_cache_key)
 
     def _grammar(self, job: ChatJob) -> str | None:
         """The grammar the output runs under: a forced tool call, the calls tool_choice auto lets the
@@ -190,7 +199,7 @@ class CompletionService:
             # A stop token is the end of the turn, which the template writes itself.
             ids = choice.generated_ids
             turn_ids = ids[:-1] if choice.reason is FinishReason.STOP else ids
-            self.turns.remember(message_content(choice.content, choice.calls), choice.calls, turn_ids)
+            self.turns.remember(message_content(choice.content, choice.calls), choice.calls, turn_ids, job.turn_scope)
         if choice.calls and self.settings.tool_pin_seconds > 0:
             self.engine.pin(job.prompt_token_ids + choice.generated_ids, job.cache_salt,
                             self.settings.tool_pin_seconds)

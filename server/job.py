@@ -50,6 +50,10 @@ class ChatJob:
     num_choices: int = 1
     model: str | None = None  # None: the served model
     cache_salt: str | None = None  # tenants share KV only with the same salt
+    prompt_cache_key: str | None = None  # OpenAI's cache scope: turn memory's, and the replica affinity key
+    # Whose turn memory the prompt splices from (the API key, salt and prompt_cache_key); set by
+    # CompletionService.prepare (turn_scope there), "" before.
+    turn_scope: str = ""
     cache_breakpoints: tuple[CacheBreakpoint, ...] = ()
     remembers_turn: bool = True  # the finished turn's ids go into turn memory for the next prompt
     # Where the request holds tool i's parameter schema and the output format's schema, in its own API's
@@ -93,6 +97,8 @@ class GenerationJob:
     parses_tool_calls: bool = False
     is_chat: bool = False  # chat turns are remembered for splicing into the next prompt
     pins: tuple[PrefixPin, ...] = ()  # set once choice 0 finishes, when its prompt is in the tree
+    turn_scope: str = ""  # the finished turn is remembered under this scope (ChatJob.turn_scope)
+    affinity_key: str | None = None  # prompt_cache_key: the replica router's affinity key
 
     @property
     def num_breakpoint_tokens(self) -> int:

@@ -28,7 +28,7 @@ class RequestPrompts:
                max_num_tokens: int | None = None) -> list[int]:
         return self.builder.build(messages, tools=[*job.tools] or None, documents=[*job.documents] or None,
                                   template_kwargs=job.template_kwargs, add_generation_prompt=add_generation_prompt,
-                                  max_num_tokens=max_num_tokens)
+                                  max_num_tokens=max_num_tokens, turn_scope=job.turn_scope)
 
     def breakpoint_lengths(self, job: ChatJob, prompt_ids: list[int]) -> list[tuple[CacheBreakpoint, int]]:
         """Each breakpoint with the number of leading prompt tokens its prefix covers: the prompt

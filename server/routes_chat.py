@@ -22,7 +22,7 @@ async def chat_completions(request: Request, state: State) -> Response:
     identity = ResponseIdentity.new("chatcmpl", state.settings.served_model_name)
     context = await retrieve_context(state.retrieval, body, state.settings.rag_order) if body.retrieval else None
     caller = caller_of(request)
-    spec = chat_job(body, context.documents if context else ())
+    spec = state.service.scoped(chat_job(body, context.documents if context else ()), caller)
     job = await state.service.prepare_off_loop(spec, identity.id, caller)
     extra_fields = {"retrieved_documents": context.reported} if context else {}
     # Recent prompts by id, so a later request can ask where it diverged from this one.

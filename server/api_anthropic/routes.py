@@ -37,7 +37,7 @@ async def create_message(request: Request, state: State) -> Response:
     caller = caller_of(request)
     service = state.service
     prompt = TranslatedPrompt(body)
-    chat_job = messages_job(body, prompt)
+    chat_job = service.scoped(messages_job(body, prompt), caller)
     message_id = new_message_id()
     service.check_model(body.model)
     job = await service.prepare_off_loop(chat_job, message_id, caller)
@@ -73,7 +73,8 @@ async def create_message(request: Request, state: State) -> Response:
 async def count_tokens(request: Request, state: State) -> Response:
     body = await validated_body(request, CountTokensRequest)
     state.service.check_model(body.model)
-    job = messages_job(body, TranslatedPrompt(body))
+    # Scoped as /v1/messages is, so the count splices the same remembered turns.
+    job = state.service.scoped(messages_job(body, TranslatedPrompt(body)), caller_of(request))
     num_tokens = await asyncio.to_thread(state.service.prompts.count_tokens, job)  # renders and tokenizes
     return Response({"input_tokens": num_tokens}, status_code=200)
 

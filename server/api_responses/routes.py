@@ -35,9 +35,10 @@ async def create_response(request: Request, state: State) -> Response:
         previous = await asyncio.to_thread(store.get, body.previous_response_id, owner)
         if previous is None:
             raise _not_found(body.previous_response_id, "previous_response_id")
-        remember_stored_turns(service.turns, previous)
+        remember_stored_turns(service.turns, previous,
+                              caller.turn_scope(caller.cache_salt(body.cache_salt), body.prompt_cache_key))
     prompt = responses_prompt(body, previous)
-    chat_job = responses_job(body, prompt)
+    chat_job = service.scoped(responses_job(body, prompt), caller)
     response_id = new_response_id()
     job = await service.prepare_off_loop(chat_job, response_id, caller)
     model = body.model or state.settings.served_model_name

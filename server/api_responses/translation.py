@@ -87,12 +87,13 @@ def _add_message(prompt: ResponsesPrompt, item: MessageItem, source: str, defaul
             prompt.breakpoints.append(CacheBreakpoint(index, ttl, content))
 
 
-def remember_stored_turns(turns: GeneratedTurns | None, previous: StoredResponse) -> None:
-    """The stored conversation's generated turns, back into turn memory (it may have forgotten them)."""
+def remember_stored_turns(turns: GeneratedTurns | None, previous: StoredResponse, scope: str) -> None:
+    """The stored conversation's generated turns, back into turn memory (it may have forgotten them),
+    under the continuing request's scope (Caller.turn_scope)."""
     if turns is None:
         return
     for turn in previous.turns:
-        turns.remember(turn["content"], [ToolCall(*call) for call in turn["calls"]], turn["token_ids"])
+        turns.remember(turn["content"], [ToolCall(*call) for call in turn["calls"]], turn["token_ids"], scope)
 
 
 def responses_job(request: ResponsesRequest, prompt: ResponsesPrompt) -> ChatJob:
@@ -116,6 +117,7 @@ def responses_job(request: ResponsesRequest, prompt: ResponsesPrompt) -> ChatJob
         max_new_tokens=request.max_output_tokens,
         model=request.model,
         cache_salt=request.cache_salt,
+        prompt_cache_key=request.prompt_cache_key,
         cache_breakpoints=tuple(prompt.breakpoints),
         tool_schema_path="tools[{}].parameters",
         output_format_path="text.format.schema",

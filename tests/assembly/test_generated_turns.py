@@ -34,3 +34,10 @@ def test_bounded_by_tokens_least_recently_used_first_out():
     turns.remember("c", [], [3, 3])
     assert len(turns) == 2 and turns.num_tokens == 4
     assert turns.lookup(_sent_back("b", [])) is None and turns.lookup(_sent_back("a", [])) == [1, 1]
+
+
+def test_a_turn_is_found_only_in_the_scope_it_was_remembered_in():
+    turns = GeneratedTurns()
+    turns.remember("Hello!", [], [5, 6], scope="a")
+    assert turns.lookup(_sent_back("Hello!", []), "a") == [5, 6]
+    assert turns.lookup(_sent_back("Hello!", []), "b") is None and turns.lookup(_sent_back("Hello!", [])) is None

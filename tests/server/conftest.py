@@ -176,6 +176,7 @@ class FakeEngine:
         self.last_finish_reason = FinishReason.LENGTH
         self.pins: list[tuple[list[int], str | None, float]] = []
         self.prompts: list[list[int]] = []
+        self.affinity_keys: list[str | None] = []  # each generate's routing hint (prompt_cache_key)
         self.is_shut_down = False
 
     def stats(self) -> EngineStats:
@@ -183,11 +184,12 @@ class FakeEngine:
                            num_cached_pages=0, num_held_pages=0, num_pages_in_use=0, num_prefix_query_tokens=7,
                            num_prefix_hit_tokens=3)
 
-    async def generate(self, request_id, prompt_token_ids, params, cache_salt=None):
+    async def generate(self, request_id, prompt_token_ids, params, cache_salt=None, affinity_key=None):
         if self.failure is not None:
             raise self.failure
         script = self.script[:params.max_tokens]
         self.prompts.append(list(prompt_token_ids))
+        self.affinity_keys.append(affinity_key)
         finished = False
         try:
             for i, token_id in enumerate(script):

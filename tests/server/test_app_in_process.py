@@ -112,7 +112,8 @@ def test_a_tool_call_turn_is_parsed_pinned_and_spliced_into_the_next_prompt(make
     # The client sends the turn back with the tool's result: the next prompt starts with exactly
     # the previous prompt and the generated ids (the end-of-turn token written by the template).
     messages = PROMPT + [choice["message"], {"role": "tool", "tool_call_id": call["id"], "content": "cold"}]
-    assert client.post("/v1/chat/completions", json={"messages": messages, "tools": TOOLS}).status_code == 200
+    assert client.post("/v1/chat/completions",
+                       json={"messages": messages, "tools": TOOLS, "cache_salt": "tenant-a"}).status_code == 200
     assert engine.prompts[1][:len(engine.prompts[0]) + len(generated)] == engine.prompts[0] + generated
 
 
