@@ -58,6 +58,9 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return dtypes[name]
 
 
+EVICTION_POLICIES = ("lru", "lfu")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model_dir: Path
@@ -71,6 +74,7 @@ class EngineConfig:
     max_num_seqs: int = 64  # requests admitted (prefilling or running) at once
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     schedule: str = "fcfs"  # or "lpm": longest cached prefix first
+    eviction_policy: str = "lru"  # or "lfu": fewest prefix hits first (cache/eviction.py)
     enable_prefix_cache: bool = True
     gguf_blocks: bool = True  # decode reads the GGUF blocks a converted model keeps (CPU, float32)
     backend: str = "auto"  # what executes the model: auto, torch or cpu (model/backends)
@@ -92,6 +96,9 @@ class EngineConfig:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.eviction_policy not in EVICTION_POLICIES:
+            raise ValueError(f"eviction_policy must be one of {', '.join(EVICTION_POLICIES)}, "
+                             f"got {self.eviction_policy!r}")
         if self.schedule not in ("fcfs", "lpm"):
             raise ValueError(f"schedule must be 'fcfs' or 'lpm', got {self.schedule!r}")
         if self.kv_disk_bytes <= 0:

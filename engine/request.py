@@ -116,7 +116,6 @@ class RequestOutput:
     num_prompt_tokens: int
     num_cached_tokens: int
     num_output_tokens: int
-    error: str | None = None  # set when the engine refused or failed the request
     # With params.prompt_logprobs, on the request's first output only: one entry per prompt
     # token, None for the first (nothing precedes it); top alternatives likewise.
     prompt_logprobs: list[float | None] | None = None

@@ -16,7 +16,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from cache import PageAllocator, RadixTree
+from cache import LFUPolicy, LRUPolicy, PageAllocator, RadixTree
 from engine.engine_config import EngineConfig
 from engine.errors import RequestError
 from engine.request import FinishReason, Request, RequestStatus
@@ -52,7 +52,8 @@ class Scheduler:
         self.enable_prefix_cache = config.enable_prefix_cache
         self.max_model_len = max_model_len
         self.allocator = PageAllocator(num_pages)
-        self.tree = RadixTree(self.page_size, self.allocator)
+        self.tree = RadixTree(self.page_size, self.allocator,
+                              LFUPolicy() if config.eviction_policy == "lfu" else LRUPolicy())
         self.kv_tier = kv_tier if self.enable_prefix_cache else None
         if self.kv_tier is not None:
             self.tree.page_listeners.append(self.kv_tier.on_page_event)

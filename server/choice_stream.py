@@ -184,8 +184,6 @@ class ChoiceRunner:
                                        affinity_key=job.affinity_key)
         async with aclosing(outputs):
             async for output in outputs:
-                if output.error is not None:
-                    raise RuntimeError(f"engine failed request {engine_request_id}: {output.error}")
                 usage.record(index, output)
                 generated_ids.extend(output.new_token_ids)
                 text = detokenizer.push(output.new_token_ids)

@@ -125,6 +125,9 @@ def _add_serve_parser(commands, default_model: str) -> None:
                        "reference; CUDA, bfloat16). Default auto: cpu where it runs, else torch")
     serve.add_argument("--schedule", default="fcfs", choices=("fcfs", "lpm"),
                        help="admission order: first come first served, or longest cached prefix first")
+    serve.add_argument("--eviction-policy", default="lru", choices=("lru", "lfu"),
+                       help="which cached prefix leaves the pool first: least recently used (default), or "
+                       "fewest hits (keeps a hot system prompt through bursts of one-off prompts)")
     serve.add_argument("--no-prefix-cache", action="store_true", help="do not reuse KV of shared prefixes")
     serve.add_argument("--kv-disk-dir", metavar="DIR",
                        help="where KV pages outlive the pool and restarts, one subdirectory per model and KV "

@@ -47,8 +47,10 @@ def test_engine_options_reach_the_engine_config(smollm2_dir):
     settings = settings_from_args(_args("--kv-cache-memory", "256MiB", "--max-num-seqs", "8", "--dtype", "float32",
                                         "--device", "cpu", "--no-prefix-cache", "--schedule", "lpm",
                                         "--max-num-batched-tokens", "1024", "--served-model-name", "smol",
-                                        "--max-waiting", "5", "--max-body-bytes", "4096"), smollm2_dir)
+                                        "--max-waiting", "5", "--max-body-bytes", "4096", "--eviction-policy", "lfu"),
+                                  smollm2_dir)
     engine = settings.engine
+    assert engine.eviction_policy == "lfu"
     assert (engine.kv_cache_bytes, engine.max_num_seqs, engine.dtype, engine.device) == (256 << 20, 8, "float32", "cpu")
     assert (engine.enable_prefix_cache, engine.schedule, engine.max_num_batched_tokens) == (False, "lpm", 1024)
     assert (settings.served_model_name, settings.max_waiting, settings.max_body_bytes) == ("smol", 5, 4096)
