@@ -56,22 +56,28 @@ def test_health_answers_within_100ms_while_heavy_requests_run(server):
     with httpx.Client(base_url=server.base_url, timeout=10) as health:
         health.get("/health")  # connection open before timing
         latencies = []
+        num_probes_per_request = []
         for body in heavy_bodies:  # one at a time: each alone must leave the loop free
             sender = threading.Thread(target=send, args=(body,))
             sender.start()
+            num_probes = 0
             while sender.is_alive():
                 started = time.perf_counter()
                 assert health.get("/health").status_code == 200
                 latencies.append(time.perf_counter() - started)
+                num_probes += 1
                 time.sleep(0.01)
             sender.join()
+            num_probes_per_request.append(num_probes)
     # Each is refused by the engine, after the work, as longer than the KV pool of the test server.
     assert [status for status, _ in results] == [400, 400, 400]
     # Every probe within the bound, but for at most two: the test machine's other processes can
     # deschedule this one for a moment; a blocked loop would instead hold every probe of a request.
     slowest = sorted(latencies)[-3:]
     assert slowest[0] < HEALTH_BOUND_S, f"slowest /health: {[round(s * 1000) for s in slowest]} ms"
-    assert min(seconds for _, seconds in results) > 0.2 and len(latencies) >= 30  # the probes overlapped work
+    # The probes overlapped the work: a loop held for a whole request would answer one or two of its
+    # probes, late; a free one answers one every ~10 ms of it (each request takes >= ~0.15 s here).
+    assert min(num_probes_per_request) >= 5, (num_probes_per_request, [round(s, 3) for _, s in results])
 
 
 
@@ -127,4 +133,4 @@ def test_health_answers_while_a_long_prompt_runs_on_the_other_apis(server, path)
     assert status == 400  # longer than the test server's KV pool, found after the work
     slowest = sorted(latencies)[-3:]
     assert slowest[0] < HEALTH_BOUND_S, f"slowest /health: {[round(s * 1000) for s in slowest]} ms"
-    assert seconds > 0.2 and len(latencies) >= 10
+    assert len(latencies) >= 5, (len(latencies), round(seconds, 3))  # the probes overlapped the work, as above
