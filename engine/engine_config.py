@@ -78,7 +78,10 @@ class EngineConfig:
     enable_prefix_cache: bool = True
     gguf_blocks: bool = True  # decode reads the GGUF blocks a converted model keeps (CPU, float32)
     backend: str = "auto"  # what executes the model: auto, torch or cpu (model/backends)
-    few_rows_crossover: str = "measure"  # cpu: few-rows kernel limits timed per weight shape at load, or "fixed"
+    # cpu: few-rows kernel limits from the measured table (docs/performance.md), or "measure" (timed per
+    # weight shape at load: it read a 1-row gate_up product as slower than oneDNN on a quiet machine and
+    # cost batch-1 decode 75 -> 52 tok/s, so it is not the default)
+    few_rows_crossover: str = "fixed"
     # The disk tier of KV pages (engine/kv_tier_link.py): its root (the model's tier is a
     # fingerprint-named directory under it), or None for no tier. `serve` turns it on by default.
     kv_disk_dir: Path | None = None

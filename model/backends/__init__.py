@@ -78,7 +78,7 @@ def select_backend(device: torch.device | str, dtype: torch.dtype, config: Model
                    build_dir: Path, compiler: str | None = FIND_COMPILER, crossover: str = MEASURE) -> Backend:
     """The backend for a model of `config` on `device` in `dtype`. `build_dir` caches the C
     kernels; `compiler` None runs `cpu` as a machine without a C compiler gets it;
-    `crossover` "measure" (default) or "fixed" sets how `cpu` picks its few-rows limits."""
+    `crossover` "fixed" (default: the measured table) or "measure" sets how `cpu` picks its few-rows limits."""
     device = torch.device(device)
     check_backend_choice(choice, device, dtype)
     skipped = []
