@@ -23,6 +23,7 @@ import torch
 from engine.engine_config import EngineConfig
 from store.block_file import BLOCKS_FILE
 from engine.llm_engine import LLMEngine
+from engine.request import Request
 from store.model_store import pull
 from engine.sampling_params import SamplingParams
 
@@ -52,8 +53,9 @@ def _rss_bytes() -> int:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-def _time_request(engine: LLMEngine, prompt: list[int], max_tokens: int) -> tuple[float, float]:
-    """(seconds to first token, seconds in all) for one request alone."""
+def run_alone(engine: LLMEngine, prompt: list[int], max_tokens: int) -> tuple[float, float, Request]:
+    """(seconds to first token, seconds in all, the finished request) for one greedy request alone;
+    the in-process benches (this one, kv_tier_bench) all time requests this way."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     request = engine.add_request(f"bench-{time.perf_counter_ns()}", prompt, params)
     started = time.perf_counter()
@@ -62,7 +64,12 @@ def _time_request(engine: LLMEngine, prompt: list[int], max_tokens: int) -> tupl
         engine.step()
         if first is None and request.output_token_ids:
             first = time.perf_counter() - started
-    return first, time.perf_counter() - started
+    return first, time.perf_counter() - started, request
+
+
+def _time_request(engine: LLMEngine, prompt: list[int], max_tokens: int) -> tuple[float, float]:
+    """(seconds to first token, seconds in all) for one request alone."""
+    return run_alone(engine, prompt, max_tokens)[:2]
 
 
 def bench_radixserve(model_dir: Path, dtype: str, vocab_size: int, device: str,

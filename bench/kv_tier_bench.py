@@ -22,13 +22,12 @@ import random
 import shutil
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
+from bench.engine_bench import run_alone
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from store.model_store import DEFAULT_MODEL, pull
-from engine.sampling_params import SamplingParams
 
 SYSTEM_PROMPT_TOKENS = 2048
 QUESTION_TOKENS = 32
@@ -51,14 +50,7 @@ def _engine(model_dir: Path, num_pool_bytes: int, kv_disk_dir: Path | None, poli
 
 def _run(engine: LLMEngine, prompt: list[int], max_tokens: int) -> tuple[float, list[int], int]:
     """(TTFT seconds, output ids, cached prompt tokens) of one request alone."""
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    request = engine.add_request(f"bench-{time.perf_counter_ns()}", prompt, params)
-    started = time.perf_counter()
-    ttft = None
-    while engine.has_unfinished():
-        engine.step()
-        if ttft is None and request.output_token_ids:
-            ttft = time.perf_counter() - started
+    ttft, _, request = run_alone(engine, prompt, max_tokens)
     return ttft, list(request.output_token_ids), request.num_cached_tokens
 
 

@@ -41,6 +41,15 @@ class RequestBody(BaseModel):
         return {key: value for key, value in data.items() if value is not None or key not in optional}
 
 
+def refuse_fields(data: Any, names: tuple[str, ...]) -> None:
+    """A body's fields this server accepts in the API's schema but cannot honour: a 400 naming the first
+    one sent with a value (None means "not given", as everywhere)."""
+    if isinstance(data, dict):
+        for name in names:
+            if data.get(name) is not None:
+                raise ValueError(f"{name} is not supported by this server")
+
+
 @cache
 def _optional_keys(model: type[BaseModel]) -> frozenset[str]:
     """The JSON keys of the model's fields that have a default."""

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from server.request_body import FiniteJSON, RequestBody
+from server.request_body import FiniteJSON, RequestBody, refuse_fields
 from server.schemas import MAX_STOP_STRINGS, MAX_TOOLS
 
 MAX_TEMPERATURE = 1.0  # Anthropic's range is [0, 1]
@@ -152,10 +152,8 @@ class _PromptFields(_Body):
     @model_validator(mode="before")
     @classmethod
     def _no_unsupported_fields(cls, data):
+        refuse_fields(data, UNSUPPORTED_FIELDS)
         if isinstance(data, dict):
-            for name in UNSUPPORTED_FIELDS:
-                if data.get(name) is not None:
-                    raise ValueError(f"{name} is not supported by this server")
             for tool in data.get("tools") or ():
                 if isinstance(tool, dict) and tool.get("type") not in (None, "custom"):
                     raise ValueError(f"server tools ({tool.get('type')!r}) are not supported; "

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from engine.sampling_params import MAX_TEMPERATURE
-from server.request_body import FiniteJSON, RequestBody
+from server.request_body import FiniteJSON, RequestBody, refuse_fields
 from server.schemas import MAX_TOOLS
 from server.schemas_prompt_cache import PromptCacheBreakpoint, PromptCacheOptions
 
@@ -165,10 +165,8 @@ class ResponsesRequest(_Body):
     @model_validator(mode="before")
     @classmethod
     def _no_unsupported_fields(cls, data):
+        refuse_fields(data, UNSUPPORTED_FIELDS)
         if isinstance(data, dict):
-            for name in UNSUPPORTED_FIELDS:
-                if data.get(name) is not None:
-                    raise ValueError(f"{name} is not supported by this server")
             for tool in data.get("tools") or ():
                 if isinstance(tool, dict) and tool.get("type") != "function":
                     raise ValueError(f"tools of type {tool.get('type')!r} are not supported; only function tools")
