@@ -18,6 +18,7 @@ from engine.errors import RequestError
 from engine.llm_engine import LLMEngine
 from engine.metrics import EngineStats
 from engine.request import RequestOutput
+from engine.request_options import DEFAULT_REQUEST_OPTIONS, RequestOptions
 from engine.sampling_params import SamplingParams
 
 logger = logging.getLogger("radixserve.engine")
@@ -42,6 +43,7 @@ class _Add:
     prompt_token_ids: list[int]
     params: SamplingParams
     cache_salt: str | None
+    options: RequestOptions
     loop: asyncio.AbstractEventLoop
     outputs: asyncio.Queue
 
@@ -86,6 +88,7 @@ class AsyncEngine:
         params: SamplingParams,
         cache_salt: str | None = None,
         affinity_key: str | None = None,
+        options: RequestOptions = DEFAULT_REQUEST_OPTIONS,
     ) -> AsyncIterator[RequestOutput]:
         """Yields one RequestOutput per generated token; the last one carries
         finish_reason. Raises RequestError if the engine refuses the request.
@@ -93,7 +96,8 @@ class AsyncEngine:
         `affinity_key` (prompt_cache_key) is a routing hint for replicas
         (ReplicaEngine); one in-process engine does not need it."""
         outputs: asyncio.Queue = asyncio.Queue()
-        self._commands.put(_Add(request_id, prompt_token_ids, params, cache_salt, asyncio.get_running_loop(), outputs))
+        self._commands.put(_Add(request_id, prompt_token_ids, params, cache_salt, options,
+                                 asyncio.get_running_loop(), outputs))
         finished = False
         try:
             while True:
@@ -168,7 +172,8 @@ class AsyncEngine:
     def _handle(self, command) -> None:
         if isinstance(command, _Add):
             try:
-                self.engine.add_request(command.request_id, command.prompt_token_ids, command.params, command.cache_salt)
+                self.engine.add_request(command.request_id, command.prompt_token_ids, command.params,
+                                        command.cache_salt, command.options)
             except RequestError as error:
                 command.loop.call_soon_threadsafe(command.outputs.put_nowait, error)
                 return

@@ -21,6 +21,7 @@ from engine.model_runner import ModelRunner
 from engine.prefix_pins import PrefixPins
 from engine.prompt_logprobs import prompt_logprobs_output, record_prompt_logprobs
 from engine.request import FinishReason, Request, RequestOutput
+from engine.request_options import DEFAULT_REQUEST_OPTIONS, RequestOptions
 from engine.sampler import Sampler, make_sampling_state
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledChunk, Scheduler
@@ -77,8 +78,12 @@ class LLMEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         cache_salt: str | None = None,
+        options: RequestOptions = DEFAULT_REQUEST_OPTIONS,
     ) -> Request:
         """Queue a request; raises RequestError when it can never be served."""
+        bad_span = next(((s, e) for s, e in options.document_spans if e > len(prompt_token_ids)), None)
+        if bad_span is not None:
+            raise RequestError(f"document span {list(bad_span)} lies outside the {len(prompt_token_ids)}-token prompt")
         bad = next((t for t in prompt_token_ids if not 0 <= t < self.vocab_size), None)
         if bad is not None:
             raise RequestError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
@@ -87,7 +92,8 @@ class LLMEngine:
             raise RequestError(f"request id {request_id!r} is already in use")
         output_token_ids: list[int] = []
         state = make_sampling_state(params, list(prompt_token_ids), self.device, output_token_ids)
-        request = Request(request_id, list(prompt_token_ids), state, cache_salt, output_token_ids=output_token_ids)
+        request = Request(request_id, list(prompt_token_ids), state, cache_salt, options,
+                          output_token_ids=output_token_ids)
         self.scheduler.add(request)
         return request
 

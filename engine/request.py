@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 
+from engine.request_options import DEFAULT_REQUEST_OPTIONS, RequestOptions
 from engine.sampler import SamplingState
 
 
@@ -47,6 +48,7 @@ class Request:
     prompt_token_ids: list[int]
     sampling: SamplingState
     cache_salt: str | None = None  # the tenant's salt (None is a salt too): tenants share KV only with the same one
+    options: RequestOptions = DEFAULT_REQUEST_OPTIONS
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     timings: Timings = field(default_factory=Timings)

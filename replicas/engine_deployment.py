@@ -42,7 +42,8 @@ class EngineReplica:
             processors = tuple(self.grammars.processor(grammar) for grammar in work.grammars)
             params = dataclasses.replace(params, logits_processors=processors)
         try:
-            async for output in self.engine.generate(work.request_id, work.prompt_token_ids, params, work.cache_salt):
+            async for output in self.engine.generate(work.request_id, work.prompt_token_ids, params, work.cache_salt,
+                                                      options=work.options):
                 yield ReplicaReply(self.replica_id, output=output)
         except RequestError as error:
             yield ReplicaReply(self.replica_id, refusal=str(error))

@@ -26,6 +26,7 @@ from engine.async_engine import EngineFacts
 from engine.errors import RequestError
 from engine.metrics import EngineMetrics, EngineStats
 from engine.request import RequestOutput
+from engine.request_options import DEFAULT_REQUEST_OPTIONS, RequestOptions
 from engine.sampling_params import SamplingParams
 from replicas.replica_metrics import ReplicaStatsCollector
 from replicas.routing_state import RoutingState
@@ -63,16 +64,19 @@ class ReplicaEngine:
         return cls(handle, facts, routing)
 
     def _work(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-              cache_salt: str | None, affinity_key: str | None) -> ReplicaWork:
+              cache_salt: str | None, affinity_key: str | None,
+              options: RequestOptions = DEFAULT_REQUEST_OPTIONS) -> ReplicaWork:
         params, grammars = split_grammars(params)
         page_hashes = hash_pages(ROOT_PAGE_HASH, prompt_token_ids, self.facts.page_size, cache_salt)
         return ReplicaWork(request_id, list(prompt_token_ids), params, cache_salt, grammars, page_hashes,
-                           affinity_key if affinity_key is not None else current_session_key.get(), self.routing)
+                           affinity_key if affinity_key is not None else current_session_key.get(), options,
+                           self.routing)
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                       cache_salt: str | None = None, affinity_key: str | None = None) -> AsyncIterator[RequestOutput]:
+                       cache_salt: str | None = None, affinity_key: str | None = None,
+                       options: RequestOptions = DEFAULT_REQUEST_OPTIONS) -> AsyncIterator[RequestOutput]:
         """As AsyncEngine.generate; `affinity_key` (prompt_cache_key) defaults to the session header."""
-        work = self._work(request_id, prompt_token_ids, params, cache_salt, affinity_key)
+        work = self._work(request_id, prompt_token_ids, params, cache_salt, affinity_key, options)
         arrival = time.perf_counter()
         last_token_time = None
         for attempt in range(NUM_START_ATTEMPTS):

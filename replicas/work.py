@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from assembly.constrained_output import GrammarLogitsProcessor
 from engine.errors import RequestError
 from engine.request import RequestOutput
+from engine.request_options import DEFAULT_REQUEST_OPTIONS, RequestOptions
 from engine.sampling_params import SamplingParams
 
 
@@ -24,6 +25,7 @@ class ReplicaWork:
     grammars: tuple[str, ...]  # llguidance grammars to run as logits processors, in order
     page_hashes: list[bytes]  # chained hashes of the prompt's full pages (cache/page_hash.py): routing only
     affinity_key: str | None  # prompt_cache_key or session header: routing only
+    options: RequestOptions = DEFAULT_REQUEST_OPTIONS
     # In-process only: the ingress's routing state, read by the Ray request router in the same
     # process before the work is sent; never pickled (__getstate__ drops it).
     routing: object | None = field(default=None, compare=False)

@@ -181,7 +181,7 @@ class ChoiceRunner:
         content: list[str] = []
         raw_text, num_emitted_chars = "", 0  # before / after stop strings, to name the one that matched
         outputs = self.engine.generate(engine_request_id, job.prompt_token_ids, params, job.cache_salt,
-                                       affinity_key=job.affinity_key)
+                                       affinity_key=job.affinity_key, options=job.engine_options)
         async with aclosing(outputs):
             async for output in outputs:
                 usage.record(index, output)

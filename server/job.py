@@ -12,6 +12,7 @@ GenerationJob directly.
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.request_options import DEFAULT_REQUEST_OPTIONS, RequestOptions
 from engine.sampling_params import SamplingParams
 
 
@@ -99,6 +100,7 @@ class GenerationJob:
     pins: tuple[PrefixPin, ...] = ()  # set once choice 0 finishes, when its prompt is in the tree
     turn_scope: str = ""  # the finished turn is remembered under this scope (ChatJob.turn_scope)
     affinity_key: str | None = None  # prompt_cache_key: the replica router's affinity key
+    engine_options: RequestOptions = DEFAULT_REQUEST_OPTIONS  # KV reuse and decoding switches, as sent
 
     @property
     def num_breakpoint_tokens(self) -> int:

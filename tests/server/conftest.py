@@ -30,6 +30,7 @@ from engine.async_engine import EngineFacts
 from engine.engine_config import EngineConfig
 from engine.metrics import EngineMetrics, EngineStats
 from engine.request import FinishReason, RequestOutput
+from engine.request_options import DEFAULT_REQUEST_OPTIONS
 from server.app import create_app
 from server.settings import ServerSettings
 
@@ -177,6 +178,7 @@ class FakeEngine:
         self.pins: list[tuple[list[int], str | None, float]] = []
         self.prompts: list[list[int]] = []
         self.affinity_keys: list[str | None] = []  # each generate's routing hint (prompt_cache_key)
+        self.options: list = []  # each generate's RequestOptions
         self.is_shut_down = False
 
     def stats(self) -> EngineStats:
@@ -184,7 +186,9 @@ class FakeEngine:
                            num_cached_pages=0, num_held_pages=0, num_pages_in_use=0, num_prefix_query_tokens=7,
                            num_prefix_hit_tokens=3)
 
-    async def generate(self, request_id, prompt_token_ids, params, cache_salt=None, affinity_key=None):
+    async def generate(self, request_id, prompt_token_ids, params, cache_salt=None, affinity_key=None,
+                       options=DEFAULT_REQUEST_OPTIONS):
+        self.options.append(options)
         if self.failure is not None:
             raise self.failure
         script = self.script[:params.max_tokens]
