@@ -268,6 +268,9 @@ class LLMEngine:
         list as one exact span) in the document store. Returns the prompt tokens computed; a list
         whose spans are all stored already costs nothing. Steps the engine; `on_output` receives
         the outputs of other requests those steps produce (AsyncEngine delivers them)."""
+        empty = next((index for index, token_ids in enumerate(token_id_lists) if not token_ids), None)
+        if empty is not None:
+            raise RequestError(f"document {empty} is empty")
         num_computed = 0
         for index, token_ids in enumerate(token_id_lists):
             spans = find_spans(token_ids, [(0, len(token_ids))], self.config.document_min_span_tokens)
