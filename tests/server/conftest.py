@@ -242,8 +242,8 @@ def make_fake_app(smollm2_dir, tokenizer, tmp_path_factory):
 
         settings_fields.setdefault("collections_dir", tmp_path_factory.mktemp("collections"))
         settings_fields.setdefault("responses_db", tmp_path_factory.mktemp("responses") / "responses.sqlite3")
-        settings = ServerSettings(engine=EngineConfig(model_dir=smollm2_dir), served_model_name=MODEL,
-                                  **settings_fields)
+        settings_fields.setdefault("engine", EngineConfig(model_dir=smollm2_dir))
+        settings = ServerSettings(served_model_name=MODEL, **settings_fields)
         return create_app(settings, engine_factory=factory), engines
 
     return make
