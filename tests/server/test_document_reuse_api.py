@@ -1,6 +1,9 @@
 """Document reuse through the HTTP app (fake engine): the per-request switch in every API, and the
 exact spans of `documents` and `retrieval` that reach the engine."""
 
+import dataclasses
+import json
+
 import pytest
 
 from engine.engine_config import EngineConfig
@@ -98,3 +101,38 @@ def test_a_bad_document_reuse_is_a_400_in_the_apis_own_shape(reuse_client, path,
     else:
         assert body["error"]["type"] == "invalid_request_error" and "document_reuse" in body["error"]["param"]
     assert len(engine.options) == num_calls  # nothing reached the engine
+
+
+def test_usage_breaks_out_the_reused_document_tokens(reuse_client):
+    client, engine = reuse_client
+    engine.num_cached_tokens, engine.num_reused_document_tokens = 40, 24  # as the engine reports them
+    chat = client.post("/v1/chat/completions", json=REQUESTS["/v1/chat/completions"]).json()["usage"]
+    assert chat["prompt_tokens_details"] == {"cached_tokens": 40, "reused_document_tokens": 24}
+    completion = client.post("/v1/completions", json={**REQUESTS["/v1/completions"],
+                                                      "prompt": ["one prompt", "another"]}).json()["usage"]
+    assert completion["prompt_tokens_details"] == {"cached_tokens": 80, "reused_document_tokens": 48}
+    responses = client.post("/v1/responses", json=REQUESTS["/v1/responses"]).json()["usage"]
+    assert responses["input_tokens_details"]["cached_tokens"] == 40
+    assert responses["input_tokens_details"]["reused_document_tokens"] == 24
+    # Anthropic's usage: document tokens are read from a cache, not processed; no field of their own
+    messages = client.post("/v1/messages", json=REQUESTS["/v1/messages"]).json()["usage"]
+    assert messages["cache_read_input_tokens"] == 40 and "reused_document_tokens" not in messages
+    with client.stream("POST", "/v1/chat/completions",
+                       json={**REQUESTS["/v1/chat/completions"], "stream": True,
+                             "stream_options": {"include_usage": True}}) as response:
+        chunks = [json.loads(line[6:]) for line in response.iter_lines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+    assert chunks[-1]["usage"]["prompt_tokens_details"]["reused_document_tokens"] == 24
+
+
+def test_document_reuse_metrics_come_from_the_engine_stats(reuse_client):
+    client, engine = reuse_client
+    stats = engine.stats()
+    engine.stats = lambda: dataclasses.replace(stats, num_document_reused_spans=3, num_document_reused_tokens=300,
+                                               num_document_recomputed_tokens=48, num_document_store_bytes=1 << 20,
+                                               num_document_store_entries=5)
+    text = client.get("/metrics").text
+    for sample in ("radixserve:document_reuse_spans_total 3.0", "radixserve:document_reuse_tokens_total 300.0",
+                   "radixserve:document_reuse_recomputed_tokens_total 48.0",
+                   "radixserve:document_reuse_store_bytes 1.048576e+06", "radixserve:document_reuse_store_entries 5.0"):
+        assert sample in text, sample
