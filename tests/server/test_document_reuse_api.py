@@ -169,3 +169,10 @@ def test_precompute_is_skipped_when_asked_or_when_reuse_is_off(make_client, reus
     response = off_client.post("/v1/collections/off/documents", json={"documents": DOCUMENTS})
     assert response.status_code == 200 and response.json()["num_precomputed_tokens"] == 0
     assert off_engine.precomputed == []
+
+
+def test_count_tokens_takes_the_same_body(reuse_client):
+    client, _ = reuse_client
+    response = client.post("/v1/messages/count_tokens", json={"model": MODEL, "messages": QUESTION,
+                                                               "document_reuse": False})
+    assert response.status_code == 200 and response.json()["input_tokens"] > 0
