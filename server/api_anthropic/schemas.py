@@ -148,6 +148,7 @@ class _PromptFields(_Body):
     output_config: OutputConfig | None = None
     thinking: Thinking | None = None
     speed: Literal["standard"] | None = None
+    document_reuse: bool | None = None  # extension: false, this request reuses no stored document KV
 
     @model_validator(mode="before")
     @classmethod
