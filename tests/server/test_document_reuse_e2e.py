@@ -1,6 +1,7 @@
 """Document reuse end to end on the real default model, through `radixserve serve --document-reuse on`:
 documents sent in another order and a passage pasted after other text reuse their stored KV (usage
-and metrics say so), and `"document_reuse": false` gets exact KV only."""
+and metrics say so), `"document_reuse": false` gets exact KV only, and chunks added to a collection
+have their KV computed then, so the first retrieval prompt over them reuses it."""
 
 import re
 
@@ -64,3 +65,15 @@ def test_a_pasted_passage_after_other_text_reuses_its_kv(reuse_server, texts):
     _chat(reuse_server, messages=pasted(texts[0], texts[3]))
     usage = _chat(reuse_server, messages=pasted(texts[4], texts[3]))  # texts[3] at another offset
     assert usage["prompt_tokens_details"]["reused_document_tokens"] > 64
+
+
+def test_chunks_ingested_through_the_api_are_reused_by_the_first_retrieval_prompt(reuse_server, texts):
+    assert httpx.post(reuse_server.api_url + "/collections", json={"name": "kb"}).status_code == 201
+    documents = [{"id": f"doc{i}", "text": text} for i, text in enumerate(texts)]
+    added = httpx.post(reuse_server.api_url + "/collections/kb/documents", json={"documents": documents},
+                       timeout=600).json()
+    assert added["num_precomputed_tokens"] > 0
+    # the first question about them: the retrieved chunks' KV is there already
+    usage = _chat(reuse_server, messages=[{"role": "user", "content": "Which module handles queues?"}],
+                  retrieval={"collection": "kb", "top_k": 3})["prompt_tokens_details"]
+    assert usage["reused_document_tokens"] > 200
