@@ -4,7 +4,8 @@ import pytest
 
 from assembly.tokenizer import Tokenizer
 from bench import corpus
-from cache.document_spans import find_spans
+from cache.document_spans import SpanBreaks, find_spans
+from engine.span_breaks import span_breaks
 
 pytestmark = pytest.mark.model  # the real SmolLM2 tokenizer
 
@@ -31,11 +32,16 @@ def tokenizer(smollm2_dir) -> Tokenizer:
 
 
 @pytest.fixture(scope="module")
+def breaks(smollm2_dir) -> SpanBreaks:
+    return span_breaks(smollm2_dir)
+
+
+@pytest.fixture(scope="module")
 def documents() -> list[str]:
     return corpus.documents(5, 500)
 
 
-def test_a_document_after_different_documents_gives_the_same_spans_inside_it(tokenizer, documents):
+def test_a_document_after_different_documents_gives_the_same_spans_inside_it(tokenizer, documents, breaks):
     shared_document = documents[2]
     document_ids = tokenizer.encode(shared_document)
     prompt_a = tokenizer.encode(rag_prompt([documents[0], shared_document, documents[4]]))
@@ -44,7 +50,7 @@ def test_a_document_after_different_documents_gives_the_same_spans_inside_it(tok
     assert start_a != start_b
 
     def inside(prompt_ids, start):
-        return [(s - start, e - start) for s, e in find_spans(prompt_ids)
+        return [(s - start, e - start) for s, e in find_spans(prompt_ids, breaks=breaks)
                 if start <= s and e <= start + len(document_ids)]
 
     spans_a, spans_b = inside(prompt_a, start_a), inside(prompt_b, start_b)
@@ -56,11 +62,25 @@ def test_a_document_after_different_documents_gives_the_same_spans_inside_it(tok
     assert sum(e - s for s, e in shared) > 0.5 * len(document_ids)
 
 
-def test_a_document_as_an_exact_span_is_chunked_as_it_is_alone(tokenizer, documents):
+def test_a_document_as_an_exact_span_is_chunked_as_it_is_alone(tokenizer, documents, breaks):
     document_ids = tokenizer.encode(documents[3])
     prompt = tokenizer.encode(rag_prompt([*documents[:3], documents[3]]))
     start = locate(prompt, document_ids)
-    spans = find_spans(prompt, [(start, start + len(document_ids))])
+    spans = find_spans(prompt, [(start, start + len(document_ids))], breaks=breaks)
     inside = [(s - start, e - start) for s, e in spans if start <= s and e <= start + len(document_ids)]
-    assert inside == find_spans(document_ids, [(0, len(document_ids))])
+    assert inside == find_spans(document_ids, [(0, len(document_ids))], breaks=breaks)
     assert sum(e - s for s, e in inside) > 0.8 * len(document_ids)
+
+
+def test_pasted_documents_are_cut_at_their_own_edges(tokenizer, documents, breaks):
+    """With the tokenizer's breaks, each pasted document is covered by spans that lie inside it and
+    its header line ("\n\nDocument [n]:\n": a cut falls before a blank line), wherever it sits."""
+    for order in ([0, 1, 2, 3], [3, 2, 1, 0], [2, 0, 3, 1]):
+        prompt = tokenizer.encode(rag_prompt([documents[i] for i in order]))
+        spans = find_spans(prompt, breaks=breaks)
+        for i in order:
+            document_ids = tokenizer.encode(documents[i])
+            start = locate(prompt, document_ids)
+            header_len = len(tokenizer.encode(f"\n\nDocument [{order.index(i) + 1}]:\n"))
+            inside = [(s, e) for s, e in spans if start - header_len <= s and e <= start + len(document_ids)]
+            assert sum(e - s for s, e in inside) > 0.9 * len(document_ids), (order, i)  # a last piece < 64 is dropped
