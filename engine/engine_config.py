@@ -59,6 +59,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 EVICTION_POLICIES = ("lru", "lfu")
+SPECULATIVE_MODES = ("off", "ngram", "suffix")  # engine/draft_proposer.py
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,11 @@ class EngineConfig:
     kv_disk_dir: Path | None = None
     kv_disk_bytes: int = DEFAULT_KV_DISK_BYTES
     kv_disk_policy: str = "write-through"
+    # Draft-model-free speculative decoding (engine/draft_proposer.py): "off", "ngram" (prompt
+    # lookup in the request's own tokens) or "suffix" (that and recent requests' prompts and outputs).
+    speculative: str = "off"
+    max_draft_tokens: int = 5  # k, the most drafts a request verifies in one step
+    suffix_index_tokens: int = 200_000  # "suffix": recent tokens kept across requests
 
     def __post_init__(self):
         if self.page_size <= 0 or self.page_size & (self.page_size - 1):
@@ -104,6 +110,12 @@ class EngineConfig:
                              f"got {self.eviction_policy!r}")
         if self.schedule not in ("fcfs", "lpm"):
             raise ValueError(f"schedule must be 'fcfs' or 'lpm', got {self.schedule!r}")
+        if self.speculative not in SPECULATIVE_MODES:
+            raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE_MODES)}, got {self.speculative!r}")
+        if self.max_draft_tokens < 1:
+            raise ValueError(f"max_draft_tokens must be >= 1, got {self.max_draft_tokens}")
+        if self.suffix_index_tokens < 1:
+            raise ValueError(f"suffix_index_tokens must be >= 1, got {self.suffix_index_tokens}")
         if self.kv_disk_bytes <= 0:
             raise ValueError(f"kv_disk_bytes must be positive, got {self.kv_disk_bytes}")
         if self.kv_disk_policy not in KV_DISK_POLICIES:

@@ -66,6 +66,10 @@ class Request:
     # Filled as prefill chunks run; complete when it has len(prompt_token_ids) - 1 entries.
     prompt_logprobs: list[float] = field(default_factory=list)
     prompt_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    # Speculation (engine/draft_proposer.py): the drafts proposed for this step's verify chunk
+    # (they are not tokens of the request until verified), and the proposer's state.
+    draft_token_ids: list[int] = field(default_factory=list)
+    draft_state: object | None = None
 
     def __post_init__(self):
         if self.sampling.output_token_ids is not self.output_token_ids:
