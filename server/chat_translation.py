@@ -2,6 +2,7 @@
 
 from collections.abc import Sequence
 
+from engine.request_options import RequestOptions
 from server.job import ChatJob, OutputFormat, named_tool_choice
 from server.sampling import sampling_fields
 from server.schemas import ChatCompletionRequest, ChatMessage, NamedToolChoice
@@ -52,4 +53,5 @@ def chat_job(request: ChatCompletionRequest, retrieved_documents: Sequence[dict]
         cache_salt=request.cache_salt,
         prompt_cache_key=request.prompt_cache_key,
         cache_breakpoints=tuple(request.cache_breakpoints),
+        engine_options=RequestOptions(speculation=request.speculation),
     )

@@ -33,6 +33,7 @@ from assembly.schema_finiteness import unsatisfiable_field
 from assembly.tool_calls import message_content
 from engine.async_engine import AsyncEngine
 from engine.request import FinishReason
+from engine.request_options import RequestOptions
 from engine.sampling_params import SamplingParams
 from server.auth import Caller
 from server.choice_stream import ChoiceDelta, ChoiceResult, ChoiceRunner, FinishedChoice, Usage
@@ -95,7 +96,7 @@ class CompletionService:
                              stop_strings=job.stop_strings, num_choices=job.num_choices, cache_salt=job.cache_salt,
                              grammar=self._grammar(job), parses_tool_calls=job.parses_tool_calls,
                              is_chat=job.remembers_turn, pins=pins, turn_scope=job.turn_scope,
-                             affinity_key=job.prompt_cache_key)
+                             affinity_key=job.prompt_cache_key, engine_options=job.engine_options)
 
     def _grammar(self, job: ChatJob) -> str | None:
         """The grammar the output runs under: a forced tool call, the calls tool_choice auto lets the
@@ -165,7 +166,8 @@ class CompletionService:
         return GenerationJob(request_id=request_id, prompt_token_ids=prompt_ids,
                              params=sampling_params(request, request.max_new_tokens),
                              stop_strings=tuple(request.stop or ()), num_choices=request.n,
-                             cache_salt=request.cache_salt)
+                             cache_salt=request.cache_salt,
+                             engine_options=RequestOptions(speculation=request.speculation))
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.settings.served_model_name:

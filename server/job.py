@@ -57,6 +57,7 @@ class ChatJob:
     turn_scope: str = ""
     cache_breakpoints: tuple[CacheBreakpoint, ...] = ()
     remembers_turn: bool = True  # the finished turn's ids go into turn memory for the next prompt
+    engine_options: RequestOptions = DEFAULT_REQUEST_OPTIONS  # per-request engine switches (speculation, ...)
     # Where the request holds tool i's parameter schema and the output format's schema, in its own API's
     # names: for the 400s about a schema (its first part is the error's param).
     tool_schema_path: str = "tools[{}].function.parameters"

@@ -190,6 +190,7 @@ class _SamplingFields(_Body):
     user: str | None = None
     cache_salt: Annotated[str, Field(min_length=1)] | None = None  # extension: tenants share KV only with the same salt
     ignore_eos: bool = False  # extension
+    speculation: bool | None = None  # extension: false turns draft-free speculative decoding off for this request
 
     @field_validator("stream_options")
     @classmethod

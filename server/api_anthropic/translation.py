@@ -17,6 +17,7 @@ the rest, so the three add up to the prompt.
 import json
 import uuid
 
+from engine.request_options import RequestOptions
 from server.api_anthropic.schemas import (CacheControl, CountTokensRequest, MessagesRequest, TextBlock,
                                           ToolResultBlock, ToolUseBlock)
 from server.choice_stream import ChoiceResult, Usage
@@ -125,6 +126,7 @@ def messages_job(request: CountTokensRequest, prompt: TranslatedPrompt) -> ChatJ
         cache_breakpoints=tuple(prompt.breakpoints),
         tool_schema_path="tools[{}].input_schema",
         output_format_path="output_config.format.schema",
+        engine_options=RequestOptions(speculation=getattr(request, "speculation", None)),
     )
 
 

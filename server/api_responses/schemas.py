@@ -161,6 +161,7 @@ class ResponsesRequest(_Body):
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     top_logprobs: Literal[0] | None = None
     cache_salt: Annotated[str, Field(min_length=1)] | None = None  # extension: tenants share KV only with the same salt
+    speculation: bool | None = None  # extension: false turns draft-free speculative decoding off for this request
 
     @model_validator(mode="before")
     @classmethod

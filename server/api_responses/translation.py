@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from assembly.generated_turns import GeneratedTurns
 from assembly.tool_calls import ToolCall
+from engine.request_options import RequestOptions
 from server.api_responses.schemas import (FunctionCallItem, FunctionCallOutputItem, MessageItem, NamedFunction,
                                           ResponsesRequest)
 from server.job import TTL_SECONDS, CacheBreakpoint, ChatJob, OutputFormat, named_tool_choice
@@ -121,4 +122,5 @@ def responses_job(request: ResponsesRequest, prompt: ResponsesPrompt) -> ChatJob
         cache_breakpoints=tuple(prompt.breakpoints),
         tool_schema_path="tools[{}].parameters",
         output_format_path="text.format.schema",
+        engine_options=RequestOptions(speculation=request.speculation),
     )

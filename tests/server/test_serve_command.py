@@ -113,3 +113,12 @@ def test_several_api_keys_from_flags_and_a_file(monkeypatch, smollm2_dir, tmp_pa
 def test_hardening_limits_reach_the_settings(smollm2_dir):
     settings = settings_from_args(_args("--receive-timeout", "2.5", "--max-schema-bytes", "4096"), smollm2_dir)
     assert (settings.receive_timeout_seconds, settings.max_schema_bytes) == (2.5, 4096)
+
+
+def test_speculative_mode_reaches_the_engine(smollm2_dir):
+    from engine.engine_config import SPECULATIVE_MODES
+
+    assert set(cli.SPECULATIVE_MODES) == set(SPECULATIVE_MODES)
+    assert settings_from_args(_args(), smollm2_dir).engine.speculative == cli.SERVE_SPECULATIVE_DEFAULT
+    for mode in SPECULATIVE_MODES:
+        assert settings_from_args(_args("--speculative", mode), smollm2_dir).engine.speculative == mode
