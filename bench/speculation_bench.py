@@ -9,13 +9,17 @@ Workloads: (a) RAG answers asked to quote their documents (bench/rag_workload.py
 quoting instruction), (b) agent tool-call turns (bench/agent_workload.py sessions, each turn's
 reply fed back), (c) random chat (bench/random_workload.py). Batch 1: each request alone
 (bench.engine_bench.run_alone's timing); batch N: N requests at once. Greedy, so every variant
-emits the same tokens (checked). Decode tok/s counts tokens after each request's first one over
-the time of steps that ran no prefill.
+emits the same tokens (checked). Decode tok/s counts the tokens of steps that ran no prefill over
+those steps' time: by default the CPU time of the bench's one thread (torch and the C kernels set to
+one thread), which other tenants of a shared machine do not inflate as they do wall time
+(`--wall-clock --threads N` measures wall time instead).
 """
 
 import argparse
 import time
 from dataclasses import replace
+
+import torch
 
 from assembly.chat_template import ChatTemplate
 from assembly.tokenizer import Tokenizer
@@ -23,7 +27,7 @@ from bench.agent_workload import agent_workload
 from bench.rag_workload import rag_workload
 from bench.random_workload import random_workload
 from bench.workload_sizes import WorkloadSizes
-from engine.draft_proposer import DraftProposer
+from engine.draft_proposer import DEFAULT_MAX_DRAFT_TOKENS, DraftProposer
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.request import RequestStatus
@@ -38,7 +42,8 @@ KV_CACHE_BYTES = 256 << 20
 class Measure:
     """Decode tokens and seconds of one variant, summed over its runs."""
 
-    def __init__(self):
+    def __init__(self, clock):
+        self.clock = clock  # time.thread_time (one thread's CPU seconds) or time.perf_counter
         self.num_tokens = 0
         self.seconds = 0.0
         self.num_draft = self.num_accepted = self.num_verify = 0
@@ -61,9 +66,9 @@ def run_batch(engine: LLMEngine, prompts: list[list[int]], max_tokens: int, meas
     while engine.has_unfinished():
         is_decode_only = not engine.scheduler.waiting and all(
             r.status is RequestStatus.RUNNING for r in engine.scheduler.admitted)
-        started = time.perf_counter()
+        started = measure.clock()
         outputs = engine.step()
-        seconds = time.perf_counter() - started
+        seconds = measure.clock() - started
         if is_decode_only:
             measure.seconds += seconds
             measure.num_tokens += sum(len(o.new_token_ids) for o in outputs)
@@ -140,21 +145,28 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=3, help="agent turns per session")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--batch", type=int, default=8, help="the concurrent batch (besides batch 1)")
-    parser.add_argument("--max-draft-tokens", type=int, default=5)
+    parser.add_argument("--max-draft-tokens", type=int, default=DEFAULT_MAX_DRAFT_TOKENS)
     parser.add_argument("--workloads", default="rag,agent,random")
+    parser.add_argument("--threads", type=int, default=1, help="torch / C kernel threads (default 1)")
+    parser.add_argument("--wall-clock", action="store_true", help="time steps in wall time, not thread CPU time")
     args = parser.parse_args()
+    clock = time.perf_counter if args.wall_clock else time.thread_time
+    if not args.wall_clock and args.threads != 1:
+        raise SystemExit("thread CPU time counts one thread: use --threads 1, or --wall-clock")
+    torch.set_num_threads(args.threads)
     model_dir = pull(args.model, progress=False)
     engine = LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", kv_cache_bytes=KV_CACHE_BYTES))
     print(f"  {engine.backend.describe()}", flush=True)
     template, tokenizer = ChatTemplate.from_model_dir(model_dir), Tokenizer(model_dir)
     for batch in (1, args.batch):
         # fresh proposers per batch size: the suffix index learns within one batch size's run
+        costs = engine.backend.policy.verify_row_costs
         proposers = {"off": None,
-                     "ngram": DraftProposer("ngram", args.max_draft_tokens),
-                     "suffix": DraftProposer("suffix", args.max_draft_tokens)}
+                     "ngram": DraftProposer("ngram", args.max_draft_tokens, row_costs=costs),
+                     "suffix": DraftProposer("suffix", args.max_draft_tokens, row_costs=costs)}
         num = max(args.requests, batch) if batch > 1 else args.requests
         for workload in args.workloads.split(","):
-            measures = {name: Measure() for name in VARIANTS}
+            measures = {name: Measure(clock) for name in VARIANTS}
             if workload == "rag":
                 run_variants(engine, proposers, rag_prompts(template, tokenizer, num, 0), args.max_tokens, batch,
                              measures)

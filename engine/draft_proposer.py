@@ -7,10 +7,10 @@ bounded SuffixIndex; SuffixDecoding's idea). Occurrences that repeat the most of
 tokens win; among those the draft follows the continuation most of them agree on, token by
 token, and stops where they disagree (`choose_draft`).
 
-k adapts per request (`DraftLength`): it grows while drafts are accepted whole, falls to
-just past what was accepted otherwise, and after MAX_MISSES verifies in a row with nothing
-accepted the request drafts nothing for COOLDOWN_STEPS steps, so text that does not copy
-(plain chat) pays for few rejected rows.
+k adapts per request (`DraftLength`): from its estimated acceptance rate and what a chunk of
+1 + k rows costs on the backend, the k that emits the most tokens per unit of cost, or none
+(then COOLDOWN_STEPS steps without drafts), so text that does not copy (plain chat) pays for
+few rejected rows.
 """
 
 from collections import Counter
@@ -18,44 +18,62 @@ from dataclasses import dataclass, field
 
 from engine.draft_index import Continuation, SequenceNgrams, SuffixIndex
 
-DEFAULT_MAX_DRAFT_TOKENS = 5
+DEFAULT_MAX_DRAFT_TOKENS = 4
 DEFAULT_SUFFIX_INDEX_TOKENS = 200_000  # cross-request tokens kept (~2 MB of ids plus the index)
-MAX_MISSES = 2  # verifies in a row that accepted nothing before a cooldown
-COOLDOWN_STEPS = 8  # steps without drafts after that
+COOLDOWN_STEPS = 8  # steps without drafts once drafting does not pay
+INITIAL_ACCEPTANCE = 0.7  # a request's acceptance estimate before its first verify
+ACCEPTANCE_WEIGHT = 0.3  # of the newest verify in the estimate
 # A draft continues past a token only while at least this share of the candidates agree on it.
 MIN_AGREEMENT = 0.5
 
 
 @dataclass
 class DraftLength:
-    """A request's adaptive draft length."""
+    """A request's adaptive draft length.
+
+    Drafts are modelled as accepted one after another with probability `acceptance` each (estimated
+    per request, exponentially weighted): k drafts then emit (1 - a^(k+1)) / (1 - a) tokens for a step
+    that costs row_costs[k] (the backend's StepPolicy.verify_row_costs). k is the one that emits the
+    most per unit of cost, 0 when none beats a plain decode; after a k of 0 the request waits
+    COOLDOWN_STEPS steps, then probes with one draft so that its estimate can recover."""
 
     max_tokens: int
-    num_tokens: int = 0  # the k of the next proposal; starts at max_tokens (__post_init__)
-    num_misses: int = 0  # verifies in a row that accepted nothing
+    row_costs: tuple[float, ...] = (1.0,) * 9
+    acceptance: float = INITIAL_ACCEPTANCE
     num_cooldown_steps: int = 0  # steps left without drafts
-
-    def __post_init__(self):
-        self.num_tokens = self.max_tokens
+    is_probing: bool = False  # the cooldown is over: the next proposal is one draft
 
     def next_k(self) -> int:
         """k for this step (0 during a cooldown, which this call counts down)."""
         if self.num_cooldown_steps > 0:
             self.num_cooldown_steps -= 1
+            self.is_probing = self.num_cooldown_steps == 0
             return 0
-        return self.num_tokens
+        if self.is_probing:
+            return 1
+        k = best_draft_length(self.acceptance, self.row_costs, self.max_tokens)
+        if k == 0:
+            self.num_cooldown_steps = COOLDOWN_STEPS
+        return k
 
     def observe(self, num_drafted: int, num_accepted: int) -> None:
         if num_drafted == 0:
             return
-        if num_accepted == num_drafted:
-            self.num_tokens = min(self.max_tokens, self.num_tokens + 1)
-        else:
-            self.num_tokens = max(1, num_accepted + 1)
-        self.num_misses = self.num_misses + 1 if num_accepted == 0 else 0
-        if self.num_misses >= MAX_MISSES:
-            self.num_misses = 0
-            self.num_cooldown_steps = COOLDOWN_STEPS
+        self.is_probing = False
+        # accepted tokens are successes; the first rejection (if any) one failure
+        observed = num_accepted / (num_accepted + (num_accepted < num_drafted))
+        self.acceptance += ACCEPTANCE_WEIGHT * (observed - self.acceptance)
+
+
+def best_draft_length(acceptance: float, row_costs: tuple[float, ...], max_tokens: int) -> int:
+    """The k in 0..max_tokens (and the cost table) with the most expected tokens per unit of step cost."""
+    a = min(acceptance, 0.999)
+    best_k, best_rate = 0, 1.0
+    for k in range(1, min(max_tokens, len(row_costs) - 1) + 1):
+        rate = (1 - a ** (k + 1)) / (1 - a) / row_costs[k]
+        if rate > best_rate:
+            best_k, best_rate = k, rate
+    return best_k
 
 
 @dataclass
@@ -91,20 +109,22 @@ class DraftProposer:
     """Proposes drafts for requests and learns from finished ones (mode "ngram" or "suffix")."""
 
     def __init__(self, mode: str, max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS,
-                 suffix_index_tokens: int = DEFAULT_SUFFIX_INDEX_TOKENS):
+                 suffix_index_tokens: int = DEFAULT_SUFFIX_INDEX_TOKENS, row_costs: tuple[float, ...] = (1.0,) * 9):
+        """`row_costs`: the backend's StepPolicy.verify_row_costs."""
         if mode not in ("ngram", "suffix"):
             raise ValueError(f"a draft proposer's mode is 'ngram' or 'suffix', got {mode!r}")
         if max_draft_tokens < 1:
             raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
         self.mode = mode
         self.max_draft_tokens = max_draft_tokens
+        self.row_costs = row_costs
         self.suffix_index = SuffixIndex(suffix_index_tokens) if mode == "suffix" else None
 
     def propose(self, request, max_tokens: int) -> list[int]:
         """Draft ids for `request` (an engine Request): at most max_tokens, fewer per its DraftLength."""
         state = request.draft_state
         if state is None:
-            state = request.draft_state = RequestDrafts(DraftLength(self.max_draft_tokens))
+            state = request.draft_state = RequestDrafts(DraftLength(self.max_draft_tokens, self.row_costs))
         k = min(max_tokens, state.length.next_k())
         if k <= 0:
             return []

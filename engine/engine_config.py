@@ -91,7 +91,7 @@ class EngineConfig:
     # Draft-model-free speculative decoding (engine/draft_proposer.py): "off", "ngram" (prompt
     # lookup in the request's own tokens) or "suffix" (that and recent requests' prompts and outputs).
     speculative: str = "off"
-    max_draft_tokens: int = 5  # k, the most drafts a request verifies in one step
+    max_draft_tokens: int = 4  # the most drafts a request verifies in one step (the backend's row costs pick k)
     suffix_index_tokens: int = 200_000  # "suffix": recent tokens kept across requests
 
     def __post_init__(self):

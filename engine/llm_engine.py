@@ -72,7 +72,8 @@ class LLMEngine:
         self.sampler = Sampler()
         self.proposer = None
         if config.speculative != "off":
-            self.proposer = DraftProposer(config.speculative, config.max_draft_tokens, config.suffix_index_tokens)
+            self.proposer = DraftProposer(config.speculative, config.max_draft_tokens, config.suffix_index_tokens,
+                                          self.backend.policy.verify_row_costs)
         self.num_steps = 0
 
     # ---- requests -------------------------------------------------------

@@ -212,3 +212,36 @@ def test_unseeded_sampled_outputs_keep_their_distribution(tiny_llama_dir):
     total_variation = sum(abs(frequencies["off"][k] - frequencies["ngram"][k]) for k in keys) / 2 / num_runs
     print(f"total variation {total_variation:.3f} over {len(keys)} outcomes")
     assert total_variation < 0.08
+
+
+@pytest.mark.model
+def test_smollm2_mixed_batch_with_grammar_stops_penalties_equals_no_speculation(smollm2_dir):
+    """The default model on prompts that copy, batched with a JSON-grammar request, a stop token, logprobs,
+    penalties and a bias: every request gets the tokens it gets without speculation."""
+    from assembly.chat_template import ChatTemplate
+    from assembly.constrained_output import GrammarCompiler, json_grammar
+    from assembly.tokenizer import Tokenizer
+
+    tokenizer, template = Tokenizer(smollm2_dir), ChatTemplate.from_model_dir(smollm2_dir)
+    passage = ("The radix tree keeps every cached prefix as a run of full pages. A request locks the nodes "
+               "it uses, and only unlocked leaves can be evicted.")
+    questions = [f"Repeat this sentence exactly: {passage}", f"Quote the first sentence of: {passage}",
+                 "Write a JSON object with a name and an age.", f"Summarize: {passage}"]
+    prompts = [tokenizer.encode(template.render([{"role": "user", "content": q}])) for q in questions]
+    compiler = GrammarCompiler(smollm2_dir / "tokenizer.json", [2], 49152)
+    grammar = compiler.check(json_grammar(None))
+    stop_id = tokenizer.encode(" unlocked")[0]
+
+    def params() -> list[SamplingParams]:  # fresh grammar processors: they hold a sequence's state
+        return [SamplingParams(max_tokens=40, temperature=0.0),
+                SamplingParams(max_tokens=40, temperature=0.0, stop_token_ids=(stop_id,), logprobs=2),
+                SamplingParams(max_tokens=40, temperature=0.0, logits_processors=(compiler.processor(grammar),)),
+                SamplingParams(max_tokens=40, temperature=0.0, frequency_penalty=0.5, logit_bias={13: -5.0}),
+                SamplingParams(max_tokens=40, temperature=0.7, seed=11)]
+
+    prompts = prompts + [prompts[0]]
+    off, spec = _engine(smollm2_dir, "off"), _engine(smollm2_dir, "suffix")
+    expected = off.generate(prompts, params())
+    assert spec.generate(prompts, params()) == expected
+    assert spec.metrics.num_accepted_draft_tokens > 0
+    _assert_pages_balance(spec)
