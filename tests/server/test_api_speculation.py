@@ -34,9 +34,14 @@ def test_a_bad_speculation_value_is_a_400(make_client, path):
 def test_multi_token_outputs_give_the_same_text_stops_and_logprobs(make_client, tokens_per_output):
     client, engine = make_client("The magic word is abracadabra, said the wizard to the crowd.")
     engine.tokens_per_output = tokens_per_output
-    body = client.post("/v1/chat/completions", json={"messages": PROMPT, "stop": ["cadab"]}).json()
+    body = client.post("/v1/chat/completions", json={"messages": PROMPT, "stop": ["cadab"], "logprobs": True}).json()
     assert body["choices"][0]["message"]["content"] == "The magic word is abra"
     assert body["choices"][0]["finish_reason"] == "stop"
+    # the output ends at the token that completes the stop string, as one token at a time would
+    tokens_to_stop = len(body["choices"][0]["logprobs"]["content"])
+    assert body["usage"]["completion_tokens"] == tokens_to_stop
+    assert "".join(e["token"] for e in body["choices"][0]["logprobs"]["content"]).startswith("The magic word is abracadab")
+    assert not "".join(e["token"] for e in body["choices"][0]["logprobs"]["content"][:-1]).endswith("cadab")
     whole = client.post("/v1/chat/completions", json={"messages": PROMPT, "logprobs": True, "top_logprobs": 1}).json()
     content = whole["choices"][0]["logprobs"]["content"]
     assert "".join(entry["token"] for entry in content) == whole["choices"][0]["message"]["content"]
