@@ -155,7 +155,8 @@ def main() -> None:
         raise SystemExit("thread CPU time counts one thread: use --threads 1, or --wall-clock")
     torch.set_num_threads(args.threads)
     model_dir = pull(args.model, progress=False)
-    engine = LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", kv_cache_bytes=KV_CACHE_BYTES))
+    engine = LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", kv_cache_bytes=KV_CACHE_BYTES,
+                                    speculative="ngram"))  # "ngram" only builds the engine's proposer; swapped below
     print(f"  {engine.backend.describe()}", flush=True)
     template, tokenizer = ChatTemplate.from_model_dir(model_dir), Tokenizer(model_dir)
     for batch in (1, args.batch):

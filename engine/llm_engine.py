@@ -150,14 +150,22 @@ class LLMEngine:
         """Drafts for the running requests that speculate; the scheduler fits them in the budget."""
         if self.proposer is None:
             return
+        max_rows = self.config.max_verify_rows_per_step or self.backend.policy.max_verify_rows_per_step
+        running = [r for r in self.scheduler.admitted if r.status is RequestStatus.RUNNING]
         for request in self.scheduler.admitted:
             request.draft_token_ids = []
-            if request.options.speculation is False or request.status is not RequestStatus.RUNNING:
+        # drafts only while the step's rows stay where the backend's row costs hold (CPU: the few-rows kernels)
+        num_free_rows = max_rows - len(running)
+        for request in running:
+            if num_free_rows <= 0:
+                break
+            if request.options.speculation is False:
                 continue
             # never past max_tokens: a verify chunk emits up to 1 + len(drafts) tokens
-            room = request.sampling.params.max_tokens - len(request.output_token_ids) - 1
+            room = min(num_free_rows, request.sampling.params.max_tokens - len(request.output_token_ids) - 1)
             if room > 0:
                 request.draft_token_ids = self.proposer.propose(request, room)
+                num_free_rows -= len(request.draft_token_ids)
 
     def _postprocess(self, logits: torch.Tensor, chunks: list[ScheduledChunk]) -> list[RequestOutput]:
         requests = [chunk.request for chunk in chunks]

@@ -60,7 +60,8 @@ class CpuBackend(TorchBackend):
                                                  self.policy.attention.prefill_block_rows,
                                                  fused_decode=ops is not None,
                                                  max_rows_as_decode=MAX_VERIFY_ROWS_AS_DECODE),
-                                 verify_row_costs=CPU_VERIFY_ROW_COSTS)
+                                 verify_row_costs=CPU_VERIFY_ROW_COSTS,
+                                 max_verify_rows_per_step=BLOCKS_MAX_ROWS["Q4_1"])
         if ops is not None:  # chosen once: the fused kernels replace the torch ops
             self.rms_norm = self._fused_rms_norm
             self.add_rms_norm = self._fused_add_rms_norm

@@ -21,8 +21,10 @@ TEST_DEVICE = os.environ.get("RADIXSERVE_TEST_DEVICE", "cpu")
 
 
 def _engine(model_dir, speculative: str, **overrides) -> LLMEngine:
+    # every request may draft however many run (the cpu backend stops drafting past 8 rows a step)
     settings = dict(model_dir=model_dir, device=TEST_DEVICE, dtype="float32", page_size=16,
-                    kv_cache_bytes=64 << 20, max_num_batched_tokens=2048, speculative=speculative)
+                    kv_cache_bytes=64 << 20, max_num_batched_tokens=2048, speculative=speculative,
+                    max_verify_rows_per_step=2048)
     settings.update(overrides)
     return LLMEngine(EngineConfig(**settings))
 
@@ -135,6 +137,27 @@ def test_never_emits_past_max_tokens_and_the_switch_turns_it_off(tiny_llama_dir)
         assert all(len(o.new_token_ids) == 1 for o in spec.step())
     assert spec.metrics.num_draft_tokens == before
     _assert_pages_balance(spec)
+
+
+def test_drafts_stop_past_the_backends_rows_per_step(tiny_llama_dir):
+    """Past max_verify_rows_per_step rows (decodes + drafts) a step verifies no drafts: 6 copying requests
+    with room for 8 rows draft at most 2 tokens a step in all; with room for 6, none."""
+    prompts = _copying_prompts(256)[:6]
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    expected = _engine(tiny_llama_dir, "off").generate(prompts, params)
+    for max_rows, max_drafts in ((8, 2), (6, 0)):
+        engine = _engine(tiny_llama_dir, "ngram", max_verify_rows_per_step=max_rows)
+        for i, prompt in enumerate(prompts):
+            engine.add_request(str(i), prompt, params)
+        outputs = {str(i): [] for i in range(len(prompts))}
+        while engine.has_unfinished():
+            running = sum(1 for r in engine.scheduler.admitted if r.status.value == "running")
+            before = engine.metrics.num_draft_tokens
+            for output in engine.step():
+                outputs[output.request_id] += output.new_token_ids
+            if running == len(prompts):
+                assert engine.metrics.num_draft_tokens - before <= max_drafts
+        assert [outputs[str(i)] for i in range(len(prompts))] == expected
 
 
 def test_abort_mid_speculation_frees_every_page(tiny_llama_dir):
