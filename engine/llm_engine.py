@@ -26,7 +26,7 @@ from engine.request_options import DEFAULT_REQUEST_OPTIONS, RequestOptions
 from engine.sampler import Sampler, make_sampling_state
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledChunk, Scheduler
-from engine.speculative_verify import sample_and_verify
+from engine.speculative_verify import AcceptedTokens, sample_and_verify
 from model.backends import select_backend
 from model.config import ModelConfig
 from model.weights import load_model
@@ -206,7 +206,7 @@ class LLMEngine:
             )
         return outputs
 
-    def _account_verify(self, chunk: ScheduledChunk, result) -> None:
+    def _account_verify(self, chunk: ScheduledChunk, result: AcceptedTokens) -> None:
         """A verify chunk computed its last token and d drafts; the e tokens it emitted have KV for
         all but the last, so d + 1 - e computed tokens were rejected."""
         num_drafts = len(chunk.draft_token_ids)
