@@ -60,6 +60,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 EVICTION_POLICIES = ("lru", "lfu")
+SPECULATIVE_MODES = ("off", "ngram", "suffix")  # engine/draft_proposer.py
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,14 @@ class EngineConfig:
     # so only 0.0 is accepted)
     document_recompute_fraction: float = 0.0
     document_min_span_tokens: int = 64  # shorter spans are not worth storing
+    # Draft-model-free speculative decoding (engine/draft_proposer.py): "off", "ngram" (prompt
+    # lookup in the request's own tokens) or "suffix" (that and recent requests' prompts and outputs).
+    speculative: str = "off"
+    max_draft_tokens: int = 4  # the most drafts a request verifies in one step (the backend's row costs pick k)
+    suffix_index_tokens: int = 200_000  # "suffix": recent tokens kept across requests
+    # Rows (decodes + drafts) a step may hold and still verify drafts; None: the backend's (model/backends
+    # StepPolicy.max_verify_rows_per_step: 8 on the cpu backend, where more rows leave the few-rows kernels)
+    max_verify_rows_per_step: int | None = None
 
     def __post_init__(self):
         if self.page_size <= 0 or self.page_size & (self.page_size - 1):
@@ -114,6 +123,14 @@ class EngineConfig:
                              f"got {self.eviction_policy!r}")
         if self.schedule not in ("fcfs", "lpm"):
             raise ValueError(f"schedule must be 'fcfs' or 'lpm', got {self.schedule!r}")
+        if self.speculative not in SPECULATIVE_MODES:
+            raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE_MODES)}, got {self.speculative!r}")
+        if self.max_draft_tokens < 1:
+            raise ValueError(f"max_draft_tokens must be >= 1, got {self.max_draft_tokens}")
+        if self.max_verify_rows_per_step is not None and self.max_verify_rows_per_step < 1:
+            raise ValueError(f"max_verify_rows_per_step must be >= 1, got {self.max_verify_rows_per_step}")
+        if self.suffix_index_tokens < 1:
+            raise ValueError(f"suffix_index_tokens must be >= 1, got {self.suffix_index_tokens}")
         if self.kv_disk_bytes <= 0:
             raise ValueError(f"kv_disk_bytes must be positive, got {self.kv_disk_bytes}")
         if self.kv_disk_policy not in KV_DISK_POLICIES:

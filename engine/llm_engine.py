@@ -16,6 +16,7 @@ from cache.kv_pool import KVPool, KVPoolShape
 from engine.document_kv_copy import DocumentKVCopier
 from engine.document_reuse import DocumentReuse
 from engine.engine_config import EngineConfig, available_memory_bytes, resolve_device, resolve_dtype
+from engine.draft_proposer import DraftProposer
 from engine.errors import RequestError
 from engine.generate import stop_token_ids
 from engine.heap import release_free_heap
@@ -25,11 +26,12 @@ from engine.model_runner import ModelRunner
 from engine.prefix_pins import PrefixPins
 from engine.prompt_logprobs import prompt_logprobs_output, record_prompt_logprobs
 from engine.prompt_tail_logits import collect_tail_logits, record_tail_logits
-from engine.request import FinishReason, Request, RequestOutput
+from engine.request import FinishReason, Request, RequestOutput, RequestStatus
 from engine.request_options import DEFAULT_REQUEST_OPTIONS, RequestOptions
 from engine.sampler import Sampler, make_sampling_state
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledChunk, Scheduler
+from engine.speculative_verify import AcceptedTokens, sample_and_verify
 from model.backends import select_backend
 from model.config import ModelConfig
 from model.weights import load_model
@@ -79,6 +81,10 @@ class LLMEngine:
         self.pins = PrefixPins(self.scheduler.tree)
         self.runner = ModelRunner(self.model, self.kv_pool, self.device)
         self.sampler = Sampler()
+        self.proposer = None
+        if config.speculative != "off":
+            self.proposer = DraftProposer(config.speculative, config.max_draft_tokens, config.suffix_index_tokens,
+                                          self.backend.policy.verify_row_costs)
         self.num_steps = 0
 
     # ---- requests -------------------------------------------------------
@@ -139,6 +145,7 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         self.pins.release_expired()
+        self._propose_drafts()
         chunks = self.scheduler.schedule()
         if not chunks:
             return []
@@ -159,31 +166,56 @@ class LLMEngine:
             release_free_heap()
         return outputs
 
+    def _propose_drafts(self) -> None:
+        """Drafts for the running requests that speculate; the scheduler fits them in the budget."""
+        if self.proposer is None:
+            return
+        max_rows = self.config.max_verify_rows_per_step or self.backend.policy.max_verify_rows_per_step
+        running = [r for r in self.scheduler.admitted if r.status is RequestStatus.RUNNING]
+        for request in self.scheduler.admitted:
+            request.draft_token_ids = []
+        # drafts only while the step's rows stay where the backend's row costs hold (CPU: the few-rows kernels)
+        num_free_rows = max_rows - len(running)
+        for request in running:
+            if num_free_rows <= 0:
+                break
+            if request.options.speculation is False:
+                continue
+            # never past max_tokens: a verify chunk emits up to 1 + len(drafts) tokens
+            room = min(num_free_rows, request.sampling.params.max_tokens - len(request.output_token_ids) - 1)
+            if room > 0:
+                request.draft_token_ids = self.proposer.propose(request, room)
+                num_free_rows -= len(request.draft_token_ids)
+
     def _postprocess(self, logits: torch.Tensor, chunks: list[ScheduledChunk]) -> list[RequestOutput]:
         requests = [chunk.request for chunk in chunks]
-        sample = self.sampler(logits, [request.sampling for request in requests])
+        is_first_output = [not request.output_token_ids for request in requests]
+        accepted = sample_and_verify(self.sampler, logits, requests, [c.draft_token_ids for c in chunks],
+                                     self._finish_reason)
         now = time.perf_counter()
         outputs = []
-        for row, request in enumerate(requests):
-            token_id = sample.token_ids[row]
-            request.output_token_ids.append(token_id)
+        for chunk, request, result, is_first in zip(chunks, requests, accepted, is_first_output):
+            if chunk.draft_token_ids:
+                self._account_verify(chunk, result)
             self._observe_token(request, now)
-            reason = self._finish_reason(request, token_id)
+            reason = result.finish_reason
             if reason is not None:
+                if self.proposer is not None:
+                    self.proposer.record_finished(request)
                 self.scheduler.finish(request, reason)
                 request.timings.finished = now
                 self.metrics.observe("e2e_latency", now - request.timings.arrival)
                 self.metrics.num_finished_requests += 1
             wants_logprobs = request.sampling.params.logprobs is not None
             prompt_logprobs = prompt_top_logprobs = None
-            if request.sampling.params.prompt_logprobs is not None and len(request.output_token_ids) == 1:
+            if request.sampling.params.prompt_logprobs is not None and is_first:
                 prompt_logprobs, prompt_top_logprobs = prompt_logprobs_output(request)
             outputs.append(
                 RequestOutput(
                     request_id=request.request_id,
-                    new_token_ids=[token_id],
-                    logprobs=[sample.logprobs[row]] if wants_logprobs and sample.logprobs else None,
-                    top_logprobs=[sample.top_logprobs[row]] if wants_logprobs and sample.top_logprobs else None,
+                    new_token_ids=result.token_ids,
+                    logprobs=result.logprobs if wants_logprobs and result.logprobs else None,
+                    top_logprobs=result.top_logprobs if wants_logprobs and result.logprobs else None,
                     finish_reason=reason,
                     num_prompt_tokens=len(request.prompt_token_ids),
                     num_cached_tokens=request.num_cached_tokens,
@@ -194,6 +226,16 @@ class LLMEngine:
                 )
             )
         return outputs
+
+    def _account_verify(self, chunk: ScheduledChunk, result: AcceptedTokens) -> None:
+        """A verify chunk computed its last token and d drafts; the e tokens it emitted have KV for
+        all but the last, so d + 1 - e computed tokens were rejected."""
+        num_drafts = len(chunk.draft_token_ids)
+        self.scheduler.discard_rejected(chunk.request, num_drafts + 1 - len(result.token_ids))
+        self.proposer.observe(chunk.request, num_drafts, result.num_accepted_drafts)
+        self.metrics.num_draft_tokens += num_drafts
+        self.metrics.num_accepted_draft_tokens += result.num_accepted_drafts
+        self.metrics.num_verify_chunks += 1
 
     def _finish_reason(self, request: Request, token_id: int) -> FinishReason | None:
         params = request.sampling.params
@@ -215,13 +257,16 @@ class LLMEngine:
         timings.last_token = now
 
     def _account_step(self, chunks: list[ScheduledChunk], seconds: float) -> None:
-        # A decode computes one token past the prompt (a recompute after preemption counts as prefill).
-        num_decode = sum(1 for c in chunks if c.num_tokens == 1 and c.start >= len(c.request.prompt_token_ids))
+        # A decode computes one token past the prompt, plus its drafts (a recompute after preemption counts
+        # as prefill).
+        decodes = [c for c in chunks
+                   if c.num_tokens == 1 + len(c.draft_token_ids) and c.start >= len(c.request.prompt_token_ids)]
+        num_decode = sum(c.num_tokens for c in decodes)
         num_tokens = sum(c.num_tokens for c in chunks)
         metrics = self.metrics
         metrics.num_decode_tokens += num_decode
         metrics.num_prefill_tokens += num_tokens - num_decode
-        if num_decode == len(chunks):
+        if len(decodes) == len(chunks):
             metrics.decode_seconds += seconds
         else:
             metrics.prefill_seconds += seconds
@@ -253,6 +298,9 @@ class LLMEngine:
             num_document_recomputed_tokens=self.documents.num_recomputed_tokens,
             num_document_store_bytes=self.document_store.num_bytes,
             num_document_store_entries=self.document_store.num_entries,
+            num_spec_draft_tokens=self.metrics.num_draft_tokens,
+            num_spec_accepted_tokens=self.metrics.num_accepted_draft_tokens,
+            num_spec_verify_chunks=self.metrics.num_verify_chunks,
             **self._kv_disk_stats(),
         )
 

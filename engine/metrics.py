@@ -42,6 +42,10 @@ class EngineMetrics:
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
     num_finished_requests: int = 0
+    # Speculation: draft tokens verified, of those accepted, verify chunks (a request's drafts in a step).
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
+    num_verify_chunks: int = 0
     # Observers registered by the server (e.g. Prometheus histograms), called
     # from the engine thread with (series_name, seconds).
     listeners: list = field(default_factory=list)
@@ -82,3 +86,14 @@ class EngineStats:
     num_document_recomputed_tokens: int = 0
     num_document_store_bytes: int = 0
     num_document_store_entries: int = 0
+    # Speculation (0 when off): drafts verified / accepted, verify chunks; the mean acceptance
+    # length (tokens a verify chunk emits) is 1 + accepted / verify chunks.
+    num_spec_draft_tokens: int = 0
+    num_spec_accepted_tokens: int = 0
+    num_spec_verify_chunks: int = 0
+
+    @property
+    def spec_mean_acceptance_length(self) -> float:
+        if self.num_spec_verify_chunks == 0:
+            return 0.0
+        return 1 + self.num_spec_accepted_tokens / self.num_spec_verify_chunks

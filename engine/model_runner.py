@@ -28,8 +28,9 @@ class ModelRunner:
 
     def run(self, chunks: list[ScheduledChunk]
             ) -> tuple[torch.Tensor | None, list[ScheduledChunk], list[PromptLogits]]:
-        """Returns (logits (M, V) float32 or None, the M chunks they belong to, the logits of
-        prompt rows whose request wants prompt logprobs: a row's logits score the token after it)."""
+        """Returns (logits (M, V) float32 or None, the chunks they belong to (1 + len(drafts)
+        rows each, in order), the logits of prompt rows whose request wants prompt logprobs:
+        a row's logits score the token after it)."""
         sequence_chunks = []
         prompt_spans: list[tuple[Request, int, int]] = []  # (request, first position, num rows)
         for chunk in chunks:
@@ -42,9 +43,10 @@ class ModelRunner:
                 row_offset, num_prompt_rows = tail_logit_rows(request, chunk.start, end)
             if num_prompt_rows:
                 prompt_spans.append((request, chunk.start + row_offset, num_prompt_rows))
-            sequence_chunks.append(SequenceChunk(request.token_ids_between(chunk.start, end), chunk.start,
-                                                 request.page_ids, chunk.completes_request_tokens, num_prompt_rows,
-                                                 row_offset))
+            drafts = chunk.draft_token_ids  # a verify chunk: its last token, then the drafts
+            token_ids = request.token_ids_between(chunk.start, end - len(drafts)) + list(drafts)
+            sequence_chunks.append(SequenceChunk(token_ids, chunk.start, request.page_ids, chunk.completes_request_tokens,
+                                                 num_prompt_rows, row_offset, num_draft_rows=len(drafts)))
         logits = run_step(self.model, self.kv_pool.layers, build_step_batch(sequence_chunks, self.page_size, self.device))
         prompt_logits: list[PromptLogits] = []
         offset = 0

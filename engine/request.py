@@ -78,6 +78,10 @@ class Request:
     # prompt positions len - n .. len - 1, recorded as prefill runs; those positions are never cached.
     num_tail_logit_rows: int = 0
     tail_logits: dict = field(default_factory=dict)
+    # Speculation (engine/draft_proposer.py): the drafts proposed for this step's verify chunk
+    # (they are not tokens of the request until verified), and the proposer's state.
+    draft_token_ids: list[int] = field(default_factory=list)
+    draft_state: object | None = None
 
     def __post_init__(self):
         if self.sampling.output_token_ids is not self.output_token_ids:

@@ -33,13 +33,16 @@ MIN_SHARED_PAGES = 2
 class ScheduledChunk:
     request: Request
     start: int  # index in request.all_token_ids of the first token to compute
-    num_tokens: int
+    num_tokens: int  # tokens computed, drafts included
+    # A verify chunk (engine/speculative_verify.py): the decode's last token, then these drafts at
+    # positions past the request's tokens; every row's logits are needed.
+    draft_token_ids: tuple[int, ...] = ()
 
     @property
     def completes_request_tokens(self) -> bool:
         """True when after this chunk every known token is computed, so the
-        chunk's last row gives the next token's logits."""
-        return self.start + self.num_tokens == self.request.num_tokens
+        chunk's last row (before any drafts) gives the next token's logits."""
+        return self.start + self.num_tokens - len(self.draft_token_ids) == self.request.num_tokens
 
 
 class Scheduler:
@@ -123,10 +126,11 @@ class Scheduler:
                 break
             if request.status is not RequestStatus.RUNNING:  # also skips one preempted just now
                 continue
+            drafts = self._draft_room(request, budget - 1)
             if self._grow(request, 1, scheduled):
-                chunks.append(ScheduledChunk(request, request.num_computed_tokens, 1))
+                chunks.append(ScheduledChunk(request, request.num_computed_tokens, 1 + len(drafts), drafts))
                 scheduled.add(id(request))
-                budget -= 1
+                budget -= 1 + len(drafts)
 
         # 2. Prefills under way, oldest first.
         for request in list(self.admitted):
@@ -174,6 +178,15 @@ class Scheduler:
                 # Share finished prefill pages (the prompt's last chunk too) at once with concurrent requests.
                 self._insert_computed(request)
 
+    def discard_rejected(self, request: Request, num_rejected: int) -> None:
+        """After verifying a chunk's drafts: the last `num_rejected` computed tokens were not
+        accepted. Their KV is dropped (never counted, never inserted into the tree) and pages
+        past the request's tokens go back to the pool."""
+        request.num_computed_tokens -= num_rejected
+        num_kept_pages = max(request.num_tree_pages, self._num_pages_for(request.num_tokens))
+        self.allocator.release(request.page_ids[num_kept_pages:])
+        del request.page_ids[num_kept_pages:]
+
     def finish(self, request: Request, reason: FinishReason) -> None:
         """Retire an admitted or waiting request; its pages go to the tree or back to the pool."""
         if request in self.admitted:
@@ -217,6 +230,18 @@ class Scheduler:
                 return False
         request.page_ids.extend(pages)
         return True
+
+    def _draft_room(self, request: Request, max_drafts: int) -> tuple[int, ...]:
+        """The request's drafts that fit the budget and free pages (drafts never evict cache
+        or preempt anyone); their pages are allocated here."""
+        drafts = tuple(request.draft_token_ids[:max(0, max_drafts)])
+        if not drafts:
+            return ()
+        num_pages = self._num_new_pages(request, 1 + len(drafts))
+        if num_pages > self.allocator.num_free_pages:
+            return ()
+        request.page_ids.extend(self.allocator.allocate(num_pages) if num_pages else [])
+        return drafts
 
     def _preempt(self, request: Request) -> None:
         self.admitted.remove(request)

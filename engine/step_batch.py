@@ -25,13 +25,16 @@ class SequenceChunk:
     # rows [prompt_logit_row_offset, prompt_logit_row_offset + num_prompt_logit_rows) of the chunk.
     num_prompt_logit_rows: int = 0
     prompt_logit_row_offset: int = 0
+    # Its last rows are drafts being verified (speculation): with wants_logits, the logits of
+    # the last 1 + num_draft_rows rows are needed, not only the last one's.
+    num_draft_rows: int = 0
 
 
 @dataclass(frozen=True)
 class StepBatch:
     input_ids: Tensor  # (N,) int64: every chunk's tokens, concatenated
     attn: AttentionInputs
-    logit_rows: Tensor  # (M,) int64: the rows whose logits are needed, in chunk order
+    logit_rows: Tensor  # (M,) int64: the rows whose logits are needed, in chunk order (a verify chunk's all)
     prompt_logit_rows: Tensor  # (P,) int64: the chunks' prompt-logprob rows, in chunk order
 
 
@@ -45,7 +48,7 @@ def build_step_batch(chunks: list[SequenceChunk], page_size: int, device: torch.
         first_prompt_row = first_row + chunk.prompt_logit_row_offset
         prompt_logit_rows.extend(range(first_prompt_row, first_prompt_row + chunk.num_prompt_logit_rows))
         if chunk.wants_logits:
-            logit_rows.append(len(input_ids) - 1)
+            logit_rows.extend(range(len(input_ids) - 1 - chunk.num_draft_rows, len(input_ids)))
     attn = AttentionInputs.for_chunks(
         [(chunk.page_ids, chunk.start, chunk.start + len(chunk.token_ids)) for chunk in chunks], page_size, device)
     return StepBatch(torch.tensor(input_ids, dtype=torch.int64, device=device), attn,

@@ -36,9 +36,13 @@ class AttentionPolicy:
     decode_token_budget: int  # padded KV positions per decode chunk (sys.maxsize: the whole batch)
     prefill_block_rows: int  # query rows per SDPA call when a prefill has a cached prefix
     fused_decode: bool = False  # every decode sequence to one kernel that reads the pages itself
+    # With fused_decode: a sequence of at most this many new tokens after a cached prefix (a speculative
+    # verify chunk: the last token and its drafts) goes to the decode kernel as that many decode rows,
+    # row i seeing the context up to itself; one kernel call instead of a gather + SDPA per layer.
+    max_rows_as_decode: int = 1
 
     def __post_init__(self):
-        if self.decode_token_budget < 1 or self.prefill_block_rows < 1:
+        if self.decode_token_budget < 1 or self.prefill_block_rows < 1 or self.max_rows_as_decode < 1:
             raise ValueError(f"attention policy needs positive sizes, got {self}")
 
 
@@ -87,7 +91,10 @@ class AttentionPlan:
 
 
 def make_plan(inputs: AttentionInputs, page_size: int, policy: AttentionPolicy) -> AttentionPlan:
-    decode_seqs = [b for b, query_len in enumerate(inputs.query_lens) if query_len == 1]
+    max_decode_rows = policy.max_rows_as_decode if policy.fused_decode else 1
+    is_decode = [query_len == 1 or (query_len <= max_decode_rows and inputs.context_lens[b] > query_len)
+                 for b, query_len in enumerate(inputs.query_lens)]
+    decode_seqs = [b for b, decode in enumerate(is_decode) if decode]
     decode_chunks, decode_batch = [], None
     if policy.fused_decode and decode_seqs:
         decode_batch = _decode_batch(inputs, decode_seqs)
@@ -96,23 +103,26 @@ def make_plan(inputs: AttentionInputs, page_size: int, policy: AttentionPolicy) 
             _decode_chunk(inputs, group, page_size)
             for group in _pack_by_length(decode_seqs, inputs.context_lens, policy.decode_token_budget)
         ]
-    prefills = [
-        _prefill_seq(inputs, b, page_size)
-        for b, query_len in enumerate(inputs.query_lens)
-        if query_len > 1
-    ]
+    prefills = [_prefill_seq(inputs, b, page_size) for b, decode in enumerate(is_decode) if not decode]
     return AttentionPlan(decode_chunks, decode_batch, prefills, policy.prefill_block_rows)
 
 
 def _decode_batch(inputs: AttentionInputs, seqs: list[int]) -> DecodeBatch:
+    """One decode row per new token of `seqs`: row i of a T-token sequence of context C sees C - T + 1 + i."""
     device = inputs.page_table.device
+    rows, context_lens, row_seqs = [], [], []
+    for b in seqs:
+        query_len, context_len, start = inputs.query_lens[b], inputs.context_lens[b], inputs.query_starts[b]
+        rows.extend(range(start, start + query_len))
+        context_lens.extend(range(context_len - query_len + 1, context_len + 1))
+        row_seqs.extend([b] * query_len)
     page_table = inputs.page_table
-    if len(seqs) != inputs.num_seqs:
-        page_table = page_table.index_select(0, torch.tensor(seqs, dtype=torch.int64, device=device))
+    if row_seqs != list(range(inputs.num_seqs)):
+        page_table = page_table.index_select(0, torch.tensor(row_seqs, dtype=torch.int64, device=device))
     return DecodeBatch(
-        rows=torch.tensor([inputs.query_starts[b] for b in seqs], dtype=torch.int64, device=device),
+        rows=torch.tensor(rows, dtype=torch.int64, device=device),
         page_table=page_table.contiguous(),
-        context_lens=torch.tensor([inputs.context_lens[b] for b in seqs], dtype=torch.int64, device=device),
+        context_lens=torch.tensor(context_lens, dtype=torch.int64, device=device),
     )
 
 

@@ -5,7 +5,8 @@ collects them into ChoiceResult. What every API shares once the prompt is
 built: detokenization (UTF-8 safe, incremental), stop strings matched across
 token boundaries, tool calls split from content as text streams in
 (assembly's ToolCallStreamParser), the grammar's logits processor, and usage
-as the engine reports it.
+as the engine reports it. An engine output of several tokens (speculative decoding) is taken one
+token at a time, so all of that behaves as with one token a step.
 
 n > 1 choices share the prompt's KV pages: choice 0 runs alone until its first
 token, by which time its prompt's full pages are in the radix tree; only then
@@ -185,42 +186,63 @@ class ChoiceRunner:
         outputs = self.engine.generate(engine_request_id, job.prompt_token_ids, params, job.cache_salt,
                                        affinity_key=job.affinity_key, options=job.engine_options)
         async with aclosing(outputs):
-            async for output in outputs:
-                usage.record(index, output)
-                generated_ids.extend(output.new_token_ids)
-                text = detokenizer.push(output.new_token_ids)
-                is_last = output.finish_reason is not None
-                if is_last:
-                    text += detokenizer.flush()
-                raw_text += text
-                text, is_stopped = stops.push(text)
-                if is_last and not is_stopped:
-                    text += stops.flush()
-                num_emitted_chars += len(text)
-                stop_string = _matched_stop(job.stop_strings, raw_text[num_emitted_chars:]) if is_stopped else None
-                finish_reason = "stop" if is_stopped else (output.finish_reason.value if is_last else None)
-                call_deltas: tuple[ToolCallDelta, ...] = ()
-                final_calls = None
-                if tool_calls is not None:
-                    text, new_calls = tool_calls.push(text)
+            async for engine_output in outputs:
+                # one token at a time, as without speculation: a stop string, the usage and the logprobs
+                # then end at the token that completes the stop string, not at the end of the output
+                for output in _one_token_outputs(engine_output):
+                    usage.record(index, output)
+                    generated_ids.extend(output.new_token_ids)
+                    text = detokenizer.push(output.new_token_ids)
+                    is_last = output.finish_reason is not None
+                    if is_last:
+                        text += detokenizer.flush()
+                    raw_text += text
+                    text, is_stopped = stops.push(text)
+                    if is_last and not is_stopped:
+                        text += stops.flush()
+                    num_emitted_chars += len(text)
+                    stop_string = _matched_stop(job.stop_strings, raw_text[num_emitted_chars:]) if is_stopped else None
+                    finish_reason = "stop" if is_stopped else (output.finish_reason.value if is_last else None)
+                    call_deltas: tuple[ToolCallDelta, ...] = ()
+                    final_calls = None
+                    if tool_calls is not None:
+                        text, new_calls = tool_calls.push(text)
+                        if finish_reason is not None:
+                            tail, more_calls = tool_calls.finish()
+                            text, new_calls = text + tail, new_calls + more_calls
+                            if tool_calls.calls and finish_reason == "stop":
+                                finish_reason = "tool_calls"
+                            final_calls = tuple(tool_calls.calls)
+                        call_deltas = tuple(new_calls)
+                    content.append(text)
+                    yield ChoiceDelta(index, text, list(output.new_token_ids), output.logprobs,
+                                      output.top_logprobs, finish_reason, call_deltas, stop_string,
+                                      output.prompt_logprobs, output.prompt_top_logprobs, final_calls)
                     if finish_reason is not None:
-                        tail, more_calls = tool_calls.finish()
-                        text, new_calls = text + tail, new_calls + more_calls
-                        if tool_calls.calls and finish_reason == "stop":
-                            finish_reason = "tool_calls"
-                        final_calls = tuple(tool_calls.calls)
-                    call_deltas = tuple(new_calls)
-                content.append(text)
-                yield ChoiceDelta(index, text, list(output.new_token_ids), output.logprobs,
-                                  output.top_logprobs, finish_reason, call_deltas, stop_string,
-                                  output.prompt_logprobs, output.prompt_top_logprobs, final_calls)
-                if finish_reason is not None:
-                    if not is_stopped:
-                        calls = tool_calls.calls if tool_calls is not None else []
-                        unfinished = tool_calls is not None and tool_calls.num_unfinished_calls > 0
-                        self.on_finish(job, FinishedChoice(index, output.finish_reason, generated_ids,
-                                                           "".join(content), list(calls), unfinished))
-                    return  # a stop string ends the choice here; closing the stream aborts it
+                        if not is_stopped:
+                            calls = tool_calls.calls if tool_calls is not None else []
+                            unfinished = tool_calls is not None and tool_calls.num_unfinished_calls > 0
+                            self.on_finish(job, FinishedChoice(index, output.finish_reason, generated_ids,
+                                                               "".join(content), list(calls), unfinished))
+                        return  # a stop string ends the choice here; closing the stream aborts it
+
+
+def _one_token_outputs(output: RequestOutput) -> list[RequestOutput]:
+    """An engine output of several tokens (speculative decoding verified a draft) as the outputs of one
+    token each that decoding without speculation would have given: logprobs split per token, the prompt
+    logprobs on the first, the finish reason on the last."""
+    num_tokens = len(output.new_token_ids)
+    if num_tokens <= 1:
+        return [output]
+    first_count = output.num_output_tokens - num_tokens
+    return [replace(output, new_token_ids=[token_id],
+                    logprobs=None if output.logprobs is None else output.logprobs[i:i + 1],
+                    top_logprobs=None if output.top_logprobs is None else output.top_logprobs[i:i + 1],
+                    finish_reason=output.finish_reason if i == num_tokens - 1 else None,
+                    num_output_tokens=first_count + i + 1,
+                    prompt_logprobs=output.prompt_logprobs if i == 0 else None,
+                    prompt_top_logprobs=output.prompt_top_logprobs if i == 0 else None)
+            for i, token_id in enumerate(output.new_token_ids)]
 
 
 def _matched_stop(stop_strings: tuple[str, ...], tail: str) -> str | None:

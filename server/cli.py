@@ -19,6 +19,10 @@ from store.errors import RadixserveError
 
 # model.backends.BACKEND_CHOICES, spelled out so that `--help` does not import torch (a test holds them equal)
 BACKEND_CHOICES = ("auto", "cpu", "torch")
+# engine.engine_config.SPECULATIVE_MODES, spelled out for the same reason (a test holds them equal); the serve
+# default is what bench/speculation_bench.py measured (docs/architecture.md, Speculation)
+SPECULATIVE_MODES = ("off", "ngram", "suffix")
+SERVE_SPECULATIVE_DEFAULT = "ngram"
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
@@ -129,6 +133,10 @@ def _add_serve_parser(commands, default_model: str) -> None:
                        help="which cached prefix leaves the pool first: least recently used (default), or "
                        "fewest hits (keeps a hot system prompt through bursts of one-off prompts)")
     serve.add_argument("--no-prefix-cache", action="store_true", help="do not reuse KV of shared prefixes")
+    serve.add_argument("--speculative", default=SERVE_SPECULATIVE_DEFAULT, choices=SPECULATIVE_MODES,
+                       help="draft-free speculative decoding: ngram (drafts from the request's own prompt and "
+                       "output), suffix (also from recent requests' prompts and outputs) or off; a request "
+                       f"turns it off for itself with \"speculation\": false (default: {SERVE_SPECULATIVE_DEFAULT})")
     serve.add_argument("--kv-disk-dir", metavar="DIR",
                        help="where KV pages outlive the pool and restarts, one subdirectory per model and KV "
                        "layout (default: $RADIXSERVE_HOME/kv)")

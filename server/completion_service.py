@@ -33,12 +33,11 @@ from assembly.schema_finiteness import unsatisfiable_field
 from assembly.tool_calls import message_content
 from engine.async_engine import AsyncEngine
 from engine.request import FinishReason
-from engine.request_options import RequestOptions
 from engine.sampling_params import SamplingParams
 from server.auth import Caller
 from server.choice_stream import ChoiceDelta, ChoiceResult, ChoiceRunner, FinishedChoice, Usage
 from server.errors import APIError, invalid_request
-from server.job import ChatJob, GenerationJob, PrefixPin, requested_document_reuse
+from server.job import ChatJob, GenerationJob, PrefixPin, requested_engine_options
 from server.prompts import RequestPrompts
 from server.sampling import sampling_params
 from server.schemas import CompletionRequest
@@ -91,9 +90,9 @@ class CompletionService:
         max_new_tokens = job.max_new_tokens or max(1, self.max_num_request_tokens - len(prompt_ids))
         pins = tuple(PrefixPin(num_tokens, min(breakpoint.seconds, self.settings.max_pin_seconds))
                      for breakpoint, num_tokens in self.prompts.breakpoint_lengths(job, prompt_ids) if num_tokens)
-        reuses_documents = job.document_reuse is not False and self.settings.engine.document_reuse
-        options = RequestOptions(document_reuse=job.document_reuse,
-                                 document_spans=self.prompts.document_ranges(job, prompt_ids) if reuses_documents else ())
+        options = job.engine_options
+        if options.document_reuse is not False and self.settings.engine.document_reuse:
+            options = replace(options, document_spans=self.prompts.document_ranges(job, prompt_ids))
         return GenerationJob(request_id=request_id, prompt_token_ids=prompt_ids,
                              params=SamplingParams(max_tokens=max_new_tokens, **job.sampling),
                              stop_strings=job.stop_strings, num_choices=job.num_choices, cache_salt=job.cache_salt,
@@ -170,7 +169,7 @@ class CompletionService:
                              params=sampling_params(request, request.max_new_tokens),
                              stop_strings=tuple(request.stop or ()), num_choices=request.n,
                              cache_salt=request.cache_salt,
-                             engine_options=RequestOptions(document_reuse=requested_document_reuse(request.document_reuse)))
+                             engine_options=requested_engine_options(request.document_reuse, request.speculation))
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.settings.served_model_name:

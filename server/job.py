@@ -57,8 +57,8 @@ class ChatJob:
     turn_scope: str = ""
     cache_breakpoints: tuple[CacheBreakpoint, ...] = ()
     remembers_turn: bool = True  # the finished turn's ids go into turn memory for the next prompt
-    # RequestOptions.document_reuse: False (the request said `document_reuse: false`) or None (the server's).
-    document_reuse: bool | None = None
+    # Per-request engine switches as sent (document reuse, speculation); prepare adds the document spans.
+    engine_options: RequestOptions = DEFAULT_REQUEST_OPTIONS
     # Where the request holds tool i's parameter schema and the output format's schema, in its own API's
     # names: for the 400s about a schema (its first part is the error's param).
     tool_schema_path: str = "tools[{}].function.parameters"
@@ -78,10 +78,11 @@ class ChatJob:
         return bool(self.tools) and self.tool_choice != "none"
 
 
-def requested_document_reuse(document_reuse: bool | None) -> bool | None:
-    """A body's `document_reuse` as RequestOptions.document_reuse: a request may switch document
-    reuse off for itself (derived KV is its choice to refuse), never on where the server has it off."""
-    return False if document_reuse is False else None
+def requested_engine_options(document_reuse: bool | None, speculation: bool | None) -> RequestOptions:
+    """A body's `document_reuse` and `speculation` as RequestOptions: a request may switch either
+    off for itself (derived KV is its choice to refuse), never on where the server has it off."""
+    return RequestOptions(document_reuse=False if document_reuse is False else None,
+                          speculation=False if speculation is False else None)
 
 
 def named_tool_choice(name: str) -> str:

@@ -77,6 +77,16 @@ _STATS_METRICS = (
      lambda s: s.num_document_store_bytes),
     (GaugeMetricFamily, "document_reuse_store_entries", "Spans the document store holds.",
      lambda s: s.num_document_store_entries),
+    # Speculation, as vLLM names it: drafts (a request's draft tokens verified in one step), their tokens, and
+    # the tokens accepted; the mean acceptance length is the tokens a verified draft emits (1 + accepted / drafts).
+    (CounterMetricFamily, "spec_decode_num_drafts", "Drafts verified (one request's draft tokens in one step).",
+     lambda s: s.num_spec_verify_chunks),
+    (CounterMetricFamily, "spec_decode_num_draft_tokens", "Draft tokens verified.", lambda s: s.num_spec_draft_tokens),
+    (CounterMetricFamily, "spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+     lambda s: s.num_spec_accepted_tokens),
+    (GaugeMetricFamily, "spec_decode_mean_acceptance_length",
+     "Tokens a verified draft emitted on average (1 + accepted / drafts; 0 before any draft).",
+     lambda s: s.spec_mean_acceptance_length),
 )
 
 

@@ -191,6 +191,7 @@ class _SamplingFields(_Body):
     cache_salt: Annotated[str, Field(min_length=1)] | None = None  # extension: tenants share KV only with the same salt
     ignore_eos: bool = False  # extension
     document_reuse: bool | None = None  # extension: false, this request reuses no stored document KV
+    speculation: bool | None = None  # extension: false turns draft-free speculative decoding off for this request
 
     @field_validator("stream_options")
     @classmethod

@@ -48,7 +48,7 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
         engine_fields.update(_kv_disk_fields(args))
         engine_fields.update(_document_fields(args))
         engine = EngineConfig(model_dir=model_dir, device=args.device, dtype=args.dtype, schedule=args.schedule,
-                              eviction_policy=args.eviction_policy,
+                              eviction_policy=args.eviction_policy, speculative=args.speculative,
                               enable_prefix_cache=not args.no_prefix_cache, gguf_blocks=not args.no_gguf_blocks, backend=args.backend,
                               **engine_fields)
         return ServerSettings(

@@ -29,10 +29,22 @@ class StepPolicy:
 
     max_num_batched_tokens: int  # the default per-step token budget (decodes + prefill chunks)
     attention: AttentionPolicy
+    # Entry r - 1: what a sequence's chunk of r rows after a cached prefix costs, relative to one row (a
+    # speculative verify chunk: its last token + r - 1 drafts). The draft proposer picks the draft length
+    # that emits the most tokens per unit of cost (engine/draft_proposer.py). Where rows are nearly free
+    # (accelerators), all 1.0.
+    verify_row_costs: tuple[float, ...] = (1.0,) * 9
+    # The most rows (decodes + drafts) a step verifies drafts in: past it the table above does not hold
+    # (on CPU the projections leave the few-rows kernels for the float32 GEMM, which reads 4x the bytes).
+    max_verify_rows_per_step: int = 2048
 
     def __post_init__(self):
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.max_verify_rows_per_step < 1:
+            raise ValueError(f"max_verify_rows_per_step must be >= 1, got {self.max_verify_rows_per_step}")
+        if not self.verify_row_costs or self.verify_row_costs[0] != 1.0:
+            raise ValueError(f"verify_row_costs must start at 1.0 (one row), got {self.verify_row_costs}")
 
 
 @dataclass(frozen=True)

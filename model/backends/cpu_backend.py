@@ -33,6 +33,13 @@ from model.backends.torch_backend import TorchBackend
 MEASURE = "measure"  # few-rows limits timed per weight shape at load
 FIXED = "fixed"  # the limits of kernels.cpu_matvec.BLOCKS_MAX_ROWS (and 1 row for float32)
 MATVEC_F32_MAX_ROWS = 1  # the float32 matvec kernel takes one row
+# A speculative verify chunk (a decode's last token + its drafts) of at most this many rows runs its
+# attention in the fused decode kernel, one row per token (kernels/attention_plan.py).
+MAX_VERIFY_ROWS_AS_DECODE = 16
+# A step of one sequence's 1..8 rows after a 600-token prefix, relative to 1 row (SmolLM2 over GGUF blocks, one
+# thread, CPU time, best of 5, 2026-12-01): the few-rows kernels' cost grows with the rows (block decode and
+# FMAs per row), the LM head leaves them past 4 rows.
+CPU_VERIFY_ROW_COSTS = (1.0, 1.42, 1.50, 1.85, 2.25, 2.58, 2.9, 3.27)
 
 
 class CpuBackend(TorchBackend):
@@ -51,7 +58,10 @@ class CpuBackend(TorchBackend):
         self.policy = StepPolicy(self.policy.max_num_batched_tokens,
                                  AttentionPolicy(self.policy.attention.decode_token_budget,
                                                  self.policy.attention.prefill_block_rows,
-                                                 fused_decode=ops is not None))
+                                                 fused_decode=ops is not None,
+                                                 max_rows_as_decode=MAX_VERIFY_ROWS_AS_DECODE),
+                                 verify_row_costs=CPU_VERIFY_ROW_COSTS,
+                                 max_verify_rows_per_step=BLOCKS_MAX_ROWS["Q4_1"])
         if ops is not None:  # chosen once: the fused kernels replace the torch ops
             self.rms_norm = self._fused_rms_norm
             self.add_rms_norm = self._fused_add_rms_norm

@@ -203,3 +203,4 @@ class MessagesRequest(_PromptFields):
     stream: bool = False
     service_tier: Literal["auto", "standard_only"] | None = None  # one tier here: both mean it
     diagnostics: Diagnostics | None = None
+    speculation: bool | None = None  # extension: false turns draft-free speculative decoding off for this request

@@ -24,7 +24,7 @@ from server.api_anthropic.schemas import (CacheControl, CountTokensRequest, Mess
                                           ToolResultBlock, ToolUseBlock)
 from server.choice_stream import ChoiceResult, Usage
 from server.job import (TTL_SECONDS, CacheBreakpoint, ChatJob, GenerationJob, OutputFormat, named_tool_choice,
-                        requested_document_reuse)
+                        requested_engine_options)
 
 SYSTEM_JOIN = "\n\n"  # between system text blocks
 
@@ -127,9 +127,9 @@ def messages_job(request: CountTokensRequest, prompt: TranslatedPrompt) -> ChatJ
         max_new_tokens=max_new_tokens,
         stop_strings=stops,
         cache_breakpoints=tuple(prompt.breakpoints),
-        document_reuse=requested_document_reuse(request.document_reuse),
         tool_schema_path="tools[{}].input_schema",
         output_format_path="output_config.format.schema",
+        engine_options=requested_engine_options(request.document_reuse, getattr(request, "speculation", None)),
     )
 
 

@@ -162,6 +162,7 @@ class ResponsesRequest(_Body):
     top_logprobs: Literal[0] | None = None
     cache_salt: Annotated[str, Field(min_length=1)] | None = None  # extension: tenants share KV only with the same salt
     document_reuse: bool | None = None  # extension: false, this request reuses no stored document KV
+    speculation: bool | None = None  # extension: false turns draft-free speculative decoding off for this request
 
     @model_validator(mode="before")
     @classmethod

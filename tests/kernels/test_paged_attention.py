@@ -161,3 +161,17 @@ def test_store_kv_refuses_a_non_contiguous_cache():
     k_cache = torch.zeros(4, 5, 2, 8).transpose(0, 1)  # (5, 4, 2, 8) view, not contiguous
     with pytest.raises(RuntimeError):
         store_kv(k_cache, k_cache, torch.ones(1, 2, 8), torch.ones(1, 2, 8), torch.tensor([0]))
+
+
+def test_short_chunks_after_a_prefix_run_as_decode_rows_in_the_fused_kernel(ops):
+    """A speculative verify chunk (a few new tokens after a cached prefix) goes to the decode kernel, one
+    row per token; cold prefills and longer chunks stay prefills. Same results as dense attention."""
+    seqs = [(40, 5), (17, 1), (9, 9), (64, 16), (70, 17), (33, 2)]
+    case = make_case(seqs, page_size=16, num_kv_heads=3, group=3, dtype=torch.float32, device="cpu", head_dim=64)
+    policy = AttentionPolicy(CPU_ATTENTION.decode_token_budget, CPU_ATTENTION.prefill_block_rows, fused_decode=True,
+                             max_rows_as_decode=16)
+    plan = case.inputs.plan(16, policy)
+    assert plan.decode_batch.rows.numel() == 5 + 1 + 16 + 2
+    assert [(p.end - p.start) for p in plan.prefills] == [9, 17]
+    _check(paged_attention(case.q, case.k_cache, case.v_cache, case.inputs, case.scale, policy, ops), case,
+           torch.float32)

@@ -182,6 +182,7 @@ class FakeEngine:
         self.num_cached_tokens = 0  # what each output reports
         self.num_reused_document_tokens = 0
         self.precomputed: list[tuple[list[list[int]], str | None]] = []  # each precompute_documents call
+        self.tokens_per_output = 1  # > 1: outputs carry several tokens, as a speculating engine's do
         self.is_shut_down = False
 
     def stats(self) -> EngineStats:
@@ -198,6 +199,10 @@ class FakeEngine:
         self.prompts.append(list(prompt_token_ids))
         self.affinity_keys.append(affinity_key)
         finished = False
+        if self.tokens_per_output > 1:
+            async for output in self._multi_token_outputs(request_id, prompt_token_ids, params, script):
+                yield output
+            return
         try:
             for i, token_id in enumerate(script):
                 await asyncio.sleep(0)
@@ -216,6 +221,25 @@ class FakeEngine:
                                     self.num_cached_tokens, i + 1,
                                     prompt_logprobs=prompt_logprobs, prompt_top_logprobs=prompt_top_logprobs,
                                     num_reused_document_tokens=self.num_reused_document_tokens)
+            finished = True
+        finally:
+            if not finished:
+                self.closed_early.append(request_id)
+
+    async def _multi_token_outputs(self, request_id, prompt_token_ids, params, script):
+        finished = False
+        try:
+            for start in range(0, len(script), self.tokens_per_output):
+                await asyncio.sleep(0)
+                token_ids = script[start:start + self.tokens_per_output]
+                is_last = start + len(token_ids) == len(script)
+                logprobs = top_logprobs = None
+                if params.logprobs is not None:
+                    logprobs = [-0.5] * len(token_ids)
+                    top_logprobs = [[(t, -0.5)][:params.logprobs] for t in token_ids]
+                yield RequestOutput(request_id, token_ids, logprobs, top_logprobs,
+                                    self.last_finish_reason if is_last else None, len(prompt_token_ids), 0,
+                                    start + len(token_ids))
             finished = True
         finally:
             if not finished:

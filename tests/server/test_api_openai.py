@@ -178,7 +178,9 @@ def test_models_health_metrics(openai_client, server, http):
     for name in ("time_to_first_token_seconds_bucket", "inter_token_latency_seconds_count",
                  "e2e_request_latency_seconds_sum", "num_requests_running", "num_requests_waiting",
                  "kv_cache_usage_perc", "prefix_cache_queries_total", "prefix_cache_hits_total",
-                 "num_requests_prefilling", "num_preemptions_total", "kv_cache_evicted_pages_total"):
+                 "num_requests_prefilling", "num_preemptions_total", "kv_cache_evicted_pages_total",
+                 "spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
+                 "spec_decode_num_accepted_tokens_total", "spec_decode_mean_acceptance_length"):
         assert f"radixserve:{name}" in metrics.text
 
 

@@ -143,3 +143,12 @@ def test_document_reuse_flags_reach_the_engine_config(smollm2_dir):
 def test_bad_document_reuse_flags_are_one_line_errors(smollm2_dir, argv, fragment):
     with pytest.raises(RadixserveError, match=fragment):
         settings_from_args(_args(*argv), smollm2_dir)
+
+
+def test_speculative_mode_reaches_the_engine(smollm2_dir):
+    from engine.engine_config import SPECULATIVE_MODES
+
+    assert set(cli.SPECULATIVE_MODES) == set(SPECULATIVE_MODES)
+    assert settings_from_args(_args(), smollm2_dir).engine.speculative == cli.SERVE_SPECULATIVE_DEFAULT
+    for mode in SPECULATIVE_MODES:
+        assert settings_from_args(_args("--speculative", mode), smollm2_dir).engine.speculative == mode
