@@ -4,7 +4,7 @@ the request still computes, and where its KV stops being exact.
 After the radix tree's exact prefix match (P tokens), for a request with reuse on:
 1. Derived continuation: pages cached under the tenant's DerivedSalt below the exact match (a
    stitched prefix an earlier request left, e.g. the previous turn or choice 0 of n) are taken too.
-2. Spans: cache.document_spans.find_spans(prompt, options.document_spans, min_span_tokens). Each
+2. Spans: cache.document_spans.find_spans(prompt, options.document_spans, min_span_tokens, breaks). Each
    span at or after the matched prefix whose KV is stored (same tokens, same salt) is placed into
    the request's pages (engine/document_kv_copy.py: K re-rotated by new start - stored start, V as
    is), except its first k = document_boundary_tokens tokens, which are recomputed (a span computed
@@ -24,7 +24,7 @@ The plan is bookkeeping only; the tensor copies happen in the engine before the 
 from dataclasses import dataclass, field
 
 from cache import DerivedSalt, RadixTree
-from cache.document_spans import find_spans
+from cache.document_spans import SpanBreaks, find_spans
 from cache.document_store import DocumentEntry, DocumentKey, DocumentKVStore, document_key
 from engine.engine_config import EngineConfig
 from engine.request import Request
@@ -62,10 +62,12 @@ class DocumentPlan:
 class DocumentReuse:
     """Plans stitched spans at admission (called by the scheduler); counts what reuse saved."""
 
-    def __init__(self, config: EngineConfig, store: DocumentKVStore):
+    def __init__(self, config: EngineConfig, store: DocumentKVStore, breaks: SpanBreaks):
+        """`breaks`: the tokenizer's newline and special tokens, where span cuts prefer to fall."""
         self.default_on = config.document_reuse
         self.boundary_tokens = config.document_boundary_tokens
         self.min_span_tokens = config.document_min_span_tokens
+        self.breaks = breaks
         self.page_size = config.page_size
         self.store = store
         self.num_reused_spans = 0
@@ -92,7 +94,7 @@ class DocumentReuse:
         end_limit = len(prompt) - max(1, request.num_tail_logit_rows)
         prefix_end = request.num_computed_tokens
         previous: tuple[int, DocumentKey] | None = None  # (end, key) of the span before
-        for start, end in find_spans(prompt, request.options.document_spans, self.min_span_tokens):
+        for start, end in find_spans(prompt, request.options.document_spans, self.min_span_tokens, self.breaks):
             key = document_key(prompt[start:end], request.cache_salt)
             adjacent_key = previous[1] if previous is not None and previous[0] == start else None
             previous = (end, key)

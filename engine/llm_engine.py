@@ -31,6 +31,7 @@ from engine.request_options import DEFAULT_REQUEST_OPTIONS, RequestOptions
 from engine.sampler import Sampler, make_sampling_state
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledChunk, Scheduler
+from engine.span_breaks import span_breaks
 from engine.speculative_verify import AcceptedTokens, sample_and_verify
 from model.backends import select_backend
 from model.config import ModelConfig
@@ -73,7 +74,7 @@ class LLMEngine:
                                                model_dir, self.kv_pool, self.device.type, self.metrics)
         # Document KV (engine/document_reuse.py): spans' KV stored once, placed at any position.
         self.document_store = DocumentKVStore(config.document_store_bytes)
-        self.documents = DocumentReuse(config, self.document_store)
+        self.documents = DocumentReuse(config, self.document_store, span_breaks(model_dir))
         self.document_kv = DocumentKVCopier(self.document_store, self.kv_pool, self.backend,
                                             self.model.rotary.inv_freq, self.device)
         self.scheduler = Scheduler(config, num_pages, self.max_model_len, kv_tier=self.kv_tier,
@@ -325,7 +326,8 @@ class LLMEngine:
             raise RequestError(f"document {empty} is empty")
         num_computed = 0
         for index, token_ids in enumerate(token_id_lists):
-            spans = find_spans(token_ids, [(0, len(token_ids))], self.config.document_min_span_tokens)
+            spans = find_spans(token_ids, [(0, len(token_ids))], self.config.document_min_span_tokens,
+                               self.documents.breaks)
             if all(document_key(token_ids[start:end], cache_salt) in self.document_store for start, end in spans):
                 continue
             options = RequestOptions(document_reuse=True, document_spans=((0, len(token_ids)),))
