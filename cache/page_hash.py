@@ -9,19 +9,31 @@ and is never used. The byte encoding is fixed:
 
     cache_salt  None -> b"\\x00"; a str -> b"\\x01" + uint32 LE byte length + UTF-8 bytes
                (tagged and length-prefixed, so None, "" and any key stay distinct and no key
-               can run into the tokens)
+               can run into the tokens); a DerivedSalt -> b"\\x02" + its salt's encoding
     tokens     each id as uint32 little-endian
 """
 
 import hashlib
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 PAGE_HASH_NUM_BYTES = 16
 ROOT_PAGE_HASH = b""
 
 
-def encode_cache_salt(cache_salt: str | None) -> bytes:
+@dataclass(frozen=True)
+class DerivedSalt:
+    """The key of derived KV (document KV placed at a new position, and everything computed
+    after it) of tenant `salt`: equal to no str and no None, so a lookup with a plain salt (exact
+    KV only) never reaches it, and tenants stay apart as with plain salts."""
+
+    salt: str | None
+
+
+def encode_cache_salt(cache_salt: "str | None | DerivedSalt") -> bytes:
+    if isinstance(cache_salt, DerivedSalt):
+        return b"\x02" + encode_cache_salt(cache_salt.salt)
     if cache_salt is None:
         return b"\x00"
     key_bytes = cache_salt.encode("utf-8")

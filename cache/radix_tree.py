@@ -13,6 +13,12 @@ Invariants:
   - The tree holds exactly one allocator reference on each page it caches: taken in insert,
     given back in evict and reset.
 
+Derived KV (document KV placed at a new position, and everything computed after it) is cached
+under a DerivedSalt (cache/page_hash.py) in the keys of its nodes, hanging below the exact node
+where the request's exact KV ended: a walk with a plain salt never enters it, a walk given the
+derived salt continues into it once the exact path ends (match_prefix/insert `derived_salt`).
+Below a derived node there are only derived nodes.
+
 Splits: match_prefix and insert split a node at a page boundary when the path they follow
 ends inside the node's run, so the node they stop at ends exactly where the match ends (the
 ``last_node`` to lock). A split changes no cached content and no page count. The lower part
@@ -31,7 +37,7 @@ from typing import NamedTuple
 from cache.eviction import EvictionPolicy, LRUPolicy
 from cache.page_events import PageEvent, PageEventKind, PageListener
 from cache.page_allocator import PageAllocator
-from cache.page_hash import ROOT_PAGE_HASH, hash_pages
+from cache.page_hash import ROOT_PAGE_HASH, DerivedSalt, hash_pages
 from cache.tree_node import TreeNode
 
 
@@ -79,40 +85,65 @@ class RadixTree:
     def num_locked_pages(self) -> int:
         return self._num_locked_pages
 
-    def match_prefix(self, token_ids: Sequence[int], cache_salt: str | None = None) -> MatchResult:
+    def match_prefix(self, token_ids: Sequence[int], cache_salt: str | None = None,
+                     derived_salt: DerivedSalt | None = None, max_exact_pages: int | None = None) -> MatchResult:
         """Longest cached prefix of ``token_ids`` made of full pages.
 
+        With ``derived_salt``: exact pages (``cache_salt``) as far as they go, at most
+        ``max_exact_pages`` of them, then derived ones (``derived_salt``) from there on.
         Changes no cached content, but stamps the matched path's access time and hit count,
         and may split the last node (see the module docstring). Takes no lock and no page
         reference: lock(result.last_node) before anything may evict.
         """
         num_pages = len(token_ids) // self.page_size
-        last_node, page_ids = self._descend(token_ids, num_pages, cache_salt)
+        num_exact_pages = num_pages if derived_salt is None or max_exact_pages is None else min(num_pages,
+                                                                                              max_exact_pages)
+        last_node, page_ids = self._descend(token_ids, num_exact_pages, cache_salt)
+        if derived_salt is not None and len(page_ids) < num_pages:
+            last_node, page_ids = self._descend(token_ids, num_pages, derived_salt, last_node, page_ids)
         self._touch(last_node, is_hit=True)
         return MatchResult(page_ids, len(page_ids) * self.page_size, last_node)
 
     def insert(
-        self, token_ids: Sequence[int], page_ids: Sequence[int], cache_salt: str | None = None
+        self, token_ids: Sequence[int], page_ids: Sequence[int], cache_salt: str | None = None,
+        derived_salt: DerivedSalt | None = None, num_exact_pages: int | None = None,
     ) -> int:
         """Cache the full pages of ``token_ids``, held in ``page_ids`` (extra ids ignored).
 
+        With ``derived_salt``: the first ``num_exact_pages`` pages are exact (``cache_salt``),
+        the rest derived and cached under ``derived_salt`` below them.
         Returns the number of tokens that were already cached (a multiple of page_size). The
         tree retains each page it adds. It does not retain the caller's ids for pages it
         already had: the caller still releases those, which frees the duplicates.
         """
-        page_size = self.page_size
-        num_pages = len(token_ids) // page_size
+        num_pages = len(token_ids) // self.page_size
         if len(page_ids) < num_pages:
             raise ValueError(f"{num_pages} full pages of tokens but only {len(page_ids)} page ids")
-        node, cached_page_ids = self._descend(token_ids, num_pages, cache_salt)
+        if derived_salt is None or num_exact_pages is None or num_exact_pages >= num_pages:
+            node, num_cached_pages = self._insert_run(self._root, [], token_ids, page_ids, num_pages, cache_salt)
+        else:
+            node, num_cached_pages = self._insert_run(self._root, [], token_ids, page_ids, num_exact_pages,
+                                                      cache_salt)
+            node, num_cached_derived = self._insert_run(node, list(page_ids[:num_exact_pages]), token_ids, page_ids,
+                                                        num_pages, derived_salt)
+            num_cached_pages += num_cached_derived
+        self._touch(node, is_hit=False)
+        return num_cached_pages * self.page_size
+
+    def _insert_run(self, node: TreeNode, matched_page_ids: list[int], token_ids: Sequence[int],
+                    page_ids: Sequence[int], num_pages: int, cache_salt) -> tuple[TreeNode, int]:
+        """Pages len(matched_page_ids)..num_pages of token_ids below `node` (which ends where
+        matched_page_ids do) under `cache_salt` -> (their last node, how many were cached already)."""
+        page_size = self.page_size
+        num_before = len(matched_page_ids)
+        node, cached_page_ids = self._descend(token_ids, num_pages, cache_salt, node, matched_page_ids)
         num_cached_pages = len(cached_page_ids)
         if num_cached_pages < num_pages:
             new_page_ids = list(page_ids[num_cached_pages:num_pages])
             self._allocator.retain(new_page_ids)  # first, so a bad id leaves the tree as it was
             new_token_ids = tuple(token_ids[num_cached_pages * page_size : num_pages * page_size])
             node = self._add_child(node, new_token_ids, new_page_ids, cache_salt)
-        self._touch(node, is_hit=False)
-        return num_cached_pages * page_size
+        return node, num_cached_pages - num_before
 
     def lock(self, node: TreeNode) -> None:
         """Pin ``node`` and its ancestors: lock_ref += 1 on each. Locked nodes are never evicted."""
@@ -181,15 +212,18 @@ class RadixTree:
         self._emit(PageEventKind.CLEARED, (), ())
 
     def _descend(
-        self, token_ids: Sequence[int], num_pages: int, cache_salt: str | None
+        self, token_ids: Sequence[int], num_pages: int, cache_salt, node: TreeNode | None = None,
+        matched_page_ids: list[int] | None = None,
     ) -> tuple[TreeNode, list[int]]:
-        """Follow the longest cached run of the first ``num_pages`` pages of ``token_ids``.
+        """Follow the longest cached run of the first ``num_pages`` pages of ``token_ids``, from
+        the root, or from ``node`` where the pages ``matched_page_ids`` already led.
 
         Returns the node where the run ends and its page ids; splits a node the run ends inside.
         """
         page_size = self.page_size
         tokens = tuple(token_ids[: num_pages * page_size])
-        node, matched_page_ids = self._root, []
+        node = self._root if node is None else node
+        matched_page_ids = [] if matched_page_ids is None else list(matched_page_ids)
         while len(matched_page_ids) < num_pages:
             start = len(matched_page_ids) * page_size
             child = node.children.get((cache_salt, tokens[start : start + page_size]))

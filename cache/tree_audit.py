@@ -3,7 +3,7 @@
 They use only the tree's public surface (root, page_size, the num_* counters) and node fields.
 """
 
-from cache.page_hash import ROOT_PAGE_HASH, hash_pages
+from cache.page_hash import ROOT_PAGE_HASH, DerivedSalt, hash_pages
 from cache.radix_tree import RadixTree
 from cache.tree_node import TreeNode
 
@@ -40,7 +40,10 @@ def check_tree_invariants(tree: RadixTree) -> None:
         key = (node.cache_salt, node.token_ids[:page_size])
         _require(parent.children.get(key) is node, f"{node} is not under its key in its parent")
         is_same_key = parent is tree.root or parent.cache_salt == node.cache_salt
-        _require(is_same_key, "cache_salt mixed on a path")
+        # derived KV hangs below the exact node of the same tenant where the exact KV ended
+        is_derived_below_exact = (isinstance(node.cache_salt, DerivedSalt) and parent is not tree.root
+                                  and parent.cache_salt == node.cache_salt.salt)
+        _require(is_same_key or is_derived_below_exact, "cache_salt mixed on a path")
         _require(node.lock_ref >= 0, f"{node} has a negative lock_ref")
         if parent is not tree.root:
             _require(parent.lock_ref >= node.lock_ref, f"{node} locked more than its parent")

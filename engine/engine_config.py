@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 DEFAULT_KV_DISK_BYTES = 4 << 30  # the disk tier's bound when serving (server/serve_command.py)
+DEFAULT_DOCUMENT_STORE_BYTES = 1 << 30
 KV_DISK_POLICIES = ("write-through", "write-back")  # every page at once / a page when the pool evicts it
 
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -87,6 +88,14 @@ class EngineConfig:
     kv_disk_dir: Path | None = None
     kv_disk_bytes: int = DEFAULT_KV_DISK_BYTES
     kv_disk_policy: str = "write-through"
+    # Document KV reuse (engine/document_reuse.py): stored spans' KV placed at any position, K re-rotated.
+    # The default for requests that do not say (RequestOptions.document_reuse None).
+    document_reuse: bool = False
+    document_store_bytes: int = DEFAULT_DOCUMENT_STORE_BYTES  # the document KV store's bound
+    document_boundary_tokens: int = 16  # k: the first k tokens of a reused span are recomputed
+    # CacheBlend-style selective recompute of the most deviating reused tokens (0.0: off)
+    document_recompute_fraction: float = 0.0
+    document_min_span_tokens: int = 64  # shorter spans are not worth storing
 
     def __post_init__(self):
         if self.page_size <= 0 or self.page_size & (self.page_size - 1):
@@ -109,3 +118,11 @@ class EngineConfig:
         if self.kv_disk_policy not in KV_DISK_POLICIES:
             raise ValueError(f"kv_disk_policy must be one of {', '.join(KV_DISK_POLICIES)}, "
                              f"got {self.kv_disk_policy!r}")
+        if self.document_store_bytes <= 0:
+            raise ValueError(f"document_store_bytes must be positive, got {self.document_store_bytes}")
+        if self.document_boundary_tokens < 0:
+            raise ValueError(f"document_boundary_tokens must be >= 0, got {self.document_boundary_tokens}")
+        if not 0.0 <= self.document_recompute_fraction <= 1.0:
+            raise ValueError(f"document_recompute_fraction must be in [0, 1], got {self.document_recompute_fraction}")
+        if self.document_min_span_tokens < 1:
+            raise ValueError(f"document_min_span_tokens must be >= 1, got {self.document_min_span_tokens}")

@@ -20,6 +20,7 @@ from engine.metrics import EngineMetrics, EngineStats
 from engine.model_runner import ModelRunner
 from engine.prefix_pins import PrefixPins
 from engine.prompt_logprobs import prompt_logprobs_output, record_prompt_logprobs
+from engine.prompt_tail_logits import collect_tail_logits, record_tail_logits
 from engine.request import FinishReason, Request, RequestOutput
 from engine.request_options import DEFAULT_REQUEST_OPTIONS, RequestOptions
 from engine.sampler import Sampler, make_sampling_state
@@ -131,7 +132,10 @@ class LLMEngine:
         started = time.perf_counter()
         logits, sampled_chunks, prompt_logits = self.runner.run(chunks)
         for request, position, rows in prompt_logits:
-            record_prompt_logprobs(request, position, rows)
+            if request.num_tail_logit_rows:
+                record_tail_logits(request, position, rows)
+            else:
+                record_prompt_logprobs(request, position, rows)
         self.scheduler.commit(chunks)
         outputs = self._postprocess(logits, sampled_chunks) if sampled_chunks else []
         self._account_step(chunks, time.perf_counter() - started)
@@ -170,6 +174,7 @@ class LLMEngine:
                     num_output_tokens=len(request.output_token_ids),
                     prompt_logprobs=prompt_logprobs,
                     prompt_top_logprobs=prompt_top_logprobs,
+                    num_reused_document_tokens=request.num_reused_document_tokens,
                 )
             )
         return outputs
@@ -239,6 +244,22 @@ class LLMEngine:
                     num_kv_disk_pages=tier_stats.num_pages, num_kv_disk_bytes=tier_stats.num_bytes)
 
     # ---- offline use (tests, benchmarks) --------------------------------
+
+    def prompt_tail_logits(self, prompt_token_ids: list[int], num_rows: int, cache_salt: str | None = None,
+                           options: RequestOptions = DEFAULT_REQUEST_OPTIONS) -> torch.Tensor:
+        """(num_rows, V) float32 logits of the prompt's last num_rows positions, run through the
+        ordinary scheduled path (prefix match, document stitching, chunked prefill): row i scores
+        prompt token len - num_rows + i + 1, the last row the first generated token. Those
+        positions are computed for this request; everything before them may come from cache.
+        Steps the engine until this request is done (meant for an idle engine)."""
+        if not 1 <= num_rows <= len(prompt_token_ids):
+            raise RequestError(f"num_rows must be in [1, {len(prompt_token_ids)}], got {num_rows}")
+        request = self.add_request(f"tail-logits-{self.num_steps}-{id(prompt_token_ids)}", prompt_token_ids,
+                                   SamplingParams(max_tokens=1, temperature=0.0), cache_salt, options)
+        request.num_tail_logit_rows = num_rows  # read by the scheduler and the runner once admitted
+        while not request.is_finished:
+            self.step()
+        return collect_tail_logits(request)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[list[int]]:
         """Run prompts to completion together; returns each one's output ids."""

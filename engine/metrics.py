@@ -75,3 +75,10 @@ class EngineStats:
     num_kv_disk_hit_tokens: int = 0
     num_kv_disk_pages: int = 0
     num_kv_disk_bytes: int = 0
+    # Document KV reuse (engine/document_reuse.py): spans and tokens placed from the store and not
+    # recomputed, boundary (and selectively) recomputed tokens of reused spans, the store's size.
+    num_document_reused_spans: int = 0
+    num_document_reused_tokens: int = 0
+    num_document_recomputed_tokens: int = 0
+    num_document_store_bytes: int = 0
+    num_document_store_entries: int = 0

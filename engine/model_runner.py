@@ -3,12 +3,13 @@
 Rows of every scheduled chunk are concatenated (N tokens in all); logits are
 computed for the rows that end a chunk completing its request's known tokens
 (a finished prefill or a decode), and mid-prompt only for a request that asked
-for prompt logprobs (each prompt row's logits score the prompt's next token).
+for prompt logprobs or tail logits (each prompt row's logits score the prompt's next token).
 """
 
 import torch
 
 from cache.kv_pool import KVPool
+from engine.prompt_tail_logits import tail_logit_rows
 from engine.request import Request
 from engine.scheduler import ScheduledChunk
 from engine.step_batch import SequenceChunk, build_step_batch, run_step
@@ -33,14 +34,17 @@ class ModelRunner:
         prompt_spans: list[tuple[Request, int, int]] = []  # (request, first position, num rows)
         for chunk in chunks:
             request, end = chunk.request, chunk.start + chunk.num_tokens
-            num_prompt_rows = 0
+            num_prompt_rows, row_offset = 0, 0
             if request.needs_prompt_logprobs:
                 # rows start..last-1 score prompt tokens start+1..last; the prompt's last row samples
                 num_prompt_rows = max(0, min(end, len(request.prompt_token_ids) - 1) - chunk.start)
-                if num_prompt_rows:
-                    prompt_spans.append((request, chunk.start, num_prompt_rows))
+            elif request.num_tail_logit_rows:
+                row_offset, num_prompt_rows = tail_logit_rows(request, chunk.start, end)
+            if num_prompt_rows:
+                prompt_spans.append((request, chunk.start + row_offset, num_prompt_rows))
             sequence_chunks.append(SequenceChunk(request.token_ids_between(chunk.start, end), chunk.start,
-                                                 request.page_ids, chunk.completes_request_tokens, num_prompt_rows))
+                                                 request.page_ids, chunk.completes_request_tokens, num_prompt_rows,
+                                                 row_offset))
         logits = run_step(self.model, self.kv_pool.layers, build_step_batch(sequence_chunks, self.page_size, self.device))
         prompt_logits: list[PromptLogits] = []
         offset = 0

@@ -58,7 +58,8 @@ class Request:
     num_tree_pages: int = 0  # leading pages owned by the tree (see module docstring)
     tree_node: object | None = None  # locked radix-tree node, or None
     num_computed_tokens: int = 0  # tokens of all_token_ids whose KV is in page_ids
-    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (first admission)
+    num_cached_tokens: int = 0  # prompt tokens not computed for it: prefix cache + documents (first admission)
+    num_reused_document_tokens: int = 0  # of those, tokens placed from the document store
     num_preemptions: int = 0
     # The generated tokens, owned here: the engine appends each one; the sampling state reads it.
     output_token_ids: list[int] = field(default_factory=list)
@@ -66,6 +67,10 @@ class Request:
     # Filled as prefill chunks run; complete when it has len(prompt_token_ids) - 1 entries.
     prompt_logprobs: list[float] = field(default_factory=list)
     prompt_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    # With num_tail_logit_rows = n (engine/prompt_tail_logits.py): position -> (V,) float32 logits of
+    # prompt positions len - n .. len - 1, recorded as prefill runs; those positions are never cached.
+    num_tail_logit_rows: int = 0
+    tail_logits: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.sampling.output_token_ids is not self.output_token_ids:
@@ -116,9 +121,11 @@ class RequestOutput:
     top_logprobs: list[list[tuple[int, float]]] | None
     finish_reason: FinishReason | None  # set on the request's last output
     num_prompt_tokens: int
-    num_cached_tokens: int
+    num_cached_tokens: int  # prompt tokens whose KV was not computed for this request (prefix cache + documents)
     num_output_tokens: int
     # With params.prompt_logprobs, on the request's first output only: one entry per prompt
     # token, None for the first (nothing precedes it); top alternatives likewise.
     prompt_logprobs: list[float | None] | None = None
     prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None
+    # Of num_cached_tokens, the prompt tokens whose KV came from the document store (not recomputed).
+    num_reused_document_tokens: int = 0

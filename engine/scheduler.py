@@ -245,7 +245,8 @@ class Scheduler:
         if not self.enable_prefix_cache:
             return
         match = self.tree.match_prefix(tokens, request.cache_salt)
-        max_num_pages = (len(tokens) - 1) // self.page_size
+        # the last token (its logits) and tail-logit rows (engine/prompt_tail_logits.py) are computed
+        max_num_pages = (len(tokens) - max(1, request.num_tail_logit_rows)) // self.page_size
         if self.kv_tier is not None:
             match = self.kv_tier.extend_match(self.tree, self.allocator, self._allocate, tokens,
                                               request.cache_salt, match, max_num_pages)

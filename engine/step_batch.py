@@ -21,8 +21,10 @@ class SequenceChunk:
     start: int
     page_ids: list[int]  # the sequence's pages, in order (enough for every position)
     wants_logits: bool = True  # its last row's logits are needed (ends a prompt, or a decode)
-    # Its first rows whose logits score the next prompt token (prompt logprobs); 0 for most.
+    # Rows whose logits score the next prompt token (prompt logprobs, tail logits); 0 for most:
+    # rows [prompt_logit_row_offset, prompt_logit_row_offset + num_prompt_logit_rows) of the chunk.
     num_prompt_logit_rows: int = 0
+    prompt_logit_row_offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,8 @@ def build_step_batch(chunks: list[SequenceChunk], page_size: int, device: torch.
     for chunk in chunks:
         first_row = len(input_ids)
         input_ids.extend(chunk.token_ids)
-        prompt_logit_rows.extend(range(first_row, first_row + chunk.num_prompt_logit_rows))
+        first_prompt_row = first_row + chunk.prompt_logit_row_offset
+        prompt_logit_rows.extend(range(first_prompt_row, first_prompt_row + chunk.num_prompt_logit_rows))
         if chunk.wants_logits:
             logit_rows.append(len(input_ids) - 1)
     attn = AttentionInputs.for_chunks(

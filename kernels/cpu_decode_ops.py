@@ -47,6 +47,7 @@ _RMS_NORM_ARGS = struct.Struct("<5qdq").pack
 _ADD_RMS_NORM_ARGS = struct.Struct("<6qdq").pack
 _SILU_AND_MUL_ARGS = struct.Struct("<5q").pack
 _ROPE_STORE_KV_ARGS = struct.Struct("<12q").pack
+_REROTATE_STORE_KV_ARGS = struct.Struct("<12q").pack
 _ATTENTION_ARGS = struct.Struct("<13qd4q").pack
 _ATTENTION_ERRORS = {
     1: "rows[{b}] is not a row of q/out",
@@ -69,6 +70,7 @@ class CpuDecodeOps:
         self._add_rms_norm = _bind(library.add_rms_norm_f32_packed)
         self._silu_and_mul = _bind(library.silu_and_mul_f32_packed)
         self._rope_store_kv = _bind(library.rope_store_kv_f32_packed)
+        self._rerotate_store_kv = _bind(library.rerotate_store_kv_f32_packed)
         self._attention = _bind(library.paged_decode_attention_f32_packed)
 
     # ------------------------------------------------------------ predicates
@@ -166,6 +168,33 @@ class CpuDecodeOps:
         _check_index("slot_ids", slot_ids, rows)
         bad = self._rope_store_kv(_ROPE_STORE_KV_ARGS(
             qkv.data_ptr(), rows, num_heads, num_kv_heads, dim, cos.data_ptr(), sin.data_ptr(),
+            k_cache.data_ptr(), v_cache.data_ptr(), slot_ids.data_ptr(), num_pages * page_size,
+            torch.get_num_threads()))
+        if bad:
+            raise ValueError(f"slot_ids[{bad - 1}] is outside the cache's {num_pages * page_size} slots")
+
+    def rerotate_store_kv(self, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                          slot_ids: Tensor) -> None:
+        """Writes k rotated by one position delta and v as is into slots slot_ids of the caches
+        (stored document KV placed at a new position); k and v are not modified.
+
+        k, v (T, KVH, D) contiguous; cos, sin (D,) or (1, 1, D) contiguous (rotary.rerotation_cos_sin);
+        caches (num_pages, page_size, KVH, D); slot_ids (T,) int64. Bad slot ids raise ValueError,
+        nothing written.
+        """
+        num_pages, page_size, num_kv_heads, head_dim = _check_caches(k_cache, v_cache)
+        for name, t in (("k", k), ("v", v)):
+            if t.dtype != _F32 or not t.is_cpu or t.shape[1:] != (num_kv_heads, head_dim) or not t.is_contiguous():
+                raise ValueError(f"{name} must be a contiguous (T, {num_kv_heads}, {head_dim}) float32 CPU tensor, "
+                                 f"got {tuple(t.shape)} {t.dtype}")
+        if v.shape != k.shape:
+            raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} differ in shape")
+        rows = k.shape[0]
+        _check_table("cos", cos.view(1, head_dim), 1, head_dim)
+        _check_table("sin", sin.view(1, head_dim), 1, head_dim)
+        _check_index("slot_ids", slot_ids, rows)
+        bad = self._rerotate_store_kv(_REROTATE_STORE_KV_ARGS(
+            k.data_ptr(), v.data_ptr(), rows, num_kv_heads, head_dim, cos.data_ptr(), sin.data_ptr(),
             k_cache.data_ptr(), v_cache.data_ptr(), slot_ids.data_ptr(), num_pages * page_size,
             torch.get_num_threads()))
         if bad:

@@ -54,6 +54,21 @@ def _llama3_inv_freq(inv_freq: Tensor, scaling: dict) -> Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
+def rerotation_cos_sin(inv_freq: Tensor, delta: int, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    """(1, 1, D) cos and sin that move a K already rotated at position p to position p + delta
+    (delta may be negative): RoPE composes, R(p + delta) = R(delta) R(p). Angles are taken in
+    float64 (delta * inv_freq) so the table adds no rounding of its own beyond float32's."""
+    angles = delta * inv_freq.to(torch.float64)  # (D/2,)
+    emb = torch.cat((angles, angles))  # (D,)
+    return emb.cos().to(dtype)[None, None, :], emb.sin().to(dtype)[None, None, :]
+
+
+def rerotate_k(k: Tensor, delta: int, inv_freq: Tensor) -> Tensor:
+    """The reference: k (T, KVH, D), rotated for positions p..p+T-1 -> the same K at p + delta."""
+    cos, sin = rerotation_cos_sin(inv_freq.to(k.device), delta, k.dtype)
+    return _rotate(k, cos, sin)
+
+
 class RotaryEmbedding:
     """Precomputed cos/sin tables for positions [0, max_positions); applies RoPE to q and k.
 
@@ -74,6 +89,7 @@ class RotaryEmbedding:
         self.head_dim = head_dim
         self.max_positions = max_positions
         inv_freq = rope_inv_freq(head_dim, theta, scaling).to(device)  # (D/2,)
+        self.inv_freq = inv_freq  # float32 (D/2,): what re-rotating stored K by a position delta needs
         positions = torch.arange(max_positions, device=device, dtype=torch.int64).float()
         freqs = positions[:, None] * inv_freq[None, :]  # (P, D/2)
         emb = torch.cat((freqs, freqs), dim=-1)  # (P, D)

@@ -162,6 +162,26 @@ int64_t rope_store_kv_f32(float* qkv, int64_t rows, int64_t num_heads, int64_t n
   return 0;
 }
 
+/* Document KV placed at a new position: each row's k (KVH, D) rotated by one position delta
+   (cos, sin: one (D,) row, kernels/rotary.py rerotation_cos_sin) and v as is, written into
+   its slot. The source is left unchanged. Returns 0, or 1 + the first bad row (nothing written). */
+int64_t rerotate_store_kv_f32(const float* k, const float* v, int64_t rows, int64_t num_kv_heads, int64_t head_dim,
+                              const float* cos, const float* sin, float* k_cache, float* v_cache,
+                              const int64_t* slot_ids, int64_t num_slots, int num_threads) {
+  for (int64_t r = 0; r < rows; r++)
+    if (slot_ids[r] < 0 || slot_ids[r] >= num_slots) return r + 1;
+  const int64_t kv_size = num_kv_heads * head_dim;
+  const size_t kv_bytes = (size_t)kv_size * sizeof(float);
+  #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1 && rows * kv_size >= ROPE_PARALLEL_MIN)
+  for (int64_t r = 0; r < rows; r++) {
+    float* k_slot = k_cache + slot_ids[r] * kv_size;
+    memcpy(k_slot, k + r * kv_size, kv_bytes);
+    for (int64_t h = 0; h < num_kv_heads; h++) rotate_half_inplace(k_slot + h * head_dim, cos, sin, head_dim);
+    memcpy(v_cache + slot_ids[r] * kv_size, v + r * kv_size, kv_bytes);
+  }
+  return 0;
+}
+
 /* Packed-argument entry points (simd.h). */
 
 int64_t rms_norm_f32_packed(const int64_t* a) {
@@ -182,4 +202,9 @@ int64_t silu_and_mul_f32_packed(const int64_t* a) {
 int64_t rope_store_kv_f32_packed(const int64_t* a) {
   return rope_store_kv_f32(P(float*, 0), a[1], a[2], a[3], a[4], P(const float*, 5), P(const float*, 6),
                            P(float*, 7), P(float*, 8), P(const int64_t*, 9), a[10], (int)a[11]);
+}
+
+int64_t rerotate_store_kv_f32_packed(const int64_t* a) {
+  return rerotate_store_kv_f32(P(const float*, 0), P(const float*, 1), a[2], a[3], a[4], P(const float*, 5),
+                               P(const float*, 6), P(float*, 7), P(float*, 8), P(const int64_t*, 9), a[10], (int)a[11]);
 }

@@ -136,6 +136,13 @@ class Backend(ABC):
         KVH, D) -> the rotated q (N, H, D), possibly a view of qkv (which may be modified)."""
 
     @abstractmethod
+    def store_rerotated_kv(self, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                           slot_ids: Tensor) -> None:
+        """Stored document KV placed at a new position: k, v (T, KVH, D), k rotated by one position
+        delta with cos, sin (1, 1, D) (kernels.rotary.rerotation_cos_sin), v as is, written into
+        slots slot_ids (T,) of the caches. k and v are left unchanged."""
+
+    @abstractmethod
     def attention(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, attn: AttentionInputs,
                   scale: float) -> Tensor:
         """Paged attention of the step's queries q (N, H, D) over the caches, prefills and

@@ -64,6 +64,10 @@ class TorchBackend(Backend):
         store_kv(k_cache, v_cache, qk[:, num_heads:], qkv[:, num_heads + num_kv_heads :], slot_ids)
         return qk[:, :num_heads]
 
+    def store_rerotated_kv(self, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                           slot_ids: Tensor) -> None:
+        store_kv(k_cache, v_cache, RotaryEmbedding.apply(k, cos, sin), v, slot_ids)
+
     def attention(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, attn: AttentionInputs,
                   scale: float) -> Tensor:
         return paged_attention(q, k_cache, v_cache, attn, scale, self.policy.attention)

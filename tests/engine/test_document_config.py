@@ -1,0 +1,33 @@
+"""EngineConfig's document reuse fields: defaults, and every bad value refused in __post_init__."""
+
+from pathlib import Path
+
+import pytest
+
+from engine.engine_config import EngineConfig
+from engine.metrics import EngineStats
+from engine.request import RequestOutput
+
+
+def test_document_reuse_is_off_by_default():
+    config = EngineConfig(model_dir=Path("m"))
+    assert config.document_reuse is False
+    assert config.document_store_bytes > 0 and config.document_boundary_tokens >= 0
+    assert config.document_recompute_fraction == 0.0 and config.document_min_span_tokens == 64
+
+
+@pytest.mark.parametrize("field, value", [
+    ("document_store_bytes", 0), ("document_boundary_tokens", -1), ("document_recompute_fraction", -0.1),
+    ("document_recompute_fraction", 1.5), ("document_min_span_tokens", 0),
+])
+def test_bad_document_settings_are_refused(field, value):
+    with pytest.raises(ValueError, match=field):
+        EngineConfig(model_dir=Path("m"), **{field: value})
+
+
+def test_new_counters_default_to_zero():
+    stats = EngineStats(*([0] * 10))
+    assert (stats.num_document_reused_spans, stats.num_document_reused_tokens, stats.num_document_recomputed_tokens,
+            stats.num_document_store_bytes, stats.num_document_store_entries) == (0, 0, 0, 0, 0)
+    output = RequestOutput("r", [1], None, None, None, 3, 0, 1)
+    assert output.num_reused_document_tokens == 0
