@@ -23,6 +23,10 @@ _PER_REPLICA = (
      lambda s: s.num_prefix_query_tokens),
     (CounterMetricFamily, "replica_prefix_cache_hits", "Prompt tokens found in the replica's prefix cache.",
      lambda s: s.num_prefix_hit_tokens),
+    (CounterMetricFamily, "replica_document_reuse_tokens",
+     "Prompt tokens whose KV came from the replica's document store.", lambda s: s.num_document_reused_tokens),
+    (GaugeMetricFamily, "replica_document_reuse_store_bytes", "Bytes of KV the replica's document store holds.",
+     lambda s: s.num_document_store_bytes),
 )
 
 

@@ -38,6 +38,7 @@ class AccessRecord:
         if self.usage is not None:
             usage = self.usage
             fields.update(prompt_tokens=usage.num_prompt_tokens, cached_tokens=usage.num_cached_tokens,
+                          reused_document_tokens=usage.num_reused_document_tokens,
                           completion_tokens=usage.num_completion_tokens)
             if usage.first_token_time is not None:
                 fields["ttft_ms"] = round((usage.first_token_time - self.start_time) * 1000, 1)

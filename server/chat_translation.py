@@ -2,7 +2,7 @@
 
 from collections.abc import Sequence
 
-from server.job import ChatJob, OutputFormat, named_tool_choice
+from server.job import ChatJob, OutputFormat, named_tool_choice, requested_document_reuse
 from server.sampling import sampling_fields
 from server.schemas import ChatCompletionRequest, ChatMessage, NamedToolChoice
 
@@ -52,4 +52,5 @@ def chat_job(request: ChatCompletionRequest, retrieved_documents: Sequence[dict]
         cache_salt=request.cache_salt,
         prompt_cache_key=request.prompt_cache_key,
         cache_breakpoints=tuple(request.cache_breakpoints),
+        document_reuse=requested_document_reuse(request.document_reuse),
     )

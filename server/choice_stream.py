@@ -61,7 +61,8 @@ class Usage:
     """Filled in as outputs arrive; read by the response and the access log."""
 
     num_prompt_tokens: int = 0
-    num_cached_tokens: int = 0  # of the prompt, served from the prefix cache (choice 0's admission)
+    num_cached_tokens: int = 0  # of the prompt, not computed: prefix cache + document store (choice 0's admission)
+    num_reused_document_tokens: int = 0  # of those, placed from the document store (derived KV)
     num_completion_tokens_by_choice: dict[int, int] = field(default_factory=dict)
     first_token_time: float | None = None  # time.perf_counter() of the first output
 
@@ -73,6 +74,7 @@ class Usage:
         if index == 0:
             self.num_prompt_tokens = output.num_prompt_tokens
             self.num_cached_tokens = output.num_cached_tokens
+            self.num_reused_document_tokens = output.num_reused_document_tokens
         self.num_completion_tokens_by_choice[index] = output.num_output_tokens
         if self.first_token_time is None:
             self.first_token_time = time.perf_counter()

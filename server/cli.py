@@ -138,6 +138,18 @@ def _add_serve_parser(commands, default_model: str) -> None:
                        help="write every cached page at once (survives a crash), or a page when the pool "
                        "evicts it (fewer writes; default: write-through)")
     serve.add_argument("--no-kv-disk", action="store_true", help="no disk tier for KV pages")
+    # Defaults None: EngineConfig's (document_reuse off, 1GiB, 16, 0.0), said in the help.
+    serve.add_argument("--document-reuse", choices=("on", "off"),
+                       help="reuse the stored KV of a document (or a pasted passage) wherever it sits in a prompt: "
+                       "K re-rotated, the first tokens of each span recomputed, so derived, not exact, KV; a "
+                       "request may switch it off with \"document_reuse\": false (default: off)")
+    serve.add_argument("--document-store-memory", metavar="SIZE",
+                       help="bound of the document KV store, bytes like '1GiB' (default: 1GiB)")
+    serve.add_argument("--document-boundary-tokens", type=int, metavar="K",
+                       help="the first K tokens of each reused document span are recomputed (default: 16)")
+    serve.add_argument("--document-recompute-fraction", type=float, metavar="R",
+                       help="also recompute the fraction R of reused tokens whose KV deviates most "
+                       "(CacheBlend-style; default: 0, off)")
     serve.add_argument("--no-gguf-blocks", action="store_true",
                        help="decode reads the float32 weights, not the GGUF blocks kept at conversion "
                        "(the same values; the blocks are 3.5-5x fewer bytes)")

@@ -83,6 +83,7 @@ class CompletionBatchRunner:
 def _sum_usage(total: Usage, usages: Sequence[Usage], n: int) -> None:
     total.num_prompt_tokens = sum(u.num_prompt_tokens for u in usages)
     total.num_cached_tokens = sum(u.num_cached_tokens for u in usages)
+    total.num_reused_document_tokens = sum(u.num_reused_document_tokens for u in usages)
     for prompt_index, u in enumerate(usages):
         for choice, count in u.num_completion_tokens_by_choice.items():
             total.num_completion_tokens_by_choice[prompt_index * n + choice] = count

@@ -33,11 +33,12 @@ from assembly.schema_finiteness import unsatisfiable_field
 from assembly.tool_calls import message_content
 from engine.async_engine import AsyncEngine
 from engine.request import FinishReason
+from engine.request_options import RequestOptions
 from engine.sampling_params import SamplingParams
 from server.auth import Caller
 from server.choice_stream import ChoiceDelta, ChoiceResult, ChoiceRunner, FinishedChoice, Usage
 from server.errors import APIError, invalid_request
-from server.job import ChatJob, GenerationJob, PrefixPin
+from server.job import ChatJob, GenerationJob, PrefixPin, requested_document_reuse
 from server.prompts import RequestPrompts
 from server.sampling import sampling_params
 from server.schemas import CompletionRequest
@@ -90,12 +91,15 @@ class CompletionService:
         max_new_tokens = job.max_new_tokens or max(1, self.max_num_request_tokens - len(prompt_ids))
         pins = tuple(PrefixPin(num_tokens, min(breakpoint.seconds, self.settings.max_pin_seconds))
                      for breakpoint, num_tokens in self.prompts.breakpoint_lengths(job, prompt_ids) if num_tokens)
+        reuses_documents = job.document_reuse is not False and self.settings.engine.document_reuse
+        options = RequestOptions(document_reuse=job.document_reuse,
+                                 document_spans=self.prompts.document_ranges(job, prompt_ids) if reuses_documents else ())
         return GenerationJob(request_id=request_id, prompt_token_ids=prompt_ids,
                              params=SamplingParams(max_tokens=max_new_tokens, **job.sampling),
                              stop_strings=job.stop_strings, num_choices=job.num_choices, cache_salt=job.cache_salt,
                              grammar=self._grammar(job), parses_tool_calls=job.parses_tool_calls,
                              is_chat=job.remembers_turn, pins=pins, turn_scope=job.turn_scope,
-                             affinity_key=job.prompt_cache_key)
+                             affinity_key=job.prompt_cache_key, engine_options=options)
 
     def _grammar(self, job: ChatJob) -> str | None:
         """The grammar the output runs under: a forced tool call, the calls tool_choice auto lets the
@@ -165,7 +169,8 @@ class CompletionService:
         return GenerationJob(request_id=request_id, prompt_token_ids=prompt_ids,
                              params=sampling_params(request, request.max_new_tokens),
                              stop_strings=tuple(request.stop or ()), num_choices=request.n,
-                             cache_salt=request.cache_salt)
+                             cache_salt=request.cache_salt,
+                             engine_options=RequestOptions(document_reuse=requested_document_reuse(request.document_reuse)))
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.settings.served_model_name:

@@ -57,6 +57,8 @@ class ChatJob:
     turn_scope: str = ""
     cache_breakpoints: tuple[CacheBreakpoint, ...] = ()
     remembers_turn: bool = True  # the finished turn's ids go into turn memory for the next prompt
+    # RequestOptions.document_reuse: False (the request said `document_reuse: false`) or None (the server's).
+    document_reuse: bool | None = None
     # Where the request holds tool i's parameter schema and the output format's schema, in its own API's
     # names: for the 400s about a schema (its first part is the error's param).
     tool_schema_path: str = "tools[{}].function.parameters"
@@ -74,6 +76,12 @@ class ChatJob:
     def parses_tool_calls(self) -> bool:
         """Whether the output is read for tool calls: tools given and not tool_choice none."""
         return bool(self.tools) and self.tool_choice != "none"
+
+
+def requested_document_reuse(document_reuse: bool | None) -> bool | None:
+    """A body's `document_reuse` as RequestOptions.document_reuse: a request may switch document
+    reuse off for itself (derived KV is its choice to refuse), never on where the server has it off."""
+    return False if document_reuse is False else None
 
 
 def named_tool_choice(name: str) -> str:

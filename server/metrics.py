@@ -66,6 +66,17 @@ _STATS_METRICS = (
      lambda s: s.num_kv_disk_query_tokens - s.num_kv_disk_hit_tokens),
     (GaugeMetricFamily, "kv_disk_bytes", "Bytes of KV page files in the disk tier.", lambda s: s.num_kv_disk_bytes),
     (GaugeMetricFamily, "kv_disk_pages", "KV pages in the disk tier.", lambda s: s.num_kv_disk_pages),
+    (CounterMetricFamily, "document_reuse_spans", "Document spans whose stored KV was placed into a prompt.",
+     lambda s: s.num_document_reused_spans),
+    (CounterMetricFamily, "document_reuse_tokens", "Prompt tokens whose KV came from the document store, not computed.",
+     lambda s: s.num_document_reused_tokens),
+    (CounterMetricFamily, "document_reuse_recomputed_tokens",
+     "Tokens of reused document spans recomputed (each span's first tokens, and selective recompute).",
+     lambda s: s.num_document_recomputed_tokens),
+    (GaugeMetricFamily, "document_reuse_store_bytes", "Bytes of KV the document store holds.",
+     lambda s: s.num_document_store_bytes),
+    (GaugeMetricFamily, "document_reuse_store_entries", "Spans the document store holds.",
+     lambda s: s.num_document_store_entries),
 )
 
 

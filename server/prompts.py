@@ -1,6 +1,7 @@
 """Jobs and requests -> prompt token ids (chat through assembly's prompt builder)."""
 
 from assembly.chat_template import TemplateError
+from assembly.document_ranges import document_token_ranges
 from assembly.prompt_builder import PromptBuilder
 from assembly.segment_tokenizer import PromptTooLong, SegmentTokenizer
 from server.errors import invalid_request
@@ -29,6 +30,13 @@ class RequestPrompts:
         return self.builder.build(messages, tools=[*job.tools] or None, documents=[*job.documents] or None,
                                   template_kwargs=job.template_kwargs, add_generation_prompt=add_generation_prompt,
                                   max_num_tokens=max_num_tokens, turn_scope=job.turn_scope)
+
+    def document_ranges(self, job: ChatJob, prompt_ids: list[int]) -> tuple[tuple[int, int], ...]:
+        """The token range of each of the job's documents' text in its prompt (those found): the exact
+        spans of document KV reuse (assembly/document_ranges.py)."""
+        if not job.documents:
+            return ()
+        return tuple(document_token_ranges(self.segments, prompt_ids, [document["text"] for document in job.documents]))
 
     def breakpoint_lengths(self, job: ChatJob, prompt_ids: list[int]) -> list[tuple[CacheBreakpoint, int]]:
         """Each breakpoint with the number of leading prompt tokens its prefix covers: the prompt

@@ -32,7 +32,9 @@ def usage_body(usage: Usage) -> dict:
         "prompt_tokens": usage.num_prompt_tokens,
         "completion_tokens": num_completion,
         "total_tokens": usage.num_prompt_tokens + num_completion,
-        "prompt_tokens_details": {"cached_tokens": usage.num_cached_tokens},
+        # reused_document_tokens (extension): of cached_tokens, those placed from the document store
+        "prompt_tokens_details": {"cached_tokens": usage.num_cached_tokens,
+                                  "reused_document_tokens": usage.num_reused_document_tokens},
     }
 
 

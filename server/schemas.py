@@ -190,6 +190,7 @@ class _SamplingFields(_Body):
     user: str | None = None
     cache_salt: Annotated[str, Field(min_length=1)] | None = None  # extension: tenants share KV only with the same salt
     ignore_eos: bool = False  # extension
+    document_reuse: bool | None = None  # extension: false, this request reuses no stored document KV
 
     @field_validator("stream_options")
     @classmethod

@@ -46,6 +46,7 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
         device = resolve_device(args.device)
         check_backend_choice(args.backend, device, resolve_dtype(args.dtype, device))
         engine_fields.update(_kv_disk_fields(args))
+        engine_fields.update(_document_fields(args))
         engine = EngineConfig(model_dir=model_dir, device=args.device, dtype=args.dtype, schedule=args.schedule,
                               eviction_policy=args.eviction_policy,
                               enable_prefix_cache=not args.no_prefix_cache, gguf_blocks=not args.no_gguf_blocks, backend=args.backend,
@@ -92,6 +93,26 @@ def _kv_disk_fields(args: argparse.Namespace) -> dict:
 
         root = radixserve_home() / "kv"
     return {"kv_disk_dir": root, "kv_disk_bytes": num_bytes, "kv_disk_policy": args.kv_disk_policy}
+
+
+def _document_fields(args: argparse.Namespace) -> dict:
+    """The document reuse flags that were given (the rest keep EngineConfig's defaults)."""
+    fields = {}
+    if args.document_reuse is not None:
+        fields["document_reuse"] = args.document_reuse == "on"
+    if args.document_store_memory is not None:
+        try:
+            num_bytes, _ = parse_kv_cache_memory(args.document_store_memory)
+        except ValueError:
+            num_bytes = None
+        if not num_bytes:
+            raise ValueError(f"--document-store-memory: expected bytes like '1GiB', got {args.document_store_memory!r}")
+        fields["document_store_bytes"] = num_bytes
+    if args.document_boundary_tokens is not None:
+        fields["document_boundary_tokens"] = args.document_boundary_tokens
+    if args.document_recompute_fraction is not None:
+        fields["document_recompute_fraction"] = args.document_recompute_fraction
+    return fields
 
 
 def _api_key_fields(args: argparse.Namespace) -> dict:

@@ -202,3 +202,4 @@ class MessagesRequest(_PromptFields):
     stream: bool = False
     service_tier: Literal["auto", "standard_only"] | None = None  # one tier here: both mean it
     diagnostics: Diagnostics | None = None
+    document_reuse: bool | None = None  # extension: false, this request reuses no stored document KV

@@ -9,9 +9,12 @@ at the end of the system turn (where the tool block is rendered); top-level, on
 the last block of the last message, as Anthropic places it.
 
 Usage, from what the engine did: `cache_read_input_tokens` are the prompt tokens
-served from the prefix cache, `cache_creation_input_tokens` the tokens of the
-longest breakpoint prefix this request computed (and pinned), `input_tokens`
-the rest, so the three add up to the prompt.
+whose KV was read, not computed: from the prefix cache and, with document reuse,
+from the document store (as Anthropic's: read from a cache instead of processed);
+`cache_creation_input_tokens` the tokens of the longest breakpoint prefix this
+request computed (and pinned), `input_tokens` the rest, so the three add up to the
+prompt. Anthropic's usage has no field for the document share; the OpenAI APIs'
+`reused_document_tokens` gives it.
 """
 
 import json
@@ -20,7 +23,8 @@ import uuid
 from server.api_anthropic.schemas import (CacheControl, CountTokensRequest, MessagesRequest, TextBlock,
                                           ToolResultBlock, ToolUseBlock)
 from server.choice_stream import ChoiceResult, Usage
-from server.job import TTL_SECONDS, CacheBreakpoint, ChatJob, GenerationJob, OutputFormat, named_tool_choice
+from server.job import (TTL_SECONDS, CacheBreakpoint, ChatJob, GenerationJob, OutputFormat, named_tool_choice,
+                        requested_document_reuse)
 
 SYSTEM_JOIN = "\n\n"  # between system text blocks
 
@@ -108,8 +112,9 @@ def messages_job(request: CountTokensRequest, prompt: TranslatedPrompt) -> ChatJ
     output_format = None
     if request.output_config is not None and request.output_config.format is not None:
         output_format = OutputFormat(request.output_config.format.schema_)
-    sampling, max_new_tokens, stops = {}, None, ()
+    sampling, max_new_tokens, stops, document_reuse = {}, None, (), None
     if isinstance(request, MessagesRequest):
+        document_reuse = requested_document_reuse(request.document_reuse)
         sampling = {name: value for name in ("temperature", "top_p", "top_k")
                     if (value := getattr(request, name)) is not None}
         max_new_tokens, stops = request.max_tokens, tuple(request.stop_sequences or ())
@@ -123,6 +128,7 @@ def messages_job(request: CountTokensRequest, prompt: TranslatedPrompt) -> ChatJ
         max_new_tokens=max_new_tokens,
         stop_strings=stops,
         cache_breakpoints=tuple(prompt.breakpoints),
+        document_reuse=document_reuse,
         tool_schema_path="tools[{}].input_schema",
         output_format_path="output_config.format.schema",
     )

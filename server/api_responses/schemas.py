@@ -161,6 +161,7 @@ class ResponsesRequest(_Body):
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     top_logprobs: Literal[0] | None = None
     cache_salt: Annotated[str, Field(min_length=1)] | None = None  # extension: tenants share KV only with the same salt
+    document_reuse: bool | None = None  # extension: false, this request reuses no stored document KV
 
     @model_validator(mode="before")
     @classmethod

@@ -37,7 +37,8 @@ logger = logging.getLogger("radixserve.server")
 def usage_body(usage: Usage, job: GenerationJob) -> dict:
     num_written = max(0, min(job.num_breakpoint_tokens, usage.num_prompt_tokens) - usage.num_cached_tokens)
     return {"input_tokens": usage.num_prompt_tokens,
-            "input_tokens_details": {"cached_tokens": usage.num_cached_tokens, "cache_write_tokens": num_written},
+            "input_tokens_details": {"cached_tokens": usage.num_cached_tokens, "cache_write_tokens": num_written,
+                                     "reused_document_tokens": usage.num_reused_document_tokens},  # extension
             "output_tokens": usage.num_completion_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": usage.num_prompt_tokens + usage.num_completion_tokens}

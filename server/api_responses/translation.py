@@ -16,7 +16,7 @@ from assembly.generated_turns import GeneratedTurns
 from assembly.tool_calls import ToolCall
 from server.api_responses.schemas import (FunctionCallItem, FunctionCallOutputItem, MessageItem, NamedFunction,
                                           ResponsesRequest)
-from server.job import TTL_SECONDS, CacheBreakpoint, ChatJob, OutputFormat, named_tool_choice
+from server.job import TTL_SECONDS, CacheBreakpoint, ChatJob, OutputFormat, named_tool_choice, requested_document_reuse
 from server.response_store import StoredResponse
 
 _ROLE = {"developer": "system"}
@@ -119,6 +119,7 @@ def responses_job(request: ResponsesRequest, prompt: ResponsesPrompt) -> ChatJob
         cache_salt=request.cache_salt,
         prompt_cache_key=request.prompt_cache_key,
         cache_breakpoints=tuple(prompt.breakpoints),
+        document_reuse=requested_document_reuse(request.document_reuse),
         tool_schema_path="tools[{}].parameters",
         output_format_path="text.format.schema",
     )

@@ -179,6 +179,8 @@ class FakeEngine:
         self.prompts: list[list[int]] = []
         self.affinity_keys: list[str | None] = []  # each generate's routing hint (prompt_cache_key)
         self.options: list = []  # each generate's RequestOptions
+        self.num_cached_tokens = 0  # what each output reports
+        self.num_reused_document_tokens = 0
         self.is_shut_down = False
 
     def stats(self) -> EngineStats:
@@ -209,8 +211,10 @@ class FakeEngine:
                 if params.logprobs is not None:
                     logprobs, top_logprobs = [-0.5], [[(token_id, -0.5)][:params.logprobs]]
                 yield RequestOutput(request_id, [token_id], logprobs, top_logprobs,
-                                    self.last_finish_reason if is_last else None, len(prompt_token_ids), 0, i + 1,
-                                    prompt_logprobs=prompt_logprobs, prompt_top_logprobs=prompt_top_logprobs)
+                                    self.last_finish_reason if is_last else None, len(prompt_token_ids),
+                                    self.num_cached_tokens, i + 1,
+                                    prompt_logprobs=prompt_logprobs, prompt_top_logprobs=prompt_top_logprobs,
+                                    num_reused_document_tokens=self.num_reused_document_tokens)
             finished = True
         finally:
             if not finished:
@@ -242,8 +246,8 @@ def make_fake_app(smollm2_dir, tokenizer, tmp_path_factory):
 
         settings_fields.setdefault("collections_dir", tmp_path_factory.mktemp("collections"))
         settings_fields.setdefault("responses_db", tmp_path_factory.mktemp("responses") / "responses.sqlite3")
-        settings = ServerSettings(engine=EngineConfig(model_dir=smollm2_dir), served_model_name=MODEL,
-                                  **settings_fields)
+        settings_fields.setdefault("engine", EngineConfig(model_dir=smollm2_dir))
+        settings = ServerSettings(served_model_name=MODEL, **settings_fields)
         return create_app(settings, engine_factory=factory), engines
 
     return make

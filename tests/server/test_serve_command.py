@@ -113,3 +113,32 @@ def test_several_api_keys_from_flags_and_a_file(monkeypatch, smollm2_dir, tmp_pa
 def test_hardening_limits_reach_the_settings(smollm2_dir):
     settings = settings_from_args(_args("--receive-timeout", "2.5", "--max-schema-bytes", "4096"), smollm2_dir)
     assert (settings.receive_timeout_seconds, settings.max_schema_bytes) == (2.5, 4096)
+
+
+def test_document_reuse_flags_reach_the_engine_config(smollm2_dir):
+    from engine.engine_config import EngineConfig
+
+    default = settings_from_args(_args(), smollm2_dir).engine
+    reference = EngineConfig(model_dir=smollm2_dir)
+    assert (default.document_reuse, default.document_store_bytes, default.document_boundary_tokens,
+            default.document_recompute_fraction) == (reference.document_reuse, reference.document_store_bytes,
+                                                     reference.document_boundary_tokens,
+                                                     reference.document_recompute_fraction)
+    told = settings_from_args(_args("--document-reuse", "on", "--document-store-memory", "256MiB",
+                                    "--document-boundary-tokens", "4", "--document-recompute-fraction", "0.15"),
+                              smollm2_dir).engine
+    assert (told.document_reuse, told.document_store_bytes, told.document_boundary_tokens,
+            told.document_recompute_fraction) == (True, 256 << 20, 4, 0.15)
+    assert settings_from_args(_args("--document-reuse", "off"), smollm2_dir).engine.document_reuse is False
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (("--document-store-memory", "0.5"), "--document-store-memory"),
+    (("--document-store-memory", "lots"), "--document-store-memory"),
+    (("--document-boundary-tokens", "-1"), "document_boundary_tokens"),
+    (("--document-recompute-fraction", "1.5"), "document_recompute_fraction"),
+    (("--document-recompute-fraction", "nan"), "document_recompute_fraction"),
+])
+def test_bad_document_reuse_flags_are_one_line_errors(smollm2_dir, argv, fragment):
+    with pytest.raises(RadixserveError, match=fragment):
+        settings_from_args(_args(*argv), smollm2_dir)
