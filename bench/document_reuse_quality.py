@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from assembly.chat_template import ChatTemplate
+from assembly.document_ranges import document_token_ids, document_token_ranges
 from assembly.prompt_builder import PromptBuilder
 from assembly.segment_tokenizer import SegmentTokenizer
 from assembly.tokenizer import Tokenizer
@@ -76,33 +77,14 @@ class Variant:
     is_precomputed: bool = False
 
 
-def _common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def build_prompt(builder: PromptBuilder, prompt: RagPrompt) -> BuiltPrompt:
-    """Token ids as the server builds them; for `documents`, each text's token range in them: the
-    tokens of the rendered text up to the text's start (and end), as far as they agree with the
-    whole prompt's (the way server/prompts.py measures cache breakpoints)."""
+    """Token ids as the server builds them; for `documents`, each text's token range in them, found
+    as the server finds it (assembly/document_ranges.py)."""
     documents = [dict(d) for d in prompt.documents] or None
     token_ids = builder.build(list(prompt.messages), documents=documents)
     if not prompt.documents:
         return BuiltPrompt(prompt, token_ids, ())
-    text = builder.render(list(prompt.messages), documents=documents)
-    encode = builder.tokenizer.encode
-    spans, search_from = [], 0
-    for document in prompt.documents:
-        char_start = text.index(document["text"], search_from)
-        char_end = search_from = char_start + len(document["text"])
-        start = _common_prefix_length(encode(text[:char_start]), token_ids)
-        end = _common_prefix_length(encode(text[:char_end]), token_ids)
-        if start < end:
-            spans.append((start, end))
+    spans = document_token_ranges(builder.tokenizer, token_ids, [d["text"] for d in prompt.documents])
     return BuiltPrompt(prompt, token_ids, tuple(spans))
 
 
@@ -194,7 +176,7 @@ def run(args: argparse.Namespace) -> QualityRun:
     pool, prompts = rag_prompts(args.num_prompts, args.pool_documents, args.documents_per_prompt,
                                 args.document_words, args.seed)
     built = [build_prompt(builder, p) for p in prompts]
-    pool_token_ids = [builder.tokenizer.encode(builder.tokenizer.as_text(text)) for text in pool]
+    pool_token_ids = [document_token_ids(builder, {"text": text}) for text in pool]  # as ingest precomputes them
     notes = []
     fractions = args.recompute_fractions
     if any(f > 0 for f in fractions) and not supports_recompute_fraction():
@@ -244,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--num-prompts", type=int, help="default 200, quick 40")
-    parser.add_argument("--k-values", help="boundary tokens recomputed per reused span (default 0,4,16,32; quick 0,16)")
+    parser.add_argument("--k-values", help="boundary tokens recomputed per reused span (default 0,4,16,32; quick 0,16; \"\": none)")
     parser.add_argument("--recompute-fractions",
                         help="selective recompute fractions, 0 = off (default 0,0.15; quick 0)")
     parser.add_argument("--no-precomputed", action="store_true", help="skip the precomputed (collection) variants")
@@ -257,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
     args.num_prompts = args.num_prompts or (40 if args.quick else 200)
-    args.k_values = _numbers(args.k_values or ("0,16" if args.quick else "0,4,16,32"), int)
+    args.k_values = _numbers(("0,16" if args.quick else "0,4,16,32") if args.k_values is None else args.k_values, int)
     args.recompute_fractions = _numbers(args.recompute_fractions or ("0" if args.quick else "0,0.15"), float)
     args.pool_documents = args.pool_documents or max(8, args.num_prompts // 4)
     quality = run(args)
