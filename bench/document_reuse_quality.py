@@ -36,6 +36,8 @@ from assembly.document_ranges import document_token_ids, document_token_ranges
 from assembly.prompt_builder import PromptBuilder
 from assembly.segment_tokenizer import SegmentTokenizer
 from assembly.tokenizer import Tokenizer
+from bench.document_reuse_exact_cache import (ExactAnswer, current_commit, load_exact_answers,
+                                              save_exact_answers)
 from bench.document_reuse_metrics import PromptComparison, compare_prompt
 from bench.document_reuse_prompts import PLAIN_STYLES, RagPrompt, answer_is_correct, rag_prompts
 from bench.document_reuse_report import QualityRun, VariantResult, write_quality_report
@@ -58,14 +60,6 @@ class BuiltPrompt:
     prompt: RagPrompt
     token_ids: list[int]
     exact_spans: tuple[tuple[int, int], ...]  # token ranges of the `documents` texts; () for plain styles
-
-
-@dataclass(frozen=True)
-class ExactAnswer:
-    answer_ids: list[int]
-    answer_text: str
-    rows: torch.Tensor  # (len(answer_ids) + 1, vocab) float32, from prompt_tail_logits
-    num_computed_prompt_tokens: int
 
 
 @dataclass(frozen=True)
@@ -186,12 +180,20 @@ def run(args: argparse.Namespace) -> QualityRun:
 
     print(f"{len(built)} prompts, mean {sum(len(b.token_ids) for b in built) / len(built):.0f} tokens; "
           f"{len(variants)} reuse variants", file=sys.stderr)
-    exact_engine = _engine(model_dir, Variant("exact", False))
-    exact_started = time.perf_counter()
-    answers = exact_pass(exact_engine, built, tokenizer)
-    exact_seconds = time.perf_counter() - exact_started
-    del exact_engine
-    gc.collect()
+    exact_started = time.perf_counter()  # the exact pass's own time: read from the cache when it is used
+    answers, exact_commit, exact_seconds = load_exact_answers(args.exact_cache, [b.token_ids for b in built]) \
+        if args.exact_cache else ([], "", 0.0)
+    if len(answers) == len(built):
+        notes.append(f"exact pass of {len(answers)} prompts read from {args.exact_cache} (computed at "
+                     f"{exact_commit}, in {exact_seconds:.0f} s)")
+    else:  # all again: the prefix cache must see the earlier prompts, as in one run
+        exact_engine = _engine(model_dir, Variant("exact", False))
+        answers = exact_pass(exact_engine, built, tokenizer)
+        del exact_engine
+        gc.collect()
+        exact_seconds = time.perf_counter() - exact_started
+        if args.exact_cache:
+            save_exact_answers(args.exact_cache, [b.token_ids for b in built], answers, current_commit(), exact_seconds)
 
     results = []
     for variant in variants:
@@ -232,16 +234,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-precomputed", action="store_true", help="skip the precomputed (collection) variants")
     parser.add_argument("--self-test", action="store_true", help="also run reuse off on both sides")
     parser.add_argument("--quick", action="store_true", help="40 prompts, k 0 and 16, no selective recompute")
-    parser.add_argument("--pool-documents", type=int, help="passages drawn from (default: num_prompts / 4, >= 8)")
+    parser.add_argument("--pool-documents", type=int, default=50, help="passages drawn from (default: 50)")
     parser.add_argument("--documents-per-prompt", type=int, default=4)
     parser.add_argument("--document-words", type=int, default=60)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--exact-cache", type=Path,
+                        help="keep the exact pass's answers in this file and reuse them for the same prompts")
     args = parser.parse_args(argv)
     args.num_prompts = args.num_prompts or (40 if args.quick else 200)
     args.k_values = _numbers(("0,16" if args.quick else "0,4,16,32") if args.k_values is None else args.k_values, int)
     args.recompute_fractions = _numbers(args.recompute_fractions or ("0" if args.quick else "0,0.15"), float)
-    args.pool_documents = args.pool_documents or max(8, args.num_prompts // 4)
     quality = run(args)
     paths = write_quality_report(quality, args.results_dir)
     print(paths[1].read_text())
