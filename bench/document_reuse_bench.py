@@ -113,14 +113,15 @@ def document_reuse_table(servers: Sequence[ServerRun]) -> str:
             if (run := server.run_of(workload)) is None:
                 continue
             s = run.summary
-            is_on = server.label == REUSE_ON
+            is_on = server.label == REUSE_ON  # the targets are reuse on's
             share = "-" if s.cached_share is None else f"{s.cached_share:.1%}"
             computed = "-" if s.num_computed_prompt_tokens is None else str(s.num_computed_prompt_tokens)
+            computed_ratio = _ratio(s.num_computed_prompt_tokens, ref.num_computed_prompt_tokens)
+            ttft_ratio = _ratio(s.ttft.median_ms, ref.ttft.median_ms)
             lines.append(
                 f"| {workload} | {server.label} | {s.ttft.median_ms:.0f} | {s.ttft.p99_ms:.0f} | {computed} | {share} "
-                f"| {s.duration_s:.1f} "
-                f"| {_cell(_ratio(s.num_computed_prompt_tokens, ref.num_computed_prompt_tokens), computed_target if is_on else None)} "
-                f"| {_cell(_ratio(s.ttft.median_ms, ref.ttft.median_ms), ttft_target if is_on else None)} "
+                f"| {s.duration_s:.1f} | {_cell(computed_ratio, computed_target if is_on else None)} "
+                f"| {_cell(ttft_ratio, ttft_target if is_on else None)} "
                 f"| {_cell(_ratio(s.ttft.p99_ms, ref.ttft.p99_ms))} | {_cell(_ratio(s.duration_s, ref.duration_s))} |")
     return "\n".join(lines)
 

@@ -1,7 +1,8 @@
 """Quality of document KV reuse against exact prefill, in-process on the default model.
 
     .venv/bin/python -m bench.document_reuse_quality [--num-prompts 200] [--k-values 0,4,16,32]
-        [--recompute-fractions 0,0.15] [--quick] [--self-test]
+        [--precomputed-k-values K,..] [--recompute-fractions 0.15] [--recompute-k-values K,..]
+        [--quick] [--self-test] [--exact-cache FILE]
 
 RAG prompts from real text (bench/document_reuse_prompts.py: 4 passages each, shuffled across
 prompts; a third pasted into the system message, a third into the user message, a third sent as
@@ -146,15 +147,14 @@ def _progress(name: str, done: int, total: int) -> None:
         print(f"  {name}: {done}/{total}", file=sys.stderr, flush=True)
 
 
-def variants_for(k_values: Sequence[int], recompute_fractions: Sequence[float], precomputed: bool,
-                 self_test: bool) -> list[Variant]:
+def variants_for(k_values: Sequence[int], precomputed_k_values: Sequence[int], recompute_fractions: Sequence[float],
+                 recompute_k_values: Sequence[int], self_test: bool) -> list[Variant]:
+    """Online for each k; precomputed for each of its k; each fraction > 0 at each of its k (online)."""
     variants = [Variant("self-test: reuse off both sides", False)] if self_test else []
-    for is_precomputed in (False, True) if precomputed else (False,):
-        for fraction in recompute_fractions:
-            for k in k_values:
-                where = "precomputed" if is_precomputed else "online"
-                name = f"{where}, k={k}" + (f", r={fraction:g}" if fraction > 0 else "")
-                variants.append(Variant(name, True, k, fraction, is_precomputed))
+    variants += [Variant(f"online, k={k}", True, k) for k in k_values]
+    variants += [Variant(f"online, k={k}, r={fraction:g}", True, k, fraction)
+                 for fraction in recompute_fractions if fraction > 0 for k in recompute_k_values]
+    variants += [Variant(f"precomputed, k={k}", True, k, is_precomputed=True) for k in precomputed_k_values]
     return variants
 
 
@@ -175,8 +175,9 @@ def run(args: argparse.Namespace) -> QualityRun:
     fractions = args.recompute_fractions
     if any(f > 0 for f in fractions) and not supports_recompute_fraction():
         notes.append("selective recompute (document_recompute_fraction) is not in this engine: r > 0 not run")
-        fractions = [f for f in fractions if f == 0] or [0.0]
-    variants = variants_for(args.k_values, fractions, not args.no_precomputed, args.self_test)
+        fractions = []
+    variants = variants_for(args.k_values, args.precomputed_k_values, fractions, args.recompute_k_values,
+                            args.self_test)
 
     print(f"{len(built)} prompts, mean {sum(len(b.token_ids) for b in built) / len(built):.0f} tokens; "
           f"{len(variants)} reuse variants", file=sys.stderr)
@@ -223,15 +224,30 @@ def _numbers(text: str, kind) -> list:
     return [kind(x) for x in text.split(",") if x.strip()]
 
 
+def _resolve_defaults(args: argparse.Namespace) -> None:
+    """The full run's defaults, or --quick's; comma lists parsed ("" is an empty list)."""
+    def listed(value: str | None, default: str, kind=int) -> list:
+        return _numbers(default if value is None else value, kind)
+
+    args.num_prompts = args.num_prompts or (40 if args.quick else 200)
+    args.k_values = listed(args.k_values, "0,16" if args.quick else "0,4,16,32")
+    args.precomputed_k_values = listed(args.precomputed_k_values, ",".join(map(str, args.k_values)))
+    args.recompute_fractions = listed(args.recompute_fractions, "" if args.quick else "0.15", float)
+    args.recompute_k_values = listed(args.recompute_k_values, ",".join(map(str, args.k_values)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--num-prompts", type=int, help="default 200, quick 40")
-    parser.add_argument("--k-values", help="boundary tokens recomputed per reused span (default 0,4,16,32; quick 0,16; \"\": none)")
+    parser.add_argument("--k-values",
+                        help="boundary tokens recomputed per reused span (default 0,4,16,32; quick 0,16; \"\": none)")
+    parser.add_argument("--precomputed-k-values",
+                        help="k of the precomputed (collection) variants (default: --k-values)")
     parser.add_argument("--recompute-fractions",
-                        help="selective recompute fractions, 0 = off (default 0,0.15; quick 0)")
-    parser.add_argument("--no-precomputed", action="store_true", help="skip the precomputed (collection) variants")
+                        help="selective recompute fractions > 0, each run online (default 0.15; quick: none)")
+    parser.add_argument("--recompute-k-values", help="k of the selective recompute variants (default: --k-values)")
     parser.add_argument("--self-test", action="store_true", help="also run reuse off on both sides")
     parser.add_argument("--quick", action="store_true", help="40 prompts, k 0 and 16, no selective recompute")
     parser.add_argument("--pool-documents", type=int, default=50, help="passages drawn from (default: 50)")
@@ -242,9 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--exact-cache", type=Path,
                         help="keep the exact pass's answers in this file and reuse them for the same prompts")
     args = parser.parse_args(argv)
-    args.num_prompts = args.num_prompts or (40 if args.quick else 200)
-    args.k_values = _numbers(("0,16" if args.quick else "0,4,16,32") if args.k_values is None else args.k_values, int)
-    args.recompute_fractions = _numbers(args.recompute_fractions or ("0" if args.quick else "0,0.15"), float)
+    _resolve_defaults(args)
     quality = run(args)
     paths = write_quality_report(quality, args.results_dir)
     print(paths[1].read_text())
