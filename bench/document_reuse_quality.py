@@ -126,20 +126,21 @@ def exact_pass(engine: LLMEngine, prompts: Sequence[BuiltPrompt], tokenizer: Tok
 
 
 def reuse_pass(engine: LLMEngine, variant: Variant, prompts: Sequence[BuiltPrompt], answers: Sequence[ExactAnswer],
-               pool_token_ids: Sequence[list[int]]) -> tuple[list[PromptComparison], list[int], int]:
-    """(comparison per prompt, prompt tokens computed per prompt, tokens precomputed)."""
+               pool_token_ids: Sequence[list[int]]) -> tuple[list[PromptComparison], list[int], list[int], int]:
+    """(comparison, prompt tokens computed, document tokens reused: per prompt; tokens precomputed)."""
     num_precomputed = engine.precompute_documents([list(ids) for ids in pool_token_ids], None) \
         if variant.is_precomputed else 0
-    comparisons, computed = [], []
+    comparisons, computed, reused = [], [], []
     for built, answer in zip(prompts, answers):
-        before = engine.metrics.num_prefill_tokens
+        computed_before, reused_before = engine.metrics.num_prefill_tokens, engine.stats().num_document_reused_tokens
         rows = engine.prompt_tail_logits(built.token_ids + answer.answer_ids, len(answer.answer_ids) + 1,
                                          options=_options(built, variant.document_reuse))
         # The answer's tokens follow the last document: computed on every path, not the prompt's.
-        computed.append(engine.metrics.num_prefill_tokens - before - len(answer.answer_ids))
+        computed.append(engine.metrics.num_prefill_tokens - computed_before - len(answer.answer_ids))
+        reused.append(engine.stats().num_document_reused_tokens - reused_before)
         comparisons.append(compare_prompt(answer.rows, rows.float(), len(answer.answer_ids)))
         _progress(variant.name, built.prompt.index + 1, len(prompts))
-    return comparisons, computed, num_precomputed
+    return comparisons, computed, reused, num_precomputed
 
 
 def _progress(name: str, done: int, total: int) -> None:
@@ -200,9 +201,9 @@ def run(args: argparse.Namespace) -> QualityRun:
     for variant in variants:
         engine = _engine(model_dir, variant)
         variant_started = time.perf_counter()
-        comparisons, computed, num_precomputed = reuse_pass(engine, variant, built, answers, pool_token_ids)
+        comparisons, computed, reused, num_precomputed = reuse_pass(engine, variant, built, answers, pool_token_ids)
         stats = engine.stats()
-        results.append(VariantResult.of(variant, comparisons, computed, num_precomputed,
+        results.append(VariantResult.of(variant, comparisons, computed, reused, num_precomputed,
                                         [b.prompt.style in PLAIN_STYLES for b in built],
                                         time.perf_counter() - variant_started, stats))
         del engine

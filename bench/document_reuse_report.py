@@ -31,19 +31,24 @@ class VariantResult:
     all: QualitySummary
     plain: QualitySummary | None  # prompts with documents pasted into a message
     documents: QualitySummary | None  # prompts with the `documents` field
+    with_reuse: QualitySummary | None  # prompts that reused any document KV
     computed_tokens: tuple[int, ...]  # per prompt, prompt tokens computed (answer excluded)
+    reused_tokens: tuple[int, ...]  # per prompt, prompt tokens whose KV came from the document store
     num_precomputed_tokens: int
     seconds: float
     engine_stats: dict[str, int]
 
     @classmethod
     def of(cls, variant, comparisons: Sequence[PromptComparison], computed_tokens: Sequence[int],
-           num_precomputed_tokens: int, is_plain: Sequence[bool], seconds: float, stats) -> "VariantResult":
-        plain = [c for c, p in zip(comparisons, is_plain) if p]
-        documents = [c for c, p in zip(comparisons, is_plain) if not p]
+           reused_tokens: Sequence[int], num_precomputed_tokens: int, is_plain: Sequence[bool], seconds: float,
+           stats) -> "VariantResult":
+        def summary(keep: Sequence[bool]) -> QualitySummary | None:
+            kept = [c for c, k in zip(comparisons, keep) if k]
+            return summarize_quality(kept) if kept else None
+
         return cls(variant.name, variant.boundary_tokens, variant.recompute_fraction, variant.is_precomputed,
-                   summarize_quality(comparisons), summarize_quality(plain) if plain else None,
-                   summarize_quality(documents) if documents else None, tuple(computed_tokens),
+                   summarize_quality(comparisons), summary(is_plain), summary([not p for p in is_plain]),
+                   summary([n > 0 for n in reused_tokens]), tuple(computed_tokens), tuple(reused_tokens),
                    num_precomputed_tokens, seconds,
                    {name: getattr(stats, name) for name in STATS_KEPT if hasattr(stats, name)})
 
@@ -84,6 +89,10 @@ def _summary_cells(summary: QualitySummary | None) -> str:
             f"| {summary.answer_top1_agreement:.3f} | {summary.answer_kl_mean:.4f}")
 
 
+def _pair(summary: QualitySummary | None) -> str:
+    return "-" if summary is None else f"{summary.first_token_agreement:.3f} / {summary.answer_top1_agreement:.3f}"
+
+
 def markdown(run: QualityRun) -> str:
     lines = [
         "# Document KV reuse: quality against exact prefill", "",
@@ -93,20 +102,19 @@ def markdown(run: QualityRun) -> str:
         f"model `{Path(run.model).name}`. First token: agreement of the top-1 token and mean "
         "KL(exact || reuse) of the first answer token's distribution. Teacher-forced: the same over the "
         f"exact path's greedy answer (mean {run.mean_answer_tokens:.1f} of at most 16 tokens). Computed: prompt "
-        "tokens computed / with reuse off (prefix cache on in both).", "",
+        "tokens computed / with reuse off (prefix cache on in both); reused share: prompt tokens whose KV came "
+        "from the document store / all prompt tokens.", "",
         "| variant | first-token agree | first-token KL | TF top-1 agree | TF KL/token | computed / off "
-        "| plain: first agree | plain: TF agree | documents: first agree | documents: TF agree | gates | s |",
+        "| reused share | plain: first / TF agree | documents: first / TF agree "
+        "| prompts with reuse: n, first / TF agree | gates | s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for v in run.variants:
-        plain, docs = v.plain, v.documents
+        reused_share = sum(v.reused_tokens) / max(1.0, run.num_prompts * run.mean_prompt_tokens)
         lines.append(
-            f"| {v.name} | {_summary_cells(v.all)} | {computed_ratio(run, v):.3f} "
-            f"| {plain.first_token_agreement:.3f} | {plain.answer_top1_agreement:.3f} "
-            f"| {docs.first_token_agreement:.3f} | {docs.answer_top1_agreement:.3f} "
-            f"| {'pass' if v.passes_gates else 'fail'} | {v.seconds:.0f} |"
-            if plain and docs else
-            f"| {v.name} | {_summary_cells(v.all)} | {computed_ratio(run, v):.3f} | - | - | - | - "
+            f"| {v.name} | {_summary_cells(v.all)} | {computed_ratio(run, v):.3f} | {reused_share:.3f} "
+            f"| {_pair(v.plain)} | {_pair(v.documents)} "
+            f"| {0 if v.with_reuse is None else v.with_reuse.num_prompts}, {_pair(v.with_reuse)} "
             f"| {'pass' if v.passes_gates else 'fail'} | {v.seconds:.0f} |")
     accuracy = ("-" if run.exact_accuracy is None else
                 f"{run.exact_accuracy:.3f} on {run.num_scored} \"which document mentions X\" questions "

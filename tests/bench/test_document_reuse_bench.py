@@ -2,6 +2,7 @@
 inputs, the collection workload, the speed table; a smoke of the quality harness on the real model."""
 
 import dataclasses
+import json
 import math
 from collections import defaultdict
 
@@ -163,8 +164,33 @@ def test_the_harness_self_test_agrees_exactly(smollm2_dir):
     engine = quality._engine(smollm2_dir, variant)
     answers = quality.exact_pass(engine, built, tokenizer)
     assert all(1 <= len(a.answer_ids) <= quality.NUM_ANSWER_TOKENS for a in answers)
-    comparisons, computed, _ = quality.reuse_pass(engine, variant, built, answers, [])
+    comparisons, computed, reused, _ = quality.reuse_pass(engine, variant, built, answers, [])
     summary = summarize_quality(comparisons)
     assert summary.first_token_agreement == 1.0 and summary.answer_top1_agreement == 1.0
     assert summary.first_token_kl_mean < 1e-6 and summary.answer_kl_mean < 1e-6
-    assert all(0 <= c <= len(b.token_ids) for c, b in zip(computed, built))
+    assert all(0 <= c <= len(b.token_ids) for c, b in zip(computed, built)) and reused == [0, 0, 0]
+
+
+def test_the_quality_report_writes_json_and_a_table_with_the_gates(tmp_path):
+    from bench.document_reuse_quality import Variant
+    from bench.document_reuse_report import QualityRun, VariantResult, write_quality_report
+
+    same = compare_prompt(torch.eye(3), torch.eye(3), 2)
+    differs = compare_prompt(torch.eye(3), torch.eye(3).flip(0), 2)
+    stats = type("Stats", (), {"num_document_reused_tokens": 120})()
+    good = VariantResult.of(Variant("online, k=16", True, 16), [same, same], [50, 40], [100, 20], 0,
+                            [True, False], 1.0, stats)
+    bad = VariantResult.of(Variant("online, k=0", True, 0), [differs, same], [30, 30], [100, 0], 0,
+                           [True, False], 1.0, stats)
+    assert good.passes_gates and not bad.passes_gates
+    assert bad.with_reuse.num_prompts == 1 and bad.with_reuse.first_token_agreement == 0.0
+    run = QualityRun(args={"documents_per_prompt": 4, "quick": True}, model="/m/smollm2", num_prompts=2,
+                     mean_prompt_tokens=200.0, num_pool_documents=8, exact_seconds=1.0,
+                     exact_computed_tokens=[150, 150], exact_accuracy=0.5, num_scored=2, chance_accuracy=0.25,
+                     mean_answer_tokens=2.0, sample_answers=[("q", "a")], variants=[good, bad], notes=["n"],
+                     total_seconds=2.0)
+    json_path, md_path = write_quality_report(run, tmp_path)
+    table = md_path.read_text()
+    assert "| online, k=16 | 1.000 | 0.0000 | 1.000 | 0.0000 | 0.300 | 0.300 |" in table
+    assert "| online, k=0 | 0.500 |" in table and "| fail |" in table and "| pass |" in table
+    assert json.loads(json_path.read_text())["computed_ratios"] == {"online, k=16": 0.3, "online, k=0": 0.2}
