@@ -10,7 +10,11 @@ from pathlib import Path
 
 import torch
 
+from cache.document_spans import find_spans
+from cache.document_store import DocumentKVStore, document_key
 from cache.kv_pool import KVPool, KVPoolShape
+from engine.document_kv_copy import DocumentKVCopier
+from engine.document_reuse import DocumentReuse
 from engine.engine_config import EngineConfig, available_memory_bytes, resolve_device, resolve_dtype
 from engine.errors import RequestError
 from engine.generate import stop_token_ids
@@ -65,7 +69,13 @@ class LLMEngine:
         if config.kv_disk_dir is not None and config.enable_prefix_cache:
             self.kv_tier = open_disk_tier_link(config.kv_disk_dir, config.kv_disk_bytes, config.kv_disk_policy,
                                                model_dir, self.kv_pool, self.device.type, self.metrics)
-        self.scheduler = Scheduler(config, num_pages, self.max_model_len, kv_tier=self.kv_tier)
+        # Document KV (engine/document_reuse.py): spans' KV stored once, placed at any position.
+        self.document_store = DocumentKVStore(config.document_store_bytes)
+        self.documents = DocumentReuse(config, self.document_store)
+        self.document_kv = DocumentKVCopier(self.document_store, self.kv_pool, self.backend,
+                                            self.model.rotary.inv_freq, self.device)
+        self.scheduler = Scheduler(config, num_pages, self.max_model_len, kv_tier=self.kv_tier,
+                                   documents=self.documents)
         self.pins = PrefixPins(self.scheduler.tree)
         self.runner = ModelRunner(self.model, self.kv_pool, self.device)
         self.sampler = Sampler()
@@ -130,6 +140,7 @@ class LLMEngine:
             return []
         self.num_steps += 1
         started = time.perf_counter()
+        self.document_kv.place(chunks)  # stored spans into the pages of requests admitted with them
         logits, sampled_chunks, prompt_logits = self.runner.run(chunks)
         for request, position, rows in prompt_logits:
             if request.num_tail_logit_rows:
@@ -137,6 +148,7 @@ class LLMEngine:
             else:
                 record_prompt_logprobs(request, position, rows)
         self.scheduler.commit(chunks)
+        self.document_kv.fill(chunks)  # spans that missed the store, from prefills done this step
         outputs = self._postprocess(logits, sampled_chunks) if sampled_chunks else []
         self._account_step(chunks, time.perf_counter() - started)
         if not self.has_unfinished() or self.num_steps % HEAP_TRIM_EVERY_STEPS == 0:
@@ -232,6 +244,11 @@ class LLMEngine:
             num_prefix_hit_tokens=scheduler.num_prefix_hit_tokens,
             num_preemptions=scheduler.num_preemptions,
             num_evicted_pages=scheduler.num_evicted_pages,
+            num_document_reused_spans=self.documents.num_reused_spans,
+            num_document_reused_tokens=self.documents.num_reused_tokens,
+            num_document_recomputed_tokens=self.documents.num_recomputed_tokens,
+            num_document_store_bytes=self.document_store.num_bytes,
+            num_document_store_entries=self.document_store.num_entries,
             **self._kv_disk_stats(),
         )
 
@@ -244,6 +261,27 @@ class LLMEngine:
                     num_kv_disk_pages=tier_stats.num_pages, num_kv_disk_bytes=tier_stats.num_bytes)
 
     # ---- offline use (tests, benchmarks) --------------------------------
+
+    def precompute_documents(self, token_id_lists: list[list[int]], cache_salt: str | None = None,
+                             on_output=None) -> int:
+        """Compute each list alone (from position 0) and store its spans (find_spans with the whole
+        list as one exact span) in the document store. Returns the prompt tokens computed; a list
+        whose spans are all stored already costs nothing. Steps the engine; `on_output` receives
+        the outputs of other requests those steps produce (AsyncEngine delivers them)."""
+        num_computed = 0
+        for index, token_ids in enumerate(token_id_lists):
+            spans = find_spans(token_ids, [(0, len(token_ids))], self.config.document_min_span_tokens)
+            if all(document_key(token_ids[start:end], cache_salt) in self.document_store for start, end in spans):
+                continue
+            options = RequestOptions(document_reuse=True, document_spans=((0, len(token_ids)),))
+            request = self.add_request(f"precompute-{self.num_steps}-{index}-{id(token_id_lists)}", token_ids,
+                                       SamplingParams(max_tokens=1, temperature=0.0), cache_salt, options)
+            while not request.is_finished:
+                for output in self.step():
+                    if output.request_id != request.request_id and on_output is not None:
+                        on_output(output)
+            num_computed += len(token_ids) - request.num_cached_tokens
+        return num_computed
 
     def prompt_tail_logits(self, prompt_token_ids: list[int], num_rows: int, cache_salt: str | None = None,
                            options: RequestOptions = DEFAULT_REQUEST_OPTIONS) -> torch.Tensor:

@@ -67,6 +67,13 @@ class Request:
     # Filled as prefill chunks run; complete when it has len(prompt_token_ids) - 1 entries.
     prompt_logprobs: list[float] = field(default_factory=list)
     prompt_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    # Document reuse (engine/document_reuse.py): runs [start, end) of all_token_ids at or after
+    # num_computed_tokens whose KV is already placed in page_ids (stitched from the document store),
+    # sorted; where the request's KV stops being exact (None: all exact), which decides the key its
+    # pages are cached under (cache/radix_tree.py); the admission plan (copies, spans to store).
+    stitched_runs: list[tuple[int, int]] = field(default_factory=list)
+    num_exact_tokens: int | None = None
+    document_plan: object | None = None
     # With num_tail_logit_rows = n (engine/prompt_tail_logits.py): position -> (V,) float32 logits of
     # prompt positions len - n .. len - 1, recorded as prefill runs; those positions are never cached.
     num_tail_logit_rows: int = 0
@@ -104,7 +111,32 @@ class Request:
     @property
     def num_uncomputed_tokens(self) -> int:
         """Tokens still to go through the model before the next token can be sampled."""
-        return self.num_tokens - self.num_computed_tokens
+        num_stitched = sum(end - start for start, end in self.stitched_runs)
+        return self.num_tokens - self.num_computed_tokens - num_stitched
+
+    def next_compute_ranges(self, budget: int) -> list[tuple[int, int]]:
+        """(start, num_tokens) of the next ranges to compute, within `budget` tokens, in order:
+        from num_computed_tokens on, skipping stitched runs. Each range is a chunk attending
+        causally to all KV before it in the pages, so several may run in one step."""
+        ranges: list[tuple[int, int]] = []
+        position, runs = self.num_computed_tokens, iter(self.stitched_runs)
+        run = next(runs, None)
+        while budget > 0 and position < self.num_tokens:
+            end = run[0] if run is not None else self.num_tokens
+            num_tokens = min(end - position, budget)
+            if num_tokens > 0:
+                ranges.append((position, num_tokens))
+                budget -= num_tokens
+                position += num_tokens
+            if run is not None and position >= end:
+                position, run = run[1], next(runs, None)
+        return ranges
+
+    def advance_computed(self, end: int) -> None:
+        """The KV of every position before `end` is in the pages now (past any stitched run that starts there)."""
+        self.num_computed_tokens = end
+        while self.stitched_runs and self.stitched_runs[0][0] <= self.num_computed_tokens:
+            self.num_computed_tokens = max(self.num_computed_tokens, self.stitched_runs.pop(0)[1])
 
     @property
     def is_finished(self) -> bool:

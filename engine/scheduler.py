@@ -16,7 +16,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from cache import LFUPolicy, LRUPolicy, PageAllocator, RadixTree
+from cache import DerivedSalt, LFUPolicy, LRUPolicy, PageAllocator, RadixTree
 from engine.engine_config import EngineConfig
 from engine.errors import RequestError
 from engine.request import FinishReason, Request, RequestStatus
@@ -43,8 +43,9 @@ class ScheduledChunk:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, num_pages: int, max_model_len: int, kv_tier=None):
-        """`kv_tier`: an engine.kv_tier_link.KVTierLink to continue matches in and copy pages to, or None."""
+    def __init__(self, config: EngineConfig, num_pages: int, max_model_len: int, kv_tier=None, documents=None):
+        """`kv_tier`: an engine.kv_tier_link.KVTierLink to continue matches in and copy pages to, or None.
+        `documents`: an engine.document_reuse.DocumentReuse that plans stitched spans at admission, or None."""
         self.page_size = config.page_size
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_num_seqs = config.max_num_seqs
@@ -55,6 +56,7 @@ class Scheduler:
         self.tree = RadixTree(self.page_size, self.allocator,
                               LFUPolicy() if config.eviction_policy == "lfu" else LRUPolicy())
         self.kv_tier = kv_tier if self.enable_prefix_cache else None
+        self.documents = documents if self.enable_prefix_cache else None
         if self.kv_tier is not None:
             self.tree.page_listeners.append(self.kv_tier.on_page_event)
         self.waiting: deque[Request] = deque()
@@ -132,11 +134,11 @@ class Scheduler:
                 break
             if request.status is not RequestStatus.PREFILLING:  # also skips one preempted just now
                 continue
-            num_tokens = min(request.num_uncomputed_tokens, budget)
-            if self._grow(request, num_tokens, scheduled):
-                chunks.append(ScheduledChunk(request, request.num_computed_tokens, num_tokens))
+            prefill = _prefill_chunks(request, budget)
+            if self._grow(request, _num_spanned_tokens(request, prefill), scheduled):
+                chunks.extend(prefill)
                 scheduled.add(id(request))
-                budget -= num_tokens
+                budget -= sum(chunk.num_tokens for chunk in prefill)
 
         # 3. Admissions: only evicting cache, never preempting, to make room.
         for request in self._admission_order():
@@ -145,8 +147,8 @@ class Scheduler:
             if self._waits_for_shared_prefix(request):
                 continue
             self._admit(request)
-            num_tokens = min(request.num_uncomputed_tokens, budget)
-            pages = self._allocate(self._num_new_pages(request, num_tokens))
+            prefill = _prefill_chunks(request, budget)
+            pages = self._allocate(self._num_new_pages(request, _num_spanned_tokens(request, prefill)))
             if pages is None:
                 self._release(request, insert=False)
                 request.status = RequestStatus.WAITING
@@ -155,16 +157,16 @@ class Scheduler:
             self._count_admission(request)
             self.waiting.remove(request)
             self.admitted.append(request)
-            chunks.append(ScheduledChunk(request, request.num_computed_tokens, num_tokens))
+            chunks.extend(prefill)
             scheduled.add(id(request))
-            budget -= num_tokens
+            budget -= sum(chunk.num_tokens for chunk in prefill)
         return chunks
 
     def commit(self, chunks: list[ScheduledChunk]) -> None:
         """After the forward pass: the chunks' KV is in pages."""
         for chunk in chunks:
             request = chunk.request
-            request.num_computed_tokens += chunk.num_tokens
+            request.advance_computed(chunk.start + chunk.num_tokens)  # past stitched runs, if any
             is_prefill_chunk = request.status is RequestStatus.PREFILLING
             if is_prefill_chunk and chunk.completes_request_tokens:
                 request.status = RequestStatus.RUNNING
@@ -256,6 +258,8 @@ class Scheduler:
         request.page_ids = list(match.page_ids[:num_pages])
         request.num_tree_pages = num_pages
         request.num_computed_tokens = num_pages * self.page_size
+        if self.documents is not None:
+            self.documents.plan(request, self.tree, self._allocate, max_num_pages)
 
     def _waits_for_shared_prefix(self, request: Request) -> bool:
         """True when a request still prefilling shares at least MIN_SHARED_PAGES more full pages
@@ -288,16 +292,23 @@ class Scheduler:
         request.num_cached_tokens = min(request.num_computed_tokens, len(request.prompt_token_ids))
         self.num_prefix_query_tokens += len(request.prompt_token_ids)
         self.num_prefix_hit_tokens += request.num_cached_tokens
+        if self.documents is not None:  # + the prompt tokens placed from the document store
+            self.documents.count_admission(request)
 
     def _insert_computed(self, request: Request) -> None:
         num_full_pages = request.num_computed_tokens // self.page_size
         if num_full_pages == 0:
             return
         tokens = request.all_token_ids[: num_full_pages * self.page_size]
-        self.tree.insert(tokens, request.page_ids[:num_full_pages], request.cache_salt)
+        # Pages from the first derived position on (stitched document KV and all computed after it)
+        # are cached under the derived key only: the exact key keeps only exactly computed KV.
+        derived_salt = num_exact_pages = None
+        if request.num_exact_tokens is not None:
+            derived_salt, num_exact_pages = DerivedSalt(request.cache_salt), request.num_exact_tokens // self.page_size
+        self.tree.insert(tokens, request.page_ids[:num_full_pages], request.cache_salt, derived_salt, num_exact_pages)
         # Lock the longer path instead: nodes whose pages this request uses
         # are not worth evicting (evicting them would free nothing).
-        match = self.tree.match_prefix(tokens, request.cache_salt)
+        match = self.tree.match_prefix(tokens, request.cache_salt, derived_salt, num_exact_pages)
         self.tree.lock(match.last_node)
         if request.tree_node is not None:
             self.tree.unlock(request.tree_node)
@@ -311,10 +322,25 @@ class Scheduler:
         if request.tree_node is not None:
             self.tree.unlock(request.tree_node)
         self.allocator.release(request.page_ids[request.num_tree_pages :])
+        if self.documents is not None:
+            self.documents.release(request)  # store references of copies not placed yet; replanned on return
         request.page_ids = []
+        request.stitched_runs = []
+        request.num_exact_tokens = None
         request.num_tree_pages = 0
         request.tree_node = None
         request.num_computed_tokens = 0
+
+
+def _prefill_chunks(request: Request, budget: int) -> list[ScheduledChunk]:
+    """The request's next prefill chunks within `budget`: one, or one per range between stitched runs."""
+    return [ScheduledChunk(request, start, num_tokens) for start, num_tokens in request.next_compute_ranges(budget)]
+
+
+def _num_spanned_tokens(request: Request, chunks: list[ScheduledChunk]) -> int:
+    """Tokens from num_computed_tokens to the end of the last chunk (stitched runs between included):
+    what the request's pages must cover after this step."""
+    return chunks[-1].start + chunks[-1].num_tokens - request.num_computed_tokens
 
 
 def _num_shared_pages(a: list[int], b: list[int], page_size: int) -> int:

@@ -1,0 +1,88 @@
+"""The tensor side of document KV reuse: placing stored spans into a request's pages (K re-rotated
+by the position delta, V as is) before the forward that first needs them, and copying spans that
+missed the store out of a request's pages once its prefill is done.
+
+A store entry's KV is a (K, V) pair of (num_layers, T, KVH, D) tensors in the pool's dtype, as the
+model wrote them at `entry.position` (K already rotated for positions position..position+T-1).
+"""
+
+import torch
+
+from cache.document_store import DocumentKVStore, document_key
+from cache.kv_pool import KVPool
+from engine.document_reuse import DocumentPlan
+from engine.request import Request, RequestStatus
+from engine.scheduler import ScheduledChunk
+from kernels.attention_inputs import slot_ids_of
+from kernels.rotary import rerotation_cos_sin
+
+
+class DocumentKVCopier:
+    def __init__(self, store: DocumentKVStore, kv_pool: KVPool, backend, inv_freq: torch.Tensor,
+                 device: torch.device):
+        self.store = store
+        self.kv_pool = kv_pool
+        self.backend = backend
+        self.inv_freq = inv_freq  # (D/2,) float32: the model's RoPE frequencies (scaling included)
+        self.device = device
+        self.num_stored_spans = 0
+
+    def place(self, chunks: list[ScheduledChunk]) -> None:
+        """Copy every pending span of the step's requests into their pages (once each), then give
+        the store references back."""
+        for request in _distinct_requests(chunks):
+            plan = request.document_plan
+            if not isinstance(plan, DocumentPlan) or not plan.copies:
+                continue
+            for copy in plan.copies:
+                self._place(request, copy)
+                self.store.release(copy.entry)
+            plan.copies = []
+
+    def _place(self, request: Request, copy) -> None:
+        k_stored, v_stored = copy.entry.kv
+        rows = slice(copy.source_start, copy.source_start + copy.num_tokens)
+        slots = self._slots(request, copy.start, copy.start + copy.num_tokens)
+        cos, sin = rerotation_cos_sin(self.inv_freq, copy.delta, k_stored.dtype)
+        for layer, (k_cache, v_cache) in enumerate(self.kv_pool.layers):
+            self.backend.store_rerotated_kv(k_stored[layer, rows], v_stored[layer, rows], cos, sin,
+                                            k_cache, v_cache, slots)
+
+    def fill(self, chunks: list[ScheduledChunk]) -> None:
+        """For requests whose prefill finished this step: copy the spans that missed the store
+        from their pages into it (position and predecessor recorded)."""
+        for chunk in chunks:
+            request = chunk.request
+            plan = request.document_plan
+            if (not isinstance(plan, DocumentPlan) or not plan.to_store or not chunk.completes_request_tokens
+                    or request.status is not RequestStatus.RUNNING):
+                continue
+            for span in plan.to_store:
+                key = document_key(request.prompt_token_ids[span.start:span.end], request.cache_salt)
+                if key in self.store:
+                    continue
+                k, v = self._gather(request, span.start, span.end)
+                num_bytes = k.numel() * k.element_size() * 2
+                if self.store.insert(key, (k, v), num_bytes, span.start, span.predecessor) is not None:
+                    self.num_stored_spans += 1
+            plan.to_store = []
+
+    def _gather(self, request: Request, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(K, V) (num_layers, T, KVH, D) of positions [start, end), copied out of the pool."""
+        slots = self._slots(request, start, end)
+        shape = self.kv_pool.shape
+        ks = [k.view(-1, shape.num_kv_heads, shape.head_dim).index_select(0, slots) for k in self.kv_pool.k_caches]
+        vs = [v.view(-1, shape.num_kv_heads, shape.head_dim).index_select(0, slots) for v in self.kv_pool.v_caches]
+        return torch.stack(ks), torch.stack(vs)
+
+    def _slots(self, request: Request, start: int, end: int) -> torch.Tensor:
+        page_size = self.kv_pool.page_size
+        return torch.tensor(slot_ids_of(request.page_ids, start, end, page_size), dtype=torch.int64,
+                            device=self.device)
+
+
+def _distinct_requests(chunks: list[ScheduledChunk]) -> list[Request]:
+    seen: dict[int, Request] = {}
+    for chunk in chunks:
+        seen.setdefault(id(chunk.request), chunk.request)
+    return list(seen.values())

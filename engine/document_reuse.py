@@ -1,0 +1,172 @@
+"""Document KV reuse at admission: which prompt spans come from the document store, which tokens
+the request still computes, and where its KV stops being exact.
+
+After the radix tree's exact prefix match (P tokens), for a request with reuse on:
+1. Derived continuation: pages cached under the tenant's DerivedSalt below the exact match (a
+   stitched prefix an earlier request left, e.g. the previous turn or choice 0 of n) are taken too.
+2. Spans: cache.document_spans.find_spans(prompt, options.document_spans, min_span_tokens). Each
+   span at or after the matched prefix whose KV is stored (same tokens, same salt) is placed into
+   the request's pages (engine/document_kv_copy.py: K re-rotated by new start - stored start, V as
+   is), except its first k = document_boundary_tokens tokens, which are recomputed (a span computed
+   alone learned an attention sink at its start), unless the span directly follows the span it was
+   originally computed after (the stored predecessor key): that junction is as it was computed.
+3. The request then computes only what is not placed: boundary tokens, spans never stored, and
+   everything after the last placed run (the last prompt token and tail-logit rows always). Its
+   ranges run as chunks attending causally to all KV before them (Request.next_compute_ranges).
+4. Exactness: KV from the first placed position on (and everything computed after it) is derived;
+   Request.num_exact_tokens makes the scheduler cache those pages under the derived key only.
+5. Store fill: spans that missed the store are copied from the request's pages into it once its
+   prefill is done (with their position and predecessor key): spans pay once.
+
+The plan is bookkeeping only; the tensor copies happen in the engine before the next forward.
+"""
+
+from dataclasses import dataclass, field
+
+from cache import DerivedSalt, RadixTree
+from cache.document_spans import find_spans
+from cache.document_store import DocumentEntry, DocumentKey, DocumentKVStore, document_key
+from engine.engine_config import EngineConfig
+from engine.request import Request
+
+
+@dataclass(frozen=True)
+class SpanCopy:
+    """Rows [source_start, source_start + num_tokens) of a stored entry, placed at positions
+    [start, start + num_tokens) of the request; K re-rotated by `delta` positions."""
+
+    entry: DocumentEntry
+    source_start: int
+    start: int
+    num_tokens: int
+    delta: int
+
+
+@dataclass(frozen=True)
+class SpanToStore:
+    start: int
+    end: int
+    predecessor: DocumentKey | None  # the span directly before it in this prompt, if adjacent
+
+
+@dataclass
+class DocumentPlan:
+    copies: list[SpanCopy] = field(default_factory=list)  # holds a store reference each until placed
+    to_store: list[SpanToStore] = field(default_factory=list)
+    num_reused_spans: int = 0
+    num_reused_tokens: int = 0  # placed and not recomputed
+    num_recomputed_tokens: int = 0  # tokens of reused spans recomputed (boundaries, the prompt's end)
+    num_derived_prefix_tokens: int = 0  # taken from the tree's derived continuation
+
+
+class DocumentReuse:
+    """Plans stitched spans at admission (called by the scheduler); counts what reuse saved."""
+
+    def __init__(self, config: EngineConfig, store: DocumentKVStore):
+        self.default_on = config.document_reuse
+        self.boundary_tokens = config.document_boundary_tokens
+        self.min_span_tokens = config.document_min_span_tokens
+        self.page_size = config.page_size
+        self.store = store
+        self.num_reused_spans = 0
+        self.num_reused_tokens = 0
+        self.num_recomputed_tokens = 0
+
+    def is_on(self, request: Request) -> bool:
+        """Reuse for this request: its option, else the engine's default; never with prompt logprobs
+        (every prompt row must be computed then)."""
+        wanted = request.options.document_reuse
+        return (self.default_on if wanted is None else wanted) and request.sampling.params.prompt_logprobs is None
+
+    def plan(self, request: Request, tree: RadixTree, allocate, max_num_pages: int) -> None:
+        """After the exact match set request.page_ids (tree pages only) and num_computed_tokens:
+        extend it with derived pages, choose the spans to place, allocate their pages (`allocate(n)`:
+        page ids or None) and set request.stitched_runs, num_exact_tokens and document_plan."""
+        request.document_plan = None
+        if not self.is_on(request):
+            return
+        plan = DocumentPlan()
+        self._take_derived_prefix(request, tree, max_num_pages, plan)
+        prompt = request.prompt_token_ids
+        # the last prompt token (its logits sample) and tail-logit rows are always computed
+        end_limit = len(prompt) - max(1, request.num_tail_logit_rows)
+        prefix_end = request.num_computed_tokens
+        previous: tuple[int, DocumentKey] | None = None  # (end, key) of the span before
+        for start, end in find_spans(prompt, request.options.document_spans, self.min_span_tokens):
+            key = document_key(prompt[start:end], request.cache_salt)
+            adjacent_key = previous[1] if previous is not None and previous[0] == start else None
+            previous = (end, key)
+            entry = self.store.lookup(key)
+            if entry is None:
+                plan.to_store.append(SpanToStore(start, end, adjacent_key))
+                continue
+            if start < prefix_end:
+                continue  # already in the pages from the tree
+            follows_its_predecessor = entry.predecessor is not None and entry.predecessor == adjacent_key
+            run_start, run_end = start + (0 if follows_its_predecessor else self.boundary_tokens), min(end, end_limit)
+            if run_start >= run_end:
+                continue
+            plan.copies.append(SpanCopy(entry, run_start - start, run_start, run_end - run_start,
+                                        start - entry.position))
+            plan.num_reused_spans += 1
+            plan.num_reused_tokens += run_end - run_start
+            plan.num_recomputed_tokens += (end - start) - (run_end - run_start)
+        if plan.copies and not self._allocate_pages(request, plan, allocate):
+            plan.copies, plan.num_reused_spans, plan.num_reused_tokens, plan.num_recomputed_tokens = [], 0, 0, 0
+        for copy in plan.copies:
+            self.store.acquire(copy.entry)
+        request.stitched_runs = [(copy.start, copy.start + copy.num_tokens) for copy in plan.copies]
+        if plan.copies and request.num_exact_tokens is None:
+            request.num_exact_tokens = plan.copies[0].start
+        request.document_plan = plan
+
+    def _take_derived_prefix(self, request: Request, tree: RadixTree, max_num_pages: int,
+                             plan: DocumentPlan) -> None:
+        """Continue the exact match into the tenant's derived pages, if they go further."""
+        num_exact_pages = request.num_tree_pages
+        if num_exact_pages >= max_num_pages:
+            return
+        match = tree.match_prefix(request.all_token_ids, request.cache_salt, DerivedSalt(request.cache_salt),
+                                  max_exact_pages=num_exact_pages)
+        num_pages = min(len(match.page_ids), max_num_pages)
+        if num_pages <= num_exact_pages:
+            return
+        tree.lock(match.last_node)
+        tree.unlock(request.tree_node)
+        request.tree_node = match.last_node
+        request.page_ids = list(match.page_ids[:num_pages])
+        request.num_tree_pages = num_pages
+        request.num_computed_tokens = num_pages * self.page_size
+        request.num_exact_tokens = num_exact_pages * self.page_size
+        plan.num_derived_prefix_tokens = (num_pages - num_exact_pages) * self.page_size
+
+    def _allocate_pages(self, request: Request, plan: DocumentPlan, allocate) -> bool:
+        """Pages up to the last placed run's end; False (nothing taken) when the pool has none."""
+        last = plan.copies[-1]
+        num_pages = -(-(last.start + last.num_tokens) // self.page_size) - len(request.page_ids)
+        pages = allocate(num_pages) if num_pages > 0 else []
+        if pages is None:
+            return False
+        request.page_ids.extend(pages)
+        return True
+
+    def release(self, request: Request) -> None:
+        """The request leaves the pool (finished, aborted, preempted): copies not placed yet give
+        their store references back (a preempted request plans again when it returns)."""
+        plan = request.document_plan
+        if plan is None:
+            return
+        for copy in plan.copies:
+            self.store.release(copy.entry)
+        plan.copies = []
+
+    def count_admission(self, request: Request) -> None:
+        """On a request's first admission: its placed tokens count as not computed for it."""
+        plan = request.document_plan
+        if plan is None:
+            return
+        request.num_reused_document_tokens = plan.num_reused_tokens
+        request.num_cached_tokens += plan.num_reused_tokens
+        self.num_reused_spans += plan.num_reused_spans
+        self.num_reused_tokens += plan.num_reused_tokens
+        self.num_recomputed_tokens += plan.num_recomputed_tokens

@@ -1,0 +1,201 @@
+"""Document KV reuse end to end on the tiny model: stored spans placed at any position (K re-rotated),
+only what needs it computed, the radix tree kept exact, tenants kept apart, counts balanced."""
+
+import os
+import random
+
+import pytest
+import torch
+
+from cache import check_tree_invariants
+from engine.engine_config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.request_options import RequestOptions
+from engine.sampling_params import SamplingParams
+
+TEST_DEVICE = os.environ.get("RADIXSERVE_TEST_DEVICE", "cpu")
+DOC_LEN, SYSTEM_LEN, QUESTION_LEN = 50, 12, 10  # system and question: shorter than a span
+ON, OFF = RequestOptions(document_reuse=True), RequestOptions(document_reuse=False)
+
+
+def _tokens(seed: int, length: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 256) for _ in range(length)]
+
+
+DOCS = {name: _tokens(100 + i, DOC_LEN) for i, name in enumerate("ABCD")}
+SYSTEM, OTHER_SYSTEM = _tokens(1, SYSTEM_LEN), _tokens(2, SYSTEM_LEN + 3)
+QUESTION = _tokens(3, QUESTION_LEN)
+
+
+def _prompt(system: list[int], names: str, question=QUESTION) -> tuple[list[int], RequestOptions]:
+    """system + documents + question, and the documents' exact spans (reuse on)."""
+    tokens, spans = list(system), []
+    for name in names:
+        spans.append((len(tokens), len(tokens) + DOC_LEN))
+        tokens += DOCS[name]
+    return tokens + question, RequestOptions(document_reuse=True, document_spans=tuple(spans))
+
+
+def _engine(model_dir, **overrides) -> LLMEngine:
+    settings = dict(model_dir=model_dir, device=TEST_DEVICE, dtype="float32", page_size=16, kv_cache_bytes=16 << 20,
+                    max_num_batched_tokens=2048, max_num_seqs=16, document_reuse=True, document_min_span_tokens=16,
+                    document_boundary_tokens=4)
+    settings.update(overrides)
+    return LLMEngine(EngineConfig(**settings))
+
+
+def _run(engine: LLMEngine, prompt, options, max_tokens=6, salt=None):
+    """(greedy output ids, the first RequestOutput) of one request run alone."""
+    request = engine.add_request(f"r{engine.num_steps}-{random.random()}", prompt,
+                                 SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True), salt, options)
+    first = None
+    while not request.is_finished:
+        for output in engine.step():
+            first = first or output
+    return list(request.output_token_ids), first
+
+
+def _assert_drained(engine: LLMEngine) -> None:
+    stats = engine.stats()
+    assert stats.num_admitted == stats.num_waiting == 0
+    assert stats.num_free_pages + stats.num_cached_pages == stats.num_pages and stats.num_held_pages == 0
+    assert engine.document_store.num_referenced_entries == 0
+    check_tree_invariants(engine.scheduler.tree)
+
+
+def _forget_tree(engine: LLMEngine) -> None:
+    engine.scheduler.tree.evict(engine.scheduler.allocator.num_pages)
+
+
+def test_zero_delta_reuse_equals_ordinary_prefill(tiny_llama_dir):
+    """Spans stored from a prompt, placed back at the same positions (delta 0, k = 0): the same KV,
+    the same logits, and the request computes only the question."""
+    engine = _engine(tiny_llama_dir, document_boundary_tokens=0)
+    prompt, options = _prompt(SYSTEM, "AB")
+    exact = engine.prompt_tail_logits(prompt, QUESTION_LEN, options=options)  # stores A and B
+    assert engine.stats().num_document_store_entries == 2
+    _forget_tree(engine)  # only the store can help now
+    num_prefill_before = engine.metrics.num_prefill_tokens
+    stitched = engine.prompt_tail_logits(prompt, QUESTION_LEN, options=options)
+    assert engine.metrics.num_prefill_tokens - num_prefill_before == len(prompt) - 2 * DOC_LEN
+    assert engine.stats().num_document_reused_tokens == 2 * DOC_LEN
+    torch.testing.assert_close(stitched, exact, atol=1e-5, rtol=1e-5)
+    _assert_drained(engine)
+
+
+def test_full_recompute_equals_ordinary_prefill(tiny_llama_dir):
+    """k >= the span's length: nothing is placed, everything is computed."""
+    engine = _engine(tiny_llama_dir, document_boundary_tokens=DOC_LEN)
+    reference = _engine(tiny_llama_dir, document_reuse=False)
+    engine.prompt_tail_logits(*_prompt(SYSTEM, "AB")[:1], 1, options=_prompt(SYSTEM, "AB")[1])
+    prompt, options = _prompt(OTHER_SYSTEM, "BA")
+    logits = engine.prompt_tail_logits(prompt, QUESTION_LEN, options=options)
+    assert engine.stats().num_document_reused_tokens == 0
+    torch.testing.assert_close(logits, reference.prompt_tail_logits(prompt, QUESTION_LEN), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("max_num_batched_tokens", [2048, 24])  # all ranges in one step; ranges across steps
+def test_moved_documents_are_reused_and_stay_close_to_exact(tiny_llama_dir, backend, max_num_batched_tokens):
+    engine = _engine(tiny_llama_dir, backend=backend, max_num_batched_tokens=max_num_batched_tokens)
+    reference = _engine(tiny_llama_dir, backend=backend, document_reuse=False)
+    _run(engine, *_prompt(SYSTEM, "ABC"))
+    prompt, options = _prompt(OTHER_SYSTEM, "CAB")  # every document at a new position, after other text
+    num_prefill_before = engine.metrics.num_prefill_tokens
+    _, first = _run(engine, prompt, options, max_tokens=1)
+    # B follows A as when it was computed: no boundary recompute; C and A recompute k = 4 tokens each
+    num_reused = 3 * DOC_LEN - 2 * 4
+    assert first.num_reused_document_tokens == num_reused
+    assert first.num_cached_tokens == num_reused  # nothing of the new system prompt is cached
+    assert engine.metrics.num_prefill_tokens - num_prefill_before == len(prompt) - num_reused
+    stats = engine.stats()
+    assert (stats.num_document_reused_spans, stats.num_document_recomputed_tokens) == (3, 8)
+    _forget_tree(engine)
+    stitched = engine.prompt_tail_logits(prompt, 1, options=options)[0]
+    exact = reference.prompt_tail_logits(prompt, 1)[0]
+    kl = torch.nn.functional.kl_div(stitched.log_softmax(-1), exact.log_softmax(-1), log_target=True,
+                                    reduction="sum")
+    assert kl < 0.05, f"first-token KL {kl:.4f}"
+    _assert_drained(engine)
+
+
+def test_reuse_off_never_gets_derived_kv(tiny_llama_dir):
+    engine = _engine(tiny_llama_dir)
+    reference = _engine(tiny_llama_dir, document_reuse=False)
+    _run(engine, *_prompt(SYSTEM, "AB"))
+    moved, options = _prompt(OTHER_SYSTEM, "BA")
+    _run(engine, moved, options)  # stitched: its derived pages are cached under the derived key
+    assert engine.stats().num_document_reused_tokens > 0
+    # (prompt, its exact-key hit): the page before the first placed position (15 + k = 19); then what
+    # moved + [7, 8, 9] just computed exactly; the first request's prompt, computed exactly (7 pages)
+    for prompt, num_cached in ((moved + [7, 8, 9], 16), (moved, len(moved) // 16 * 16),
+                               (_prompt(SYSTEM, "AB")[0], 112)):
+        want, _ = _run(reference, prompt, OFF)
+        got, first = _run(engine, prompt, OFF)
+        assert got == want and first.num_reused_document_tokens == 0
+        assert first.num_cached_tokens == num_cached
+    _assert_drained(engine)
+
+
+def test_a_follow_up_with_reuse_on_gets_the_whole_stitched_prefix(tiny_llama_dir):
+    engine = _engine(tiny_llama_dir)
+    _run(engine, *_prompt(SYSTEM, "AB"))
+    moved, options = _prompt(OTHER_SYSTEM, "BA")
+    output_ids, _ = _run(engine, moved, options)
+    follow_up = moved + output_ids + [11, 12, 13]
+    _, first = _run(engine, follow_up, options)
+    assert first.num_cached_tokens >= (len(moved) + len(output_ids)) // 16 * 16 - 16
+    assert first.num_reused_document_tokens == 0  # it came from the tree's derived pages
+    _assert_drained(engine)
+
+
+def test_a_salted_tenant_never_receives_another_tenants_document_kv(tiny_llama_dir):
+    engine = _engine(tiny_llama_dir)
+    reference = _engine(tiny_llama_dir, document_reuse=False)
+    _run(engine, *_prompt(SYSTEM, "AB"), salt="tenant-a")
+    moved, options = _prompt(OTHER_SYSTEM, "BA")
+    got, first = _run(engine, moved, options, salt="tenant-b")
+    assert first.num_reused_document_tokens == 0 and first.num_cached_tokens == 0
+    assert got == _run(reference, moved, OFF)[0]
+    _, first = _run(engine, moved, options, salt=None)
+    assert first.num_reused_document_tokens == 0  # None is a salt too
+    _forget_tree(engine)
+    _, first = _run(engine, moved, options, salt="tenant-a")
+    assert first.num_reused_document_tokens > 0
+    _assert_drained(engine)
+
+
+def test_precompute_documents_stores_spans_once(tiny_llama_dir):
+    engine = _engine(tiny_llama_dir)
+    docs = [DOCS["A"], DOCS["B"]]
+    assert engine.precompute_documents(docs) == 2 * DOC_LEN
+    assert engine.stats().num_document_store_entries == 2
+    assert engine.precompute_documents(docs) == 0  # stored: costs nothing
+    assert engine.precompute_documents(docs, cache_salt="other") == 2 * DOC_LEN
+    _, first = _run(engine, *_prompt(SYSTEM, "BA"))
+    assert first.num_reused_document_tokens == 2 * (DOC_LEN - 4)
+    _assert_drained(engine)
+
+
+def test_random_mixes_balance_pages_and_store_references(tiny_llama_dir):
+    """Many requests at once over a small pool and a small store (eviction, preemption), reuse on
+    and off, two salts: after every drain pages and store references balance."""
+    probe = _engine(tiny_llama_dir)
+    page_bytes = probe.kv_pool.shape.bytes_per_page
+    entry_bytes = 2 * 2 * DOC_LEN * 2 * 16 * 4  # K and V, 2 layers, 50 tokens, 2 KV heads of 16 floats
+    engine = _engine(tiny_llama_dir, kv_cache_bytes=page_bytes * 40, max_num_batched_tokens=64,
+                     document_store_bytes=entry_bytes * 3)
+    rng = random.Random(4)
+    for _ in range(3):
+        for i in range(8):
+            names = "".join(rng.sample("ABCD", rng.randrange(1, 4)))
+            prompt, options = _prompt(rng.choice([SYSTEM, OTHER_SYSTEM]), names, _tokens(rng.random(), 5))
+            engine.add_request(f"mix-{rng.random()}", prompt,
+                               SamplingParams(max_tokens=rng.randrange(1, 12), temperature=0.0, ignore_eos=True),
+                               rng.choice([None, "t"]), options if rng.random() < 0.7 else OFF)
+        while engine.has_unfinished():
+            engine.step()
+            assert engine.document_store.num_bytes <= engine.document_store.max_bytes
+        _assert_drained(engine)
+    assert engine.stats().num_document_reused_tokens > 0
+    assert engine.scheduler.num_evicted_pages > 0
