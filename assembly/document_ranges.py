@@ -24,12 +24,14 @@ _PROBE_MESSAGES = ({"role": "user", "content": "?"},)  # a question for the one-
 
 
 def document_token_ranges(segments: SegmentTokenizer, prompt_ids: Sequence[int],
-                          texts: Sequence[str]) -> list[tuple[int, int]]:
-    """Sorted, disjoint [start, end) token ranges of the texts found in `prompt_ids`, in order."""
+                          texts: Sequence[str], use_cache: bool = True) -> list[tuple[int, int]]:
+    """Sorted, disjoint [start, end) token ranges of the texts found in `prompt_ids`, in order.
+    Each text is tokenized through the segment cache (a popular document comes back request after
+    request) unless `use_cache` is False."""
     ranges = []
     cursor = 0
     for text in texts:
-        found = _locate(prompt_ids, text_token_ids(segments, text), cursor)
+        found = _locate(prompt_ids, text_token_ids(segments, text, use_cache), cursor)
         if found is not None:
             ranges.append(found)
             cursor = found[1]
@@ -38,17 +40,18 @@ def document_token_ranges(segments: SegmentTokenizer, prompt_ids: Sequence[int],
 
 def document_token_ids(builder: PromptBuilder, document: dict) -> list[int]:
     """The ids `document`'s text ({"text", "id"?, "title"?}) has inside a prompt: its span's tokens."""
-    prompt_ids = builder.build(_PROBE_MESSAGES, documents=[document])
-    found = document_token_ranges(builder.tokenizer, prompt_ids, [document["text"]])
+    # A one-off prompt: its segments (one new per chunk) would push hot ones out of the cache.
+    prompt_ids = builder.build(_PROBE_MESSAGES, documents=[document], use_cache=False)
+    found = document_token_ranges(builder.tokenizer, prompt_ids, [document["text"]], use_cache=False)
     if not found:
-        return text_token_ids(builder.tokenizer, document["text"])
+        return text_token_ids(builder.tokenizer, document["text"], use_cache=False)
     (start, end), = found
     return prompt_ids[start:end]
 
 
-def text_token_ids(segments: SegmentTokenizer, text: str) -> list[int]:
+def text_token_ids(segments: SegmentTokenizer, text: str, use_cache: bool = True) -> list[int]:
     """A document's text tokenized alone, as the prompt builder tokenizes request content."""
-    return segments.encode(segments.as_text(text))
+    return segments.encode(segments.as_text(text), use_cache=use_cache)
 
 
 def _locate(prompt_ids: Sequence[int], text_ids: list[int], cursor: int) -> tuple[int, int] | None:

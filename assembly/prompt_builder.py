@@ -72,10 +72,11 @@ class PromptBuilder:
     def build(self, messages: Sequence[dict], *, tools: list[dict] | None = None,
               documents: list[dict] | None = None, template_kwargs: dict[str, Any] | None = None,
               add_generation_prompt: bool = True, max_num_tokens: int | None = None,
-              turn_scope: str = "") -> list[int]:
+              turn_scope: str = "", use_cache: bool = True) -> list[int]:
         """The prompt's token ids, with the assistant turns remembered in `turn_scope` spliced in.
         Raises TemplateError for messages the template refuses, and PromptTooLong when the rendered
-        text cannot fit `max_num_tokens` (checked before tokenizing)."""
+        text cannot fit `max_num_tokens` (checked before tokenizing). `use_cache` False: a one-off
+        prompt that leaves the segment cache as it is."""
         messages = list(messages)
         spliced: list[list[int]] = []
         with_sentinels = []
@@ -95,7 +96,7 @@ class PromptBuilder:
                 return self.tokenizer.encode_pieces(pieces)
         text = self._render_marked(messages, tools, documents, template_kwargs, add_generation_prompt)
         self.tokenizer.check_fits([text], max_num_tokens)
-        return self.tokenizer.encode(text)
+        return self.tokenizer.encode(text, use_cache=use_cache)
 
     # ---- messages the template can render ---------------------------------
 

@@ -99,8 +99,9 @@ class SegmentTokenizer:
         if min_num_tokens > max_num_tokens:
             raise PromptTooLong(min_num_tokens, max_num_tokens)
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of `text`: unmarked added-token strings become control ids, the rest is text."""
+    def encode(self, text: str, use_cache: bool = True) -> list[int]:
+        """Token ids of `text`: unmarked added-token strings become control ids, the rest is text.
+        `use_cache` False: the same ids, leaving the segment cache as it is (one-off probes)."""
         if self._cut is None:
             return self.tokenizer.encode_text(self.unmarked(text))
         if not self.is_segmented:
@@ -109,7 +110,7 @@ class SegmentTokenizer:
             return [i for segment in self.split(text) for i in self._segment_ids(segment)]
         ids: list[int] = []
         for segment in self.split(text):
-            ids.extend(self._cached_segment_ids(segment))
+            ids.extend(self._cached_segment_ids(segment) if use_cache else self._segment_ids(segment))
         return ids
 
     def encode_pieces(self, pieces: list[str | list[int]]) -> list[int]:

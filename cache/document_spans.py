@@ -9,10 +9,10 @@ Cuts, per region (the prompt is cut into regions at every exact span's start and
 no span crosses an exact span, and each region is chunked as if it stood alone):
 
 1. Candidates: a gear hash (FastCDC's: h = (h << 1) + gear(token), kept to 16 bits, so its
-   top bits depend on the last _WINDOW_TOKENS tokens only; gear is Knuth's multiplicative hash
+   top bits depend on the last 16 tokens only; gear is Knuth's multiplicative hash
    of the id) has its top _CANDIDATE_BITS bits zero after token i: a cut may fall between i
    and i + 1. The hash restarts at the region's start, so an exact span's candidates depend on
-   its own tokens alone.
+   its own tokens alone. None falls within _MIN_CHUNK_TOKENS of the region's edges.
 2. Kept candidates: a candidate is kept if the gap to the previous candidate or to the next one
    (the region's edges count as candidates) is at least _MIN_CHUNK_TOKENS. A run of short gaps
    thus merges into one chunk; the decision reads only the candidate and its two neighbours, so
@@ -22,10 +22,12 @@ no span crosses an exact span, and each region is chunked as if it stood alone):
    _MAX_CHUNK_TOKENS tokens from its start (a cut that is content-defined itself), the last
    piece taking a remainder shorter than _MIN_CHUNK_TOKENS.
 
-Spans shorter than `min_span_tokens` are dropped (short pieces at region edges, a short run of
-short gaps). With these constants chunks are ~64-320 tokens, ~130 on average over text, so a
-RAG document of 150-500 tokens gives one to four. Pure Python over a list, O(n): a handful
-of integer operations per token, about 1 ms for an 8k-token prompt on these CPUs.
+Spans shorter than `min_span_tokens` are dropped (a region shorter than that, a chunk between two
+candidates each kept for its other side). With these constants chunks are 64-319 tokens, ~120 on
+average over text, so a RAG document of 150-500 tokens gives one to four, and a document of fewer
+than 128 tokens one. On real text (stdlib docstrings, 120 documents of ~300 tokens as exact
+spans) spans cover 95% of the documents' tokens. Pure Python over a list, O(n): a handful of
+integer operations per token, about 1.2 ms for an 8k-token prompt on these CPUs.
 """
 
 from collections.abc import Sequence
@@ -35,7 +37,6 @@ _MAX_CHUNK_TOKENS = 256
 _HASH_BITS = 16
 _HASH_MASK = (1 << _HASH_BITS) - 1
 _CANDIDATE_BITS = 6  # one candidate every ~64 tokens; the keep rule merges about half of them
-_WINDOW_TOKENS = _HASH_BITS  # bit b of the gear hash depends on the last b + 1 tokens
 # the top _CANDIDATE_BITS bits of the 16-bit hash: each depends on the last 11-16 tokens
 _CANDIDATE_MASK = ((1 << _CANDIDATE_BITS) - 1) << (_HASH_BITS - _CANDIDATE_BITS)
 _GEAR_MULTIPLIER = 2654435761  # Knuth's: bits 16-31 of id * this mix all of the id's low 32 bits
@@ -90,17 +91,17 @@ def _candidate_cuts(token_ids: Sequence[int], region_start: int, region_end: int
     """Positions p (region_start < p < region_end) where a cut between tokens p - 1 and p may fall."""
     candidates = []
     hash_value = 0
-    # A candidate needs a full window inside the region, so it never depends on what precedes it.
-    first_candidate = region_start + _WINDOW_TOKENS
+    # None within _MIN_CHUNK_TOKENS of the region's edges: the chunks there would be too short to
+    # keep, and a short document (an exact span) stays one span; and the hash window (16 tokens) is
+    # then always inside the region.
+    first_candidate, last_candidate = region_start + _MIN_CHUNK_TOKENS, region_end - _MIN_CHUNK_TOKENS
     position = region_start
     for token_id in token_ids[region_start:region_end]:
         gear_value = ((token_id * _GEAR_MULTIPLIER) >> _HASH_BITS) & _HASH_MASK
         hash_value = ((hash_value << 1) + gear_value) & _HASH_MASK
         position += 1
-        if not hash_value & _CANDIDATE_MASK and position >= first_candidate:
+        if not hash_value & _CANDIDATE_MASK and first_candidate <= position <= last_candidate:
             candidates.append(position)
-    if candidates and candidates[-1] == region_end:
-        candidates.pop()
     return candidates
 
 

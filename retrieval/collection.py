@@ -27,7 +27,7 @@ from typing import Protocol
 import numpy as np
 
 from retrieval.chunking import ChunkingConfig, TokenSpans, chunk_text
-from retrieval.document_store import DocumentRow, DocumentStore, EmbeddedDocument, WriteResult
+from retrieval.document_store import ChunkRow, DocumentRow, DocumentStore, EmbeddedDocument, WriteResult
 from retrieval.errors import CollectionNotFoundError, EmbedderMismatchError, InvalidInputError
 from retrieval.vector_index import IndexFileError, VectorIndex
 
@@ -97,6 +97,10 @@ class Collection:
     def document(self, document_id: str) -> DocumentRow | None:
         with self._open_lock():
             return self._store.document(document_id)
+
+    def document_chunks(self, document_ids: Sequence[str]) -> list[ChunkRow]:
+        with self._open_lock():
+            return self._store.document_chunks(document_ids)
 
     def search(self, query: str, top_k: int, embedder: TextEmbedder) -> list[SearchHit]:
         """The top_k chunks most similar to the query, best first (fewer when the collection is smaller)."""

@@ -29,14 +29,14 @@ from typing import NamedTuple
 
 from retrieval.chunking import ChunkingConfig
 from retrieval.collection import INDEX_KINDS, STORE_FILE, Collection, NewDocument, SearchHit, TextEmbedder
-from retrieval.document_store import DocumentRow, DocumentStore
+from retrieval.document_store import ChunkRow, DocumentRow, DocumentStore
 from retrieval.errors import (CollectionExistsError, CollectionNotFoundError, DocumentNotFoundError,
                               InvalidInputError)
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 MAX_TOP_K = 100
 
-__all__ = ["Collections", "CollectionInfo", "NewDocument", "SearchHit", "DocumentRow", "MAX_TOP_K"]
+__all__ = ["Collections", "CollectionInfo", "NewDocument", "SearchHit", "DocumentRow", "ChunkRow", "MAX_TOP_K"]
 
 
 class CollectionInfo(NamedTuple):
@@ -128,6 +128,10 @@ class Collections:
         if row is None:
             raise DocumentNotFoundError(f"document {document_id!r} is not in collection {name!r}")
         return row
+
+    def document_chunks(self, name: str, document_ids: Sequence[str]) -> list[ChunkRow]:
+        """The stored chunks of the documents (text as search returns it), document by document."""
+        return self._collection(name).document_chunks(document_ids)
 
     def delete_document(self, name: str, document_id: str) -> None:
         if not self._collection(name).delete_document(document_id):

@@ -140,6 +140,17 @@ class DocumentStore:
             f"JOIN documents d ON d.id = c.document_id WHERE c.id IN ({marks})", [int(i) for i in chunk_ids])
         return {r[0]: ChunkRow(r[0], r[1], r[2], r[3], json.loads(r[4])) for r in rows}
 
+    def document_chunks(self, document_ids: Sequence[str]) -> list[ChunkRow]:
+        """The chunks of the documents, document by document (in the order given), each in position order."""
+        rows = []
+        with self._read():
+            for document_id in document_ids:
+                rows += [ChunkRow(r[0], r[1], r[2], r[3], json.loads(r[4])) for r in self._db.execute(
+                    "SELECT c.id, c.document_id, c.position, c.text, d.metadata FROM chunks c "
+                    "JOIN documents d ON d.id = c.document_id WHERE c.document_id = ? ORDER BY c.position",
+                    (document_id,))]
+        return rows
+
     def document(self, document_id: str) -> DocumentRow | None:
         row = self._db.execute("SELECT id, text, metadata, num_chunks FROM documents WHERE id = ?",
                                (document_id,)).fetchone()

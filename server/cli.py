@@ -201,13 +201,21 @@ def _add_ingest_parser(commands) -> None:
     ingest = commands.add_parser("ingest", help="add .txt/.md files to a retrieval collection",
                                  description="Chunk, embed and store .txt and .md files (folders are searched "
                                  "recursively) in COLLECTION, created if missing. A file's id is its path from the "
-                                 "folder named (folder name included), or its name: ingesting it again replaces it. Works on the collections directory directly; "
-                                 "a running server sees the new documents.")
+                                 "folder named (folder name included), or its name: ingesting it again replaces it. Works on the collections directory directly "
+                                 "(a running server sees the new documents), or with --server through a running server, "
+                                 "which then computes the chunks' document KV too.")
     ingest.add_argument("collection", metavar="COLLECTION")
     ingest.add_argument("paths", nargs="+", metavar="PATH")
     ingest.add_argument("--collections-dir", metavar="DIR",
                         help="where retrieval collections live (default: $RADIXSERVE_HOME/collections)")
     ingest.add_argument("--quiet", action="store_true", help="no progress bar")
+    ingest.add_argument("--server", metavar="URL",
+                        help="ingest through this running server's API (e.g. http://127.0.0.1:8000), which also "
+                        "computes each chunk's document KV as it adds it (with document reuse on); default: "
+                        "straight on disk, no model loaded, no KV computed")
+    ingest.add_argument("--api-key", metavar="KEY", help="the server's API key (default: $RADIXSERVE_API_KEY)")
+    ingest.add_argument("--no-precompute", action="store_true",
+                        help="with --server: do not compute the chunks' document KV")
     ingest.set_defaults(handler=_ingest)
 
 

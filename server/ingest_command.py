@@ -7,6 +7,11 @@ or its name when the file itself was named (`b.md`): ingesting it again replaces
 metadata is {"path": <absolute path>}.
 Files go in batches, each one transaction: killed midway, the collection keeps every
 batch committed before, and nothing of the batch in flight.
+
+With `--server URL` the batches go through that running server's collections API instead
+(server/ingest_remote.py), and the server computes each chunk's document KV as it adds it
+(unless `--no-precompute`, or the server has document reuse off). On disk, no model is loaded
+and no KV is computed.
 """
 
 import argparse
@@ -28,10 +33,12 @@ BATCH_CHARS = 512 * 1024  # a batch closes once it holds this much text
 
 
 def ingest(args: argparse.Namespace) -> int:
-    root = Path(args.collections_dir).expanduser() if args.collections_dir else default_collections_dir()
     files = list(_files(args.paths))
     if not files:
         raise RadixserveError(f"no {' or '.join(SUFFIXES)} files in {' '.join(args.paths)}")
+    if args.server:
+        return _ingest_through_server(args, files)
+    root = Path(args.collections_dir).expanduser() if args.collections_dir else default_collections_dir()
     collections = Collections(root, load_default_embedder)
     try:
         num_documents, num_chunks_before = _open(collections, args.collection)
@@ -53,6 +60,19 @@ def ingest(args: argparse.Namespace) -> int:
     print(f"{args.collection}: {num_ingested} files ingested ({len(files) - num_ingested} empty); "
           f"{info.num_documents} documents, "
           f"{info.num_chunks} chunks (was {num_documents}, {num_chunks_before})")
+    return 0
+
+
+def _ingest_through_server(args: argparse.Namespace, files: list[tuple[str, Path]]) -> int:
+    from server.ingest_remote import ingest_through_server
+    from server.settings import api_key_from_environment
+
+    api_key = args.api_key or api_key_from_environment()
+    num_ingested, num_precomputed, info = ingest_through_server(
+        args.server, api_key, args.collection, _batches(files), len(files), not args.no_precompute, args.quiet)
+    print(f"{args.collection}: {num_ingested} files ingested ({len(files) - num_ingested} empty) through "
+          f"{args.server}; {info['num_documents']} documents, {info['num_chunks']} chunks; "
+          f"{num_precomputed} tokens of document KV computed")
     return 0
 
 

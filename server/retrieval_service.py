@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from retrieval.collections import CollectionInfo, Collections, DocumentRow, NewDocument, SearchHit
+from retrieval.collections import ChunkRow, CollectionInfo, Collections, DocumentRow, NewDocument, SearchHit
 from retrieval.embedder import Embedder, EmbeddingBatch
 from retrieval.errors import (CollectionExistsError, CollectionNotFoundError, DocumentNotFoundError,
                               EmbedderMismatchError, InvalidInputError, RetrievalError)
@@ -49,6 +49,9 @@ class RetrievalService:
             raise APIError(413, f"{len(documents)} documents in one request; at most {MAX_DOCUMENTS_PER_REQUEST}",
                            param="documents", code="batch_too_large")
         return await self._run(self.collections.add_documents, name, documents)
+
+    async def document_chunks(self, name: str, document_ids: Sequence[str]) -> list[ChunkRow]:
+        return await self._run(self.collections.document_chunks, name, document_ids)
 
     async def document(self, name: str, document_id: str) -> DocumentRow:
         return await self._run(self.collections.document, name, document_id)

@@ -4,13 +4,17 @@
     GET    /v1/collections                          -> {"object": "list", "data": [collection]}
     GET    /v1/collections/{name}                   -> collection
     DELETE /v1/collections/{name}                   -> {"name", "object", "deleted": true}
-    POST   /v1/collections/{name}/documents         {"documents": [{"id"?, "text", "metadata"?}]} -> {"ids"}
+    POST   /v1/collections/{name}/documents         {"documents": [{"id"?, "text", "metadata"?}], "precompute"?,
+                                                     "cache_salt"?} -> {"ids", "num_precomputed_tokens"}
     GET    /v1/collections/{name}/documents/{id}    -> {"id", "text", "metadata", "num_chunks"}
     DELETE /v1/collections/{name}/documents/{id}    -> {"id", "object", "deleted": true}
     POST   /v1/collections/{name}/search            {"query", "top_k"?} -> {"object": "list", "data": [hit]}
 
 collection = {"name", "object": "collection", "num_documents", "num_chunks"};
 hit = {"id" (document id), "chunk_id" ("<id>#<n>"), "text" (the chunk), "score" (cosine), "metadata"}.
+Adding documents computes their chunks' document KV too, with document reuse on (unless "precompute":
+false), before it answers: `num_precomputed_tokens` were computed (0 for spans already stored), under
+the caller's cache salt (or "cache_salt"), so that tenant's `retrieval` prompts find it.
 A document id in a path may contain '/' (sent as is or as %2F); an id that starts with '/' cannot
 be addressed there, as the router folds '//' into '/'.
 """
@@ -20,6 +24,8 @@ from litestar.datastructures import State
 from litestar.params import FromPath
 
 from retrieval.collections import CollectionInfo, NewDocument
+from server.auth import caller_of
+from server.document_precompute import can_precompute, precompute_chunks
 from server.openapi import json_body
 from server.schemas_retrieval import AddDocumentsRequest, CreateCollectionRequest, SearchRequest
 
@@ -55,7 +61,14 @@ async def delete_collection(state: State, name: FromPath[str]) -> dict:
 async def add_documents(request: Request, state: State, name: FromPath[str]) -> dict:
     body = AddDocumentsRequest.model_validate_json(await request.body())
     documents = [NewDocument(d.text, d.id, d.metadata) for d in body.documents]
-    return {"ids": await state.retrieval.add_documents(name, documents)}
+    ids = await state.retrieval.add_documents(name, documents)
+    num_precomputed = 0
+    if body.precompute and can_precompute(state.engine, state.settings.engine.document_reuse):
+        chunks = await state.retrieval.document_chunks(name, ids)
+        num_precomputed = await precompute_chunks(state.engine, state.service.prompts.builder,
+                                                  [chunk.text for chunk in chunks],
+                                                  caller_of(request).cache_salt(body.cache_salt))
+    return {"ids": ids, "num_precomputed_tokens": num_precomputed}
 
 
 @get("/collections/{name:str}/documents/{document_id:path}")

@@ -45,6 +45,9 @@ class DocumentIn(_Body):
 
 class AddDocumentsRequest(_Body):
     documents: list[DocumentIn] = Field(min_length=1)
+    # Compute each chunk's document KV now (server/document_precompute.py), when document reuse is on.
+    precompute: bool = True
+    cache_salt: Annotated[str, Field(min_length=1)] | None = None  # the salt whose requests will reuse that KV
 
 
 class SearchRequest(_Body):

@@ -148,6 +148,7 @@ class _PromptFields(_Body):
     output_config: OutputConfig | None = None
     thinking: Thinking | None = None
     speed: Literal["standard"] | None = None
+    document_reuse: bool | None = None  # extension: false, this request reuses no stored document KV
 
     @model_validator(mode="before")
     @classmethod
@@ -202,4 +203,3 @@ class MessagesRequest(_PromptFields):
     stream: bool = False
     service_tier: Literal["auto", "standard_only"] | None = None  # one tier here: both mean it
     diagnostics: Diagnostics | None = None
-    document_reuse: bool | None = None  # extension: false, this request reuses no stored document KV

@@ -112,9 +112,8 @@ def messages_job(request: CountTokensRequest, prompt: TranslatedPrompt) -> ChatJ
     output_format = None
     if request.output_config is not None and request.output_config.format is not None:
         output_format = OutputFormat(request.output_config.format.schema_)
-    sampling, max_new_tokens, stops, document_reuse = {}, None, (), None
+    sampling, max_new_tokens, stops = {}, None, ()
     if isinstance(request, MessagesRequest):
-        document_reuse = requested_document_reuse(request.document_reuse)
         sampling = {name: value for name in ("temperature", "top_p", "top_k")
                     if (value := getattr(request, name)) is not None}
         max_new_tokens, stops = request.max_tokens, tuple(request.stop_sequences or ())
@@ -128,7 +127,7 @@ def messages_job(request: CountTokensRequest, prompt: TranslatedPrompt) -> ChatJ
         max_new_tokens=max_new_tokens,
         stop_strings=stops,
         cache_breakpoints=tuple(prompt.breakpoints),
-        document_reuse=document_reuse,
+        document_reuse=requested_document_reuse(request.document_reuse),
         tool_schema_path="tools[{}].input_schema",
         output_format_path="output_config.format.schema",
     )

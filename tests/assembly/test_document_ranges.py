@@ -55,3 +55,11 @@ def test_a_text_the_prompt_does_not_hold_has_no_range(builder):
     prompt_ids = builder.build([{"role": "user", "content": "Hi"}], documents=DOCUMENTS[:1])
     assert document_token_ranges(builder.tokenizer, prompt_ids, ["Nothing like this is in the prompt."]) == []
     assert document_token_ranges(builder.tokenizer, prompt_ids, [DOCUMENTS[0]["text"], "absent"]) != []
+
+
+def test_precompute_probes_leave_the_segment_cache_alone(builder):
+    builder.build([{"role": "user", "content": "Hi"}], documents=DOCUMENTS[:1])
+    cached = dict(builder.tokenizer._segments)
+    for document in DOCUMENTS:
+        document_token_ids(builder, document)
+    assert dict(builder.tokenizer._segments) == cached

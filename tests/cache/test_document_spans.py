@@ -90,6 +90,15 @@ def test_short_prompts_and_short_exact_spans_give_no_spans():
     assert find_spans(random_tokens(rng, 64), min_span_tokens=64) in ([], [(0, 64)])
 
 
+@pytest.mark.parametrize("num_tokens", [64, 100, 127])
+def test_a_short_document_is_one_span(num_tokens):
+    rng = random.Random(num_tokens)
+    for _ in range(20):
+        document = random_tokens(rng, num_tokens)
+        prompt = random_tokens(rng, 50) + document + random_tokens(rng, 50)
+        assert spans_inside(find_spans(prompt, [(50, 50 + num_tokens)]), 50, 50 + num_tokens) == [(0, num_tokens)]
+
+
 def test_a_long_prompt_is_cut_into_several_bounded_chunks():
     spans = find_spans(random_tokens(random.Random(11), 8192))
     lengths = [end - start for start, end in spans]

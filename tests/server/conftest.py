@@ -181,6 +181,7 @@ class FakeEngine:
         self.options: list = []  # each generate's RequestOptions
         self.num_cached_tokens = 0  # what each output reports
         self.num_reused_document_tokens = 0
+        self.precomputed: list[tuple[list[list[int]], str | None]] = []  # each precompute_documents call
         self.is_shut_down = False
 
     def stats(self) -> EngineStats:
@@ -222,6 +223,10 @@ class FakeEngine:
 
     def pin(self, token_ids, cache_salt, seconds) -> None:
         self.pins.append((list(token_ids), cache_salt, seconds))
+
+    async def precompute_documents(self, token_id_lists, cache_salt) -> int:
+        self.precomputed.append(([list(ids) for ids in token_id_lists], cache_salt))
+        return sum(len(ids) for ids in token_id_lists)  # as if nothing were stored yet
 
     def shutdown(self) -> None:
         self.is_shut_down = True

@@ -136,3 +136,43 @@ def test_document_reuse_metrics_come_from_the_engine_stats(reuse_client):
                    "radixserve:document_reuse_recomputed_tokens_total 48.0",
                    "radixserve:document_reuse_store_bytes 1.048576e+06", "radixserve:document_reuse_store_entries 5.0"):
         assert sample in text, sample
+
+
+def test_adding_documents_precomputes_each_chunk_with_the_ids_a_prompt_gives_it(reuse_client):
+    client, engine = reuse_client
+    assert client.post("/v1/collections", json={"name": "pre"}).status_code == 201
+    response = client.post("/v1/collections/pre/documents", json={"documents": DOCUMENTS})
+    assert response.status_code == 200, response.text
+    [(token_id_lists, salt)] = engine.precomputed
+    assert salt is None and len(token_id_lists) == len(DOCUMENTS)  # one chunk each, short documents
+    assert response.json()["num_precomputed_tokens"] == sum(len(ids) for ids in token_id_lists)
+    # A retrieval prompt's exact spans hold exactly the precomputed ids: they hit the store.
+    body = {"messages": QUESTION, "retrieval": {"collection": "pre", "top_k": 3}}
+    assert client.post("/v1/chat/completions", json=body).status_code == 200
+    prompt, spans = engine.prompts[-1], engine.options[-1].document_spans
+    assert sorted(prompt[start:end] for start, end in spans) == sorted(token_id_lists)
+
+
+def test_precompute_is_skipped_when_asked_or_when_reuse_is_off(make_client, reuse_client):
+    client, engine = reuse_client
+    client.post("/v1/collections", json={"name": "skip"})
+    response = client.post("/v1/collections/skip/documents", json={"documents": DOCUMENTS, "precompute": False})
+    assert response.status_code == 200 and response.json()["num_precomputed_tokens"] == 0
+    assert engine.precomputed == []
+    response = client.post("/v1/collections/skip/documents", json={"documents": DOCUMENTS[:1], "cache_salt": "tenant"})
+    assert engine.precomputed[-1][1] == "tenant"
+    for bad in ({"precompute": "no"}, {"precompute": 1}, {"cache_salt": ""}):
+        response = client.post("/v1/collections/skip/documents", json={"documents": DOCUMENTS[:1], **bad})
+        assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
+    off_client, off_engine = make_client("ok")  # document reuse off: nothing would reuse the KV
+    off_client.post("/v1/collections", json={"name": "off"})
+    response = off_client.post("/v1/collections/off/documents", json={"documents": DOCUMENTS})
+    assert response.status_code == 200 and response.json()["num_precomputed_tokens"] == 0
+    assert off_engine.precomputed == []
+
+
+def test_count_tokens_takes_the_same_body(reuse_client):
+    client, _ = reuse_client
+    response = client.post("/v1/messages/count_tokens", json={"model": MODEL, "messages": QUESTION,
+                                                               "document_reuse": False})
+    assert response.status_code == 200 and response.json()["input_tokens"] > 0
