@@ -23,10 +23,11 @@ variant with reuse off on both sides: its agreement must be 1.0 and its KL ~0.
 
 import argparse
 import dataclasses
+import datetime
 import gc
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,7 +164,7 @@ def supports_recompute_fraction() -> bool:
     return any(f.name == "document_recompute_fraction" for f in dataclasses.fields(EngineConfig))
 
 
-def run(args: argparse.Namespace) -> QualityRun:
+def run(args: argparse.Namespace, on_variant: Callable[[QualityRun], None] = lambda run: None) -> QualityRun:
     started = time.perf_counter()
     model_dir = pull(args.model)
     tokenizer = Tokenizer(model_dir)
@@ -197,7 +198,22 @@ def run(args: argparse.Namespace) -> QualityRun:
         if args.exact_cache:
             save_exact_answers(args.exact_cache, [b.token_ids for b in built], answers, current_commit(), exact_seconds)
 
-    results = []
+    scored = [(b.prompt, a) for b, a in zip(built, answers) if b.prompt.is_scored]
+    accuracy = sum(answer_is_correct(a.answer_text, p) for p, a in scored) / len(scored) if scored else None
+
+    def so_far(results: list[VariantResult]) -> QualityRun:
+        return QualityRun(
+            args=vars(args), model=str(model_dir), num_prompts=len(built),
+            mean_prompt_tokens=sum(len(b.token_ids) for b in built) / len(built),
+            num_pool_documents=len(pool), exact_seconds=exact_seconds,
+            exact_computed_tokens=[a.num_computed_prompt_tokens for a in answers],
+            exact_accuracy=accuracy, num_scored=len(scored), chance_accuracy=1 / args.documents_per_prompt,
+            mean_answer_tokens=sum(len(a.answer_ids) for a in answers) / len(answers),
+            sample_answers=[(b.prompt.messages[-1]["content"][-160:], a.answer_text)
+                            for b, a in zip(built, answers)][:6],
+            variants=list(results), notes=notes, total_seconds=time.perf_counter() - started)
+
+    results: list[VariantResult] = []
     for variant in variants:
         engine = _engine(model_dir, variant)
         variant_started = time.perf_counter()
@@ -208,17 +224,8 @@ def run(args: argparse.Namespace) -> QualityRun:
                                         time.perf_counter() - variant_started, stats))
         del engine
         gc.collect()
-    scored = [(b.prompt, a) for b, a in zip(built, answers) if b.prompt.is_scored]
-    accuracy = sum(answer_is_correct(a.answer_text, p) for p, a in scored) / len(scored) if scored else None
-    return QualityRun(
-        args=vars(args), model=str(model_dir), num_prompts=len(built),
-        mean_prompt_tokens=sum(len(b.token_ids) for b in built) / len(built),
-        num_pool_documents=len(pool), exact_seconds=exact_seconds,
-        exact_computed_tokens=[a.num_computed_prompt_tokens for a in answers],
-        exact_accuracy=accuracy, num_scored=len(scored), chance_accuracy=1 / args.documents_per_prompt,
-        mean_answer_tokens=sum(len(a.answer_ids) for a in answers) / len(answers),
-        sample_answers=[(b.prompt.messages[-1]["content"][-160:], a.answer_text) for b, a in zip(built, answers)][:6],
-        variants=results, notes=notes, total_seconds=time.perf_counter() - started)
+        on_variant(so_far(results))  # a long run's finished variants are on disk before the next starts
+    return so_far(results)
 
 
 def _numbers(text: str, kind) -> list:
@@ -260,8 +267,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="keep the exact pass's answers in this file and reuse them for the same prompts")
     args = parser.parse_args(argv)
     _resolve_defaults(args)
-    quality = run(args)
-    paths = write_quality_report(quality, args.results_dir)
+    stem = args.results_dir / (datetime.datetime.now().strftime("%Y-%m-%d_%H-%M") + "_document_reuse_quality"
+                               + ("_quick" if args.quick else ""))
+    quality = run(args, on_variant=lambda so_far: write_quality_report(so_far, stem))
+    paths = write_quality_report(quality, stem)
     print(paths[1].read_text())
     print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
     return 0

@@ -129,11 +129,9 @@ def markdown(run: QualityRun) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_quality_report(run: QualityRun, results_dir: Path) -> tuple[Path, Path]:
-    """bench/results/<date>_document_reuse_quality.{json,md}."""
-    results_dir.mkdir(parents=True, exist_ok=True)
-    stem = results_dir / (datetime.datetime.now().strftime("%Y-%m-%d_%H-%M") + "_document_reuse_quality"
-                          + ("_quick" if run.args.get("quick") else ""))
+def write_quality_report(run: QualityRun, stem: Path) -> tuple[Path, Path]:
+    """`stem`.json and `stem`.md (e.g. bench/results/<date>_document_reuse_quality)."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
     record = {"created": datetime.datetime.now().isoformat(timespec="seconds"),
               "machine": {"platform": platform.platform(), "num_cpus": os.cpu_count(),
                           "load_average_1m": os.getloadavg()[0]},

@@ -189,7 +189,7 @@ def test_the_quality_report_writes_json_and_a_table_with_the_gates(tmp_path):
                      exact_computed_tokens=[150, 150], exact_accuracy=0.5, num_scored=2, chance_accuracy=0.25,
                      mean_answer_tokens=2.0, sample_answers=[("q", "a")], variants=[good, bad], notes=["n"],
                      total_seconds=2.0)
-    json_path, md_path = write_quality_report(run, tmp_path)
+    json_path, md_path = write_quality_report(run, tmp_path / "quality")
     table = md_path.read_text()
     assert "| online, k=16 | 1.000 | 0.0000 | 1.000 | 0.0000 | 0.300 | 0.300 |" in table
     assert "| online, k=0 | 0.500 |" in table and "| fail |" in table and "| pass |" in table
