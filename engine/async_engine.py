@@ -1,6 +1,6 @@
 """The engine loop in its own thread, and the asyncio handle the server uses.
 
-Commands (add, abort, pin) go in through a thread-safe queue; outputs come back to
+Commands (add, abort, pin, precompute documents) go in through a thread-safe queue; outputs come back to
 each request's asyncio queue with `loop.call_soon_threadsafe`. torch releases
 the GIL inside its ops, so the server's event loop stays responsive while a
 step runs.
@@ -51,6 +51,14 @@ class _Add:
 @dataclass(frozen=True)
 class _Abort:
     request_id: str
+
+
+@dataclass(frozen=True)
+class _Precompute:
+    token_id_lists: list[list[int]]
+    cache_salt: str | None
+    loop: asyncio.AbstractEventLoop
+    result: asyncio.Future
 
 
 @dataclass(frozen=True)
@@ -120,6 +128,15 @@ class AsyncEngine:
         """Keep this prefix's cached pages from eviction for `seconds` (LLMEngine.pin_prefix)."""
         self._commands.put(_Pin(list(token_ids), cache_salt, seconds))
 
+    async def precompute_documents(self, token_id_lists: list[list[int]], cache_salt: str | None = None) -> int:
+        """Store each list's span KV (LLMEngine.precompute_documents), run on the engine thread between
+        steps; other requests' outputs keep flowing meanwhile. Returns the prompt tokens computed.
+        Raises RequestError when a list can never be served (empty, too long)."""
+        loop = asyncio.get_running_loop()
+        result = loop.create_future()
+        self._commands.put(_Precompute([list(ids) for ids in token_id_lists], cache_salt, loop, result))
+        return await result
+
     def stats(self) -> EngineStats:
         """The snapshot taken after the latest step (never blocks on the engine)."""
         return self._stats
@@ -183,6 +200,19 @@ class AsyncEngine:
             self._streams.pop(command.request_id, None)
         elif isinstance(command, _Pin):
             self.engine.pin_prefix(command.token_ids, command.cache_salt, command.seconds)
+        elif isinstance(command, _Precompute):
+            self._precompute(command)
+
+    def _precompute(self, command: _Precompute) -> None:
+        try:
+            outcome = self.engine.precompute_documents(command.token_id_lists, command.cache_salt,
+                                                       on_output=self._deliver)
+        except RequestError as error:
+            outcome = error
+        except Exception as error:  # a fault must not kill the loop: the caller gets it
+            logger.exception("precomputing documents failed")
+            outcome = error
+        command.loop.call_soon_threadsafe(_settle, command.result, outcome)
 
     def _deliver(self, output: RequestOutput) -> None:
         stream = self._streams.get(output.request_id)
@@ -204,3 +234,13 @@ class AsyncEngine:
             except RuntimeError:
                 pass
         self._streams.clear()
+
+
+def _settle(future: asyncio.Future, outcome) -> None:
+    """Resolve a caller's future unless the caller gave up on it (cancelled)."""
+    if future.done():
+        return
+    if isinstance(outcome, Exception):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)

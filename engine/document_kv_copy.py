@@ -34,10 +34,9 @@ class DocumentKVCopier:
             plan = request.document_plan
             if not isinstance(plan, DocumentPlan) or not plan.copies:
                 continue
-            for copy in plan.copies:
-                self._place(request, copy)
-                self.store.release(copy.entry)
-            plan.copies = []
+            while plan.copies:  # one at a time: a fault leaves only unplaced copies to release
+                self._place(request, plan.copies[0])
+                self.store.release(plan.copies.pop(0).entry)
 
     def _place(self, request: Request, copy) -> None:
         k_stored, v_stored = copy.entry.kv

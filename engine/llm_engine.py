@@ -95,6 +95,10 @@ class LLMEngine:
         bad_span = next(((s, e) for s, e in options.document_spans if e > len(prompt_token_ids)), None)
         if bad_span is not None:
             raise RequestError(f"document span {list(bad_span)} lies outside the {len(prompt_token_ids)}-token prompt")
+        ordered = sorted(options.document_spans)
+        overlap = next((b for a, b in zip(ordered, ordered[1:]) if b[0] < a[1]), None)
+        if overlap is not None:
+            raise RequestError(f"document span {list(overlap)} overlaps another")
         bad = next((t for t in prompt_token_ids if not 0 <= t < self.vocab_size), None)
         if bad is not None:
             raise RequestError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
@@ -268,6 +272,9 @@ class LLMEngine:
         list as one exact span) in the document store. Returns the prompt tokens computed; a list
         whose spans are all stored already costs nothing. Steps the engine; `on_output` receives
         the outputs of other requests those steps produce (AsyncEngine delivers them)."""
+        empty = next((index for index, token_ids in enumerate(token_id_lists) if not token_ids), None)
+        if empty is not None:
+            raise RequestError(f"document {empty} is empty")
         num_computed = 0
         for index, token_ids in enumerate(token_id_lists):
             spans = find_spans(token_ids, [(0, len(token_ids))], self.config.document_min_span_tokens)

@@ -1,7 +1,10 @@
 """Derived KV in the radix tree: cached under a DerivedSalt below the exact node where a request's
 exact KV ended; a plain-salt walk never reaches it, a walk given the derived salt continues into it."""
 
-from cache import DerivedSalt, PageAllocator, RadixTree, check_tree_invariants
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cache import DerivedSalt, PageAllocator, RadixTree, cached_prefix_pages, check_tree_invariants
 
 
 def _tree(page_size=2, num_pages=32):
@@ -60,3 +63,45 @@ def test_no_exact_pages_hangs_derived_below_the_root():
     page_ids = _cache(tree, allocator, [9, 8, 7, 6], num_exact_pages=0)
     assert tree.match_prefix([9, 8, 7, 6]).num_tokens == 0
     assert tree.match_prefix([9, 8, 7, 6], None, DerivedSalt(None), max_exact_pages=0).page_ids == page_ids
+
+
+# -- property: random exact and derived inserts, matches and evictions ---------------------------
+
+_TOKENS = st.lists(st.integers(0, 2), min_size=0, max_size=10)
+_OPS = st.lists(st.one_of(
+    st.tuples(st.just("insert"), _TOKENS, st.sampled_from([None, "t"]), st.one_of(st.none(), st.integers(0, 5))),
+    st.tuples(st.just("match"), _TOKENS, st.sampled_from([None, "t"]), st.booleans()),
+    st.tuples(st.just("evict"), st.integers(1, 6)),
+), max_size=30)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=_OPS, page_size=st.integers(1, 3))
+def test_plain_walks_only_ever_return_exact_pages(ops, page_size):
+    tree, allocator = _tree(page_size=page_size, num_pages=24)
+    for op in ops:
+        if op[0] == "insert":
+            _, tokens, salt, num_exact_pages = op
+            num_pages = len(tokens) // page_size
+            if num_pages > allocator.num_free_pages:
+                tree.evict(num_pages - allocator.num_free_pages)
+            if num_pages > allocator.num_free_pages:
+                continue
+            page_ids = allocator.allocate(num_pages)
+            derived = None if num_exact_pages is None else DerivedSalt(salt)
+            tree.insert(tokens, page_ids, salt, derived, num_exact_pages)
+            allocator.release(page_ids)
+        elif op[0] == "match":
+            _, tokens, salt, with_derived = op
+            prefix_pages = cached_prefix_pages(tree)
+            match = tree.match_prefix(tokens, salt, DerivedSalt(salt) if with_derived else None)
+            for index, page_id in enumerate(match.page_ids):
+                prefix = tuple(tokens[: (index + 1) * page_size])
+                allowed = {prefix_pages.get((salt, prefix))}
+                if with_derived:
+                    allowed.add(prefix_pages.get((DerivedSalt(salt), prefix)))
+                assert page_id in allowed - {None}
+        else:
+            tree.evict(op[1])
+        check_tree_invariants(tree)
+        assert allocator.num_free_pages + tree.num_cached_pages == allocator.num_pages

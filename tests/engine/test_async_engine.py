@@ -73,3 +73,25 @@ def test_refused_request_raises_in_the_caller(engine):
 
     with pytest.raises(RequestError, match="vocabulary"):
         asyncio.run(main())
+
+
+def test_precompute_documents_runs_between_steps_while_streams_flow(engine):
+    documents = [list(range(10, 90)), list(range(100, 180))]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    expected = greedy_generate(engine.engine.model, list(range(3, 50)), 12)
+
+    async def stream():
+        return [t async for output in engine.generate("beside-precompute", list(range(3, 50)), params)
+                for t in output.new_token_ids]
+
+    async def main():
+        streamed, computed = await asyncio.gather(stream(), engine.precompute_documents(documents, "tenant"))
+        again = await engine.precompute_documents(documents, "tenant")
+        return streamed, computed, again
+
+    streamed, computed, again = asyncio.run(main())
+    assert streamed == expected  # the other request's outputs were delivered meanwhile
+    assert computed == 160 and again == 0
+    with pytest.raises(RequestError, match="empty"):
+        asyncio.run(engine.precompute_documents([[5] * 70, []]))
+    _wait_idle(engine)

@@ -19,6 +19,7 @@ def test_document_reuse_is_off_by_default():
 @pytest.mark.parametrize("field, value", [
     ("document_store_bytes", 0), ("document_boundary_tokens", -1), ("document_recompute_fraction", -0.1),
     ("document_recompute_fraction", 1.5), ("document_min_span_tokens", 0),
+    ("document_recompute_fraction", 0.15),  # selective recompute is not built: refused, not ignored
 ])
 def test_bad_document_settings_are_refused(field, value):
     with pytest.raises(ValueError, match=field):

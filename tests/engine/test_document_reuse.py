@@ -199,3 +199,12 @@ def test_random_mixes_balance_pages_and_store_references(tiny_llama_dir):
         _assert_drained(engine)
     assert engine.stats().num_document_reused_tokens > 0
     assert engine.scheduler.num_evicted_pages > 0
+
+
+def test_overlapping_document_spans_are_refused(tiny_llama_dir):
+    from engine.errors import RequestError
+
+    engine = _engine(tiny_llama_dir)
+    options = RequestOptions(document_reuse=True, document_spans=((0, 30), (20, 40)))
+    with pytest.raises(RequestError, match="overlaps"):
+        engine.add_request("o", list(range(3, 60)), SamplingParams(max_tokens=1), None, options)
