@@ -22,7 +22,6 @@ variant with reuse off on both sides: its agreement must be 1.0 and its KL ~0.
 """
 
 import argparse
-import dataclasses
 import datetime
 import gc
 import sys
@@ -160,8 +159,13 @@ def variants_for(k_values: Sequence[int], precomputed_k_values: Sequence[int], r
     return variants
 
 
-def supports_recompute_fraction() -> bool:
-    return any(f.name == "document_recompute_fraction" for f in dataclasses.fields(EngineConfig))
+def recompute_fraction_error(model_dir: Path, fraction: float) -> str | None:
+    """Why this engine refuses selective recompute at `fraction`, or None when it accepts it."""
+    try:
+        EngineConfig(model_dir=model_dir, document_recompute_fraction=fraction)
+    except (TypeError, ValueError) as error:
+        return str(error)
+    return None
 
 
 def run(args: argparse.Namespace, on_variant: Callable[[QualityRun], None] = lambda run: None) -> QualityRun:
@@ -174,10 +178,12 @@ def run(args: argparse.Namespace, on_variant: Callable[[QualityRun], None] = lam
     built = [build_prompt(builder, p) for p in prompts]
     pool_token_ids = [document_token_ids(builder, {"text": text}) for text in pool]  # as ingest precomputes them
     notes = []
-    fractions = args.recompute_fractions
-    if any(f > 0 for f in fractions) and not supports_recompute_fraction():
-        notes.append("selective recompute (document_recompute_fraction) is not in this engine: r > 0 not run")
-        fractions = []
+    fractions = list(args.recompute_fractions)
+    refusals = {f: error for f in fractions if (error := recompute_fraction_error(model_dir, f)) is not None}
+    if refusals:
+        notes.append(f"selective recompute not run: the engine refuses r = {', '.join(map(str, refusals))} "
+                     f"({next(iter(refusals.values()))})")
+        fractions = [f for f in fractions if f not in refusals]
     variants = variants_for(args.k_values, args.precomputed_k_values, fractions, args.recompute_k_values,
                             args.self_test)
 
