@@ -7,6 +7,8 @@
 - Throughputs divide totals of successful requests by the run's wall time.
 - Cached share: sum(cached prompt tokens) / sum(prompt tokens), over the requests whose server
   reported cached tokens (None when none did).
+- Prompt tokens computed: sum(prompt tokens - cached prompt tokens) over the same requests: the
+  prefill the server did (None when none reported cached tokens).
 Percentiles interpolate linearly between order statistics (numpy's default, as vLLM).
 """
 
@@ -69,6 +71,7 @@ class BenchSummary:
     output_throughput: float  # output tokens / s
     total_token_throughput: float  # (prompt + output) tokens / s
     cached_share: float | None
+    num_computed_prompt_tokens: int | None
     ttft: Stats
     tpot: Stats
     itl: Stats
@@ -101,6 +104,8 @@ def summarize(outcomes: Sequence[RequestOutcome], duration_s: float) -> BenchSum
         output_throughput=num_output_tokens / duration_s,
         total_token_throughput=(num_prompt_tokens + num_output_tokens) / duration_s,
         cached_share=cached_share,
+        num_computed_prompt_tokens=(reported_prompt_tokens - sum(o.num_cached_tokens for o in reporting)
+                                    if reporting else None),
         ttft=Stats.of_seconds([o.ttft_s for o in ok]),
         tpot=Stats.of_seconds([t for o in ok if (t := o.tpot_s) is not None]),
         itl=Stats.of_seconds([gap for o in ok for gap in o.itl_s]),

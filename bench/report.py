@@ -13,14 +13,19 @@ def _cached_share(run: WorkloadRun) -> str:
     return NOT_REPORTED if share is None else f"{share:.1%}"
 
 
+def _computed_tokens(run: WorkloadRun) -> str:
+    computed = run.summary.num_computed_prompt_tokens
+    return NOT_REPORTED if computed is None else str(computed)
+
+
 def _workload_names(servers: Sequence[ServerRun]) -> list[str]:
     return list(dict.fromkeys(r.workload for server in servers for r in server.runs))
 
 
 def results_table(servers: Sequence[ServerRun]) -> str:
     lines = ["| workload | server | ok / failed | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | ITL p99 ms "
-             "| e2e p50 ms | output tok/s | req/s | cached share | wall s |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| e2e p50 ms | output tok/s | req/s | cached share | prompt tok computed | wall s |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for workload in _workload_names(servers):
         for server in servers:
             if (run := server.run_of(workload)) is None:
@@ -29,7 +34,8 @@ def results_table(servers: Sequence[ServerRun]) -> str:
             lines.append(f"| {workload} | {server.label} | {s.num_completed} / {s.num_failed} "
                          f"| {s.ttft.median_ms:.0f} | {s.ttft.p99_ms:.0f} | {s.tpot.median_ms:.1f} "
                          f"| {s.itl.p99_ms:.0f} | {s.e2e.median_ms:.0f} | {s.output_throughput:.1f} "
-                         f"| {s.request_throughput:.2f} | {_cached_share(run)} | {s.duration_s:.1f} |")
+                         f"| {s.request_throughput:.2f} | {_cached_share(run)} | {_computed_tokens(run)} "
+                         f"| {s.duration_s:.1f} |")
     return "\n".join(lines)
 
 

@@ -5,6 +5,10 @@ cache on) and PNG plots (TTFT per agent turn, TTFT vs prompt length).
     .venv/bin/python -m bench.suite                  # radixserve, prefix cache on and off
     .venv/bin/python -m bench.suite --peers [--llama-server PATH]   # ... and llama.cpp, same GGUF
 
+When the `rag` workload runs, document KV reuse is measured too (bench/document_reuse_bench.py:
+`--document-reuse on` vs `off`, side by side, on `rag` and on a pre-ingested collection;
+`--no-document-reuse` skips it).
+
 Servers run one at a time on the same machine, with the same workloads (same seed, same
 bytes); every server gets one slot per concurrent session. A server that cannot start or be
 reached is reported and skipped; the others still run.
@@ -19,6 +23,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from bench.bench_args import add_bench_arguments, options_from_args, sizes_from_args, workload_names_from_args
+from bench.document_reuse_bench import bench_document_reuse, document_reuse_table
 from bench.llama_server import PeerUnavailable, find_or_build_llama_server, llama_server, llama_server_version
 from bench.local_server import RADIXSERVE_DEFAULT_ARGS, ServerStartError, radixserve_server
 from bench.plots import write_plots
@@ -85,12 +90,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--llama-server-args", default="",
                         help="extra llama-server options, one string (e.g. '--threads 2 --poll 0')")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--no-document-reuse", action="store_true",
+                        help="skip the document reuse on/off servers (run when the rag workload runs)")
     add_bench_arguments(parser)
     args = parser.parse_args(argv)
     sizes, options = sizes_from_args(args), options_from_args(args)
     stem = args.results_dir / (timestamp() + ("_peers" if args.peers else "") + ("_quick" if args.quick else ""))
     args.results_dir.mkdir(parents=True, exist_ok=True)
     servers, notes = _run_servers(args, stem)
+    if "rag" in workload_names_from_args(args) and not args.no_document_reuse:
+        print("== document reuse on / off", file=sys.stderr)
+        reuse_servers, reuse_notes = bench_document_reuse(sizes, options, args.concurrency, stem)
+        servers, notes = servers + reuse_servers, notes + reuse_notes
     if not servers:
         print("error: no server ran; nothing to report", file=sys.stderr)
         return 1
@@ -99,6 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_results(stem.with_suffix(".json"), servers, sizes, options)
     title = "radixserve vs llama.cpp" if args.peers else "radixserve, prefix cache on and off"
     report = markdown_report(title, servers, servers[0].label, notes)
+    if reuse_table := document_reuse_table(servers):
+        report += "\n## Document KV reuse: on vs off (and peers) on RAG\n\n" + reuse_table + "\n"
     stem.with_suffix(".md").write_text(report)
     written = [stem.with_suffix(".json"), stem.with_suffix(".md"), *write_plots(servers, stem)]
     print(report)

@@ -49,6 +49,7 @@ def test_summary_of_synthetic_run():
     assert s.output_throughput == pytest.approx(4.5)
     assert s.total_token_throughput == pytest.approx(304.5)
     assert s.cached_share == pytest.approx(0.1)  # 40 / (100 + 300): only requests that reported it
+    assert s.num_computed_prompt_tokens == 360  # (100 - 40) + (300 - 0), the same requests
     assert (s.ttft.mean_ms, s.ttft.median_ms) == pytest.approx((200.0, 200.0))
     assert s.ttft.p99_ms == pytest.approx(298.0)
     assert (s.tpot.mean_ms, s.tpot.median_ms, s.tpot.p99_ms) == pytest.approx((100.0, 100.0, 100.0))
@@ -58,7 +59,8 @@ def test_summary_of_synthetic_run():
 
 
 def test_cached_share_is_none_when_no_server_reports_it():
-    assert summarize([outcome(0.1, 0.2, 2)], duration_s=1.0).cached_share is None
+    summary = summarize([outcome(0.1, 0.2, 2)], duration_s=1.0)
+    assert summary.cached_share is None and summary.num_computed_prompt_tokens is None
 
 
 def test_all_failed_is_a_valid_summary():
