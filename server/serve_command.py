@@ -97,9 +97,7 @@ def _kv_disk_fields(args: argparse.Namespace) -> dict:
 
 def _document_fields(args: argparse.Namespace) -> dict:
     """The document reuse flags that were given (the rest keep EngineConfig's defaults)."""
-    fields = {}
-    if args.document_reuse is not None:
-        fields["document_reuse"] = args.document_reuse == "on"
+    fields = {"document_reuse": args.document_reuse == "on"}
     if args.document_store_memory is not None:
         try:
             num_bytes, _ = parse_kv_cache_memory(args.document_store_memory)

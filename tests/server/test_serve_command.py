@@ -120,8 +120,10 @@ def test_document_reuse_flags_reach_the_engine_config(smollm2_dir):
 
     default = settings_from_args(_args(), smollm2_dir).engine
     reference = EngineConfig(model_dir=smollm2_dir)
-    assert (default.document_reuse, default.document_store_bytes, default.document_boundary_tokens,
-            default.document_recompute_fraction) == (reference.document_reuse, reference.document_store_bytes,
+    assert default.document_reuse is (cli.SERVE_DOCUMENT_REUSE_DEFAULT == "on") is True  # serve's default
+    assert reference.document_reuse is False  # an engine built directly: exact KV only
+    assert (True, default.document_store_bytes, default.document_boundary_tokens,
+            default.document_recompute_fraction) == (True, reference.document_store_bytes,
                                                      reference.document_boundary_tokens,
                                                      reference.document_recompute_fraction)
     told = settings_from_args(_args("--document-reuse", "on", "--document-store-memory", "256MiB",
