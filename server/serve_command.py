@@ -76,16 +76,22 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
         raise RadixserveError(str(error)) from None
 
 
+def _size_flag(flag: str, value: str, example: str) -> int:
+    """A flag's byte size ('1GiB', '512MiB', bytes); ValueError naming the flag when it is none."""
+    try:
+        num_bytes, _ = parse_kv_cache_memory(value)
+    except ValueError:
+        num_bytes = None
+    if not num_bytes:
+        raise ValueError(f"{flag}: expected bytes like '{example}', got {value!r}")
+    return num_bytes
+
+
 def _kv_disk_fields(args: argparse.Namespace) -> dict:
     """The disk tier is on unless --no-kv-disk (or --no-prefix-cache: the tier continues the tree's matches)."""
     if args.no_kv_disk or args.no_prefix_cache:
         return {"kv_disk_dir": None}
-    try:
-        num_bytes, _ = parse_kv_cache_memory(args.kv_disk_bytes)
-    except ValueError:
-        num_bytes = None
-    if not num_bytes:
-        raise ValueError(f"--kv-disk-bytes: expected bytes like '4GiB', got {args.kv_disk_bytes!r}")
+    num_bytes = _size_flag("--kv-disk-bytes", args.kv_disk_bytes, "4GiB")
     if args.kv_disk_dir:
         root = Path(args.kv_disk_dir).expanduser()
     else:
@@ -99,13 +105,7 @@ def _document_fields(args: argparse.Namespace) -> dict:
     """The document reuse flags that were given (the rest keep EngineConfig's defaults)."""
     fields = {"document_reuse": args.document_reuse == "on"}
     if args.document_store_memory is not None:
-        try:
-            num_bytes, _ = parse_kv_cache_memory(args.document_store_memory)
-        except ValueError:
-            num_bytes = None
-        if not num_bytes:
-            raise ValueError(f"--document-store-memory: expected bytes like '1GiB', got {args.document_store_memory!r}")
-        fields["document_store_bytes"] = num_bytes
+        fields["document_store_bytes"] = _size_flag("--document-store-memory", args.document_store_memory, "1GiB")
     if args.document_boundary_tokens is not None:
         fields["document_boundary_tokens"] = args.document_boundary_tokens
     if args.document_recompute_fraction is not None:
