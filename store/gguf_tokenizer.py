@@ -152,20 +152,13 @@ def _add_special_tokens(tokenizer: Tokenizer, token_strs: Sequence[str], token_t
     (transformers does the same; adding it would grow the vocabulary).
     """
     alphabet = set(_byte_alphabet().values())
-    control = [
-        AddedToken(token, normalized=False, special=True)
-        for token, kind in zip(token_strs, token_types)
-        if kind == TOKEN_TYPE_CONTROL and set(token) <= alphabet
-    ]
-    if control:
-        tokenizer.add_special_tokens(control)
-    user_defined = [
-        AddedToken(token, normalized=False, special=False)
-        for token, kind in zip(token_strs, token_types)
-        if kind == TOKEN_TYPE_USER_DEFINED and set(token) <= alphabet
-    ]
-    if user_defined:
-        tokenizer.add_tokens(user_defined)
+    # control tokens first (special), then user-defined ones (plain added tokens)
+    for wanted_kind, is_special, add in ((TOKEN_TYPE_CONTROL, True, tokenizer.add_special_tokens),
+                                         (TOKEN_TYPE_USER_DEFINED, False, tokenizer.add_tokens)):
+        added = [AddedToken(token, normalized=False, special=is_special)
+                 for token, kind in zip(token_strs, token_types) if kind == wanted_kind and set(token) <= alphabet]
+        if added:
+            add(added)
 
 
 def _post_processor(metadata: Mapping[str, Any], token_strs: Sequence[str]) -> processors.PostProcessor | None:
