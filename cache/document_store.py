@@ -10,11 +10,19 @@ Bounded in bytes, LRU. Ref counts like pages: a request that will copy an entry 
 from planning until the copy, and a referenced entry is never evicted; after every drain no entry
 is referenced. The payload (`kv`) is opaque here (the engine keeps (K, V) tensors), so the
 bookkeeping is plain Python and is tested without torch. Not thread-safe: the engine loop owns it.
+
+Below it, optionally, a DocumentTier (the disk: engine/document_kv_disk.py over cache/document_disk.py):
+every entry inserted is also written there; a lookup that misses memory but hits the tier loads the
+entry into memory (LRU, as if inserted) and returns it, to be used exactly as an in-memory hit; an
+entry evicted from memory stays in the tier (one the tier lacks, its write dropped, is written then).
+`key in store` counts the tier too: a span there costs no compute.
 """
 
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 DocumentKey = tuple[tuple[int, ...], str | None]  # (the span's token ids, cache salt)
 
@@ -39,14 +47,42 @@ class DocumentEntry:
         return len(self.key[0])
 
 
+class LoadedDocument(NamedTuple):
+    kv: object
+    num_bytes: int
+    position: int
+    predecessor: DocumentKey | None
+
+
+class DocumentTier(ABC):
+    """Where entries live on below the store's memory. Called from the store's thread only."""
+
+    @abstractmethod
+    def contains(self, key: DocumentKey) -> bool:
+        """Whether a load of `key` may hit. Changes nothing."""
+
+    @abstractmethod
+    def store(self, key: DocumentKey, kv: object, position: int, predecessor: DocumentKey | None) -> bool:
+        """Keep a copy of the entry (the tier copies what it needs; never blocks on I/O). False when
+        not taken (held already, no room to queue it)."""
+
+    @abstractmethod
+    def load(self, key: DocumentKey) -> LoadedDocument | None:
+        """The entry of `key`, or None (a miss) when the tier lacks it or what it holds is damaged."""
+
+
 class DocumentKVStore:
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, tier: DocumentTier | None = None):
         if max_bytes <= 0:
             raise ValueError(f"max_bytes must be positive, got {max_bytes}")
         self.max_bytes = max_bytes
+        self.tier = tier
         self._entries: OrderedDict[DocumentKey, DocumentEntry] = OrderedDict()  # least recently used first
         self.num_bytes = 0
         self.num_evicted_entries = 0
+        # Lookups that missed memory: served by the tier (loaded into memory) / missed it too.
+        self.num_tier_hits = 0
+        self.num_tier_misses = 0
 
     @property
     def num_entries(self) -> int:
@@ -57,6 +93,10 @@ class DocumentKVStore:
         return sum(1 for entry in self._entries.values() if entry.ref_count)
 
     def __contains__(self, key: DocumentKey) -> bool:
+        """In memory or in the tier (a later lookup may still miss: evicted or damaged there)."""
+        return key in self._entries or (self.tier is not None and self.tier.contains(key))
+
+    def in_memory(self, key: DocumentKey) -> bool:
         return key in self._entries
 
     def entries(self) -> Iterator[DocumentEntry]:
@@ -64,10 +104,23 @@ class DocumentKVStore:
         return iter(list(self._entries.values()))
 
     def lookup(self, key: DocumentKey) -> DocumentEntry | None:
-        """The entry of `key`, marked most recently used; takes no reference."""
+        """The entry of `key`, marked most recently used; takes no reference. On a memory miss, the
+        tier's copy is loaded into memory (evicting as an insert does) and returned; None when the
+        tier lacks it too, or it does not fit. A later lookup's load may evict this entry unless
+        it is acquired."""
         entry = self._entries.get(key)
         if entry is not None:
             self._entries.move_to_end(key)
+            return entry
+        if self.tier is None:
+            return None
+        loaded = self.tier.load(key)
+        if loaded is None:
+            self.num_tier_misses += 1
+            return None
+        entry = self._add(key, loaded.kv, loaded.num_bytes, loaded.position, loaded.predecessor)
+        if entry is not None:
+            self.num_tier_hits += 1
         return entry
 
     def acquire(self, entry: DocumentEntry) -> None:
@@ -86,13 +139,21 @@ class DocumentKVStore:
                predecessor: DocumentKey | None = None) -> DocumentEntry | None:
         """Store a span's KV, evicting least recently used unreferenced entries to make room.
         Returns the entry (the one already stored under `key`, if any, which is kept as it is),
-        or None when it cannot fit (larger than the store, or the rest is referenced)."""
-        existing = self.lookup(key)
+        or None when it cannot fit (larger than the store, or the rest is referenced). A new entry
+        goes to the tier too, whether or not it fits in memory."""
+        existing = self._entries.get(key)
         if existing is not None:
+            self._entries.move_to_end(key)
             return existing
-        if num_bytes > self.max_bytes or not key[0]:
+        if not key[0]:
             return None
-        if not self._make_room(num_bytes):
+        if self.tier is not None and not self.tier.contains(key):
+            self.tier.store(key, kv, position, predecessor)
+        return self._add(key, kv, num_bytes, position, predecessor)
+
+    def _add(self, key: DocumentKey, kv: object, num_bytes: int, position: int,
+             predecessor: DocumentKey | None) -> DocumentEntry | None:
+        if num_bytes > self.max_bytes or not self._make_room(num_bytes):
             return None
         entry = DocumentEntry(key, kv, num_bytes, position, predecessor)
         self._entries[key] = entry
@@ -114,10 +175,12 @@ class DocumentKVStore:
             del self._entries[entry.key]
             self.num_bytes -= entry.num_bytes
             self.num_evicted_entries += 1
+            if self.tier is not None and not self.tier.contains(entry.key):  # its write was dropped
+                self.tier.store(entry.key, entry.kv, entry.position, entry.predecessor)
         return True
 
     def clear(self) -> None:
-        """Drop every entry. Nothing may be referenced."""
+        """Drop every entry from memory (the tier keeps its copies). Nothing may be referenced."""
         if self.num_referenced_entries:
             raise ValueError(f"clear with {self.num_referenced_entries} referenced entries")
         self._entries.clear()

@@ -25,6 +25,9 @@ class PageEvent(NamedTuple):
     # and read-only from now on; REMOVED pages are told before they are released, so a listener
     # may still copy them (a KV tier's write-back).
     page_ids: tuple[int, ...]
+    # Derived KV (cached under a DerivedSalt: document KV placed at a new position and what was
+    # computed after it); its hashes carry the derived tag, so no exact lookup matches them.
+    is_derived: bool = False
 
 
 PageListener = Callable[[PageEvent], None]

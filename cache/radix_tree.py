@@ -280,20 +280,21 @@ class RadixTree:
         child = TreeNode(parent, token_ids, page_ids, page_hashes, cache_salt)
         parent.children[self._key_of(child)] = child
         self._num_evictable_pages += child.num_pages
-        self._emit(PageEventKind.STORED, page_hashes, page_ids)
+        self._emit(PageEventKind.STORED, page_hashes, page_ids, isinstance(cache_salt, DerivedSalt))
         return child
 
     def _remove_leaf(self, leaf: TreeNode) -> None:
         # Told before the pages are released: a listener may still read them (a tier's copy).
-        self._emit(PageEventKind.REMOVED, leaf.page_hashes, leaf.page_ids)
+        self._emit(PageEventKind.REMOVED, leaf.page_hashes, leaf.page_ids, isinstance(leaf.cache_salt, DerivedSalt))
         self._allocator.release(leaf.page_ids)
         del leaf.parent.children[self._key_of(leaf)]
         leaf.parent = None
         self._num_evictable_pages -= leaf.num_pages
 
-    def _emit(self, kind: PageEventKind, page_hashes: Sequence[bytes], page_ids: Sequence[int]) -> None:
+    def _emit(self, kind: PageEventKind, page_hashes: Sequence[bytes], page_ids: Sequence[int],
+              is_derived: bool = False) -> None:
         if self.page_listeners:
-            event = PageEvent(kind, tuple(page_hashes), tuple(page_ids))
+            event = PageEvent(kind, tuple(page_hashes), tuple(page_ids), is_derived)
             for listener in self.page_listeners:
                 listener(event)
 

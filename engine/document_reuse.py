@@ -98,25 +98,28 @@ class DocumentReuse:
             key = document_key(prompt[start:end], request.cache_salt)
             adjacent_key = previous[1] if previous is not None and previous[0] == start else None
             previous = (end, key)
-            entry = self.store.lookup(key)
+            if start < prefix_end:  # in the pages from the tree already: only whether it is stored matters
+                if key not in self.store:
+                    plan.to_store.append(SpanToStore(start, end, adjacent_key))
+                continue
+            entry = self.store.lookup(key)  # memory, else the store's disk copy (loaded into memory)
             if entry is None:
                 plan.to_store.append(SpanToStore(start, end, adjacent_key))
                 continue
-            if start < prefix_end:
-                continue  # already in the pages from the tree
             follows_its_predecessor = entry.predecessor is not None and entry.predecessor == adjacent_key
             run_start, run_end = start + (0 if follows_its_predecessor else self.boundary_tokens), min(end, end_limit)
             if run_start >= run_end:
                 continue
+            self.store.acquire(entry)  # now: a later span's load from disk must not evict it
             plan.copies.append(SpanCopy(entry, run_start - start, run_start, run_end - run_start,
                                         start - entry.position))
             plan.num_reused_spans += 1
             plan.num_reused_tokens += run_end - run_start
             plan.num_recomputed_tokens += (end - start) - (run_end - run_start)
         if plan.copies and not self._allocate_pages(request, plan, allocate):
+            for copy in plan.copies:
+                self.store.release(copy.entry)
             plan.copies, plan.num_reused_spans, plan.num_reused_tokens, plan.num_recomputed_tokens = [], 0, 0, 0
-        for copy in plan.copies:
-            self.store.acquire(copy.entry)
         request.stitched_runs = [(copy.start, copy.start + copy.num_tokens) for copy in plan.copies]
         if plan.copies and request.num_exact_tokens is None:
             request.num_exact_tokens = plan.copies[0].start

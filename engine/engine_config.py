@@ -9,6 +9,9 @@ import torch
 
 DEFAULT_KV_DISK_BYTES = 4 << 30  # the disk tier's bound when serving (server/serve_command.py)
 DEFAULT_DOCUMENT_STORE_BYTES = 1 << 30
+# The document store's files in the disk tier's directory: a budget of their own beside kv_disk_bytes, so
+# precomputed collections never compete with pages for the tier's LRU (server/serve_command.py).
+DEFAULT_DOCUMENT_DISK_BYTES = 4 << 30
 KV_DISK_POLICIES = ("write-through", "write-back")  # every page at once / a page when the pool evicts it
 
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -89,6 +92,9 @@ class EngineConfig:
     kv_disk_dir: Path | None = None
     kv_disk_bytes: int = DEFAULT_KV_DISK_BYTES
     kv_disk_policy: str = "write-through"
+    # With the disk tier: the document store's entries are written to its directory too (documents/,
+    # engine/document_kv_disk.py), within this many bytes of their own.
+    document_disk_bytes: int = DEFAULT_DOCUMENT_DISK_BYTES
     # Document KV reuse (engine/document_reuse.py): stored spans' KV placed at any position, K re-rotated.
     # The default for requests that do not say (RequestOptions.document_reuse None).
     document_reuse: bool = False
@@ -136,6 +142,8 @@ class EngineConfig:
         if self.kv_disk_policy not in KV_DISK_POLICIES:
             raise ValueError(f"kv_disk_policy must be one of {', '.join(KV_DISK_POLICIES)}, "
                              f"got {self.kv_disk_policy!r}")
+        if self.document_disk_bytes <= 0:
+            raise ValueError(f"document_disk_bytes must be positive, got {self.document_disk_bytes}")
         if self.document_store_bytes <= 0:
             raise ValueError(f"document_store_bytes must be positive, got {self.document_store_bytes}")
         if self.document_boundary_tokens < 0:

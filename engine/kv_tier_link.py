@@ -60,7 +60,11 @@ class KVTierLink:
     def on_page_event(self, event: PageEvent) -> None:
         """The tree's page listener: pages that just entered it (write-through), and pages it is
         about to release, told before their slots can be reused (write-back, and in both policies
-        a page whose write-through copy was dropped)."""
+        a page whose write-through copy was dropped). Derived pages are never written: no lookup
+        reads them from a tier (exact lookups must not, and a derived continuation is looked for in
+        the tree only), so they would only push exact pages out of its byte bound."""
+        if event.is_derived:
+            return
         if event.kind is PageEventKind.REMOVED or (event.kind is PageEventKind.STORED
                                                    and self.policy == "write-through"):
             self._store(event.page_ids, event.page_hashes)

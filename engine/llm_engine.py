@@ -14,6 +14,7 @@ from cache.document_spans import find_spans
 from cache.document_store import DocumentKVStore, document_key
 from cache.kv_pool import KVPool, KVPoolShape
 from engine.document_kv_copy import DocumentKVCopier
+from engine.document_kv_disk import open_document_kv_disk
 from engine.document_reuse import DocumentReuse
 from engine.engine_config import EngineConfig, available_memory_bytes, resolve_device, resolve_dtype
 from engine.draft_proposer import DraftProposer
@@ -72,8 +73,13 @@ class LLMEngine:
         if config.kv_disk_dir is not None and config.enable_prefix_cache:
             self.kv_tier = open_disk_tier_link(config.kv_disk_dir, config.kv_disk_bytes, config.kv_disk_policy,
                                                model_dir, self.kv_pool, self.device.type, self.metrics)
-        # Document KV (engine/document_reuse.py): spans' KV stored once, placed at any position.
-        self.document_store = DocumentKVStore(config.document_store_bytes)
+        # Document KV (engine/document_reuse.py): spans' KV stored once, placed at any position; with the
+        # disk tier, also on disk (engine/document_kv_disk.py), where a restarted engine finds it.
+        self.document_disk = None
+        if self.kv_tier is not None:
+            self.document_disk = open_document_kv_disk(self.kv_tier.tier, config.document_disk_bytes, shape,
+                                                       self.device, self.metrics)
+        self.document_store = DocumentKVStore(config.document_store_bytes, self.document_disk)
         self.documents = DocumentReuse(config, self.document_store, span_breaks(model_dir))
         self.document_kv = DocumentKVCopier(self.document_store, self.kv_pool, self.backend,
                                             self.model.rotary.inv_freq, self.device)
@@ -131,7 +137,9 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def close(self) -> None:
-        """Finish the disk tier's queued writes and let go of its directory. Idempotent."""
+        """Finish the disk tier's queued writes (documents' too) and let go of its directory. Idempotent."""
+        if self.document_disk is not None:
+            self.document_disk.close()  # first: its files are in the directory the tier holds locked
         if self.kv_tier is not None:
             self.kv_tier.close()
 
@@ -299,6 +307,7 @@ class LLMEngine:
             num_document_recomputed_tokens=self.documents.num_recomputed_tokens,
             num_document_store_bytes=self.document_store.num_bytes,
             num_document_store_entries=self.document_store.num_entries,
+            **self._document_disk_stats(),
             num_spec_draft_tokens=self.metrics.num_draft_tokens,
             num_spec_accepted_tokens=self.metrics.num_accepted_draft_tokens,
             num_spec_verify_chunks=self.metrics.num_verify_chunks,
@@ -312,6 +321,14 @@ class LLMEngine:
         return dict(num_kv_disk_query_tokens=self.kv_tier.num_query_tokens,
                     num_kv_disk_hit_tokens=self.kv_tier.num_hit_tokens,
                     num_kv_disk_pages=tier_stats.num_pages, num_kv_disk_bytes=tier_stats.num_bytes)
+
+    def _document_disk_stats(self) -> dict:
+        if self.document_disk is None:
+            return {}
+        disk_stats = self.document_disk.stats()
+        return dict(num_document_disk_hits=self.document_store.num_tier_hits,
+                    num_document_disk_misses=self.document_store.num_tier_misses,
+                    num_document_disk_bytes=disk_stats.num_bytes, num_document_disk_entries=disk_stats.num_files)
 
     # ---- offline use (tests, benchmarks) --------------------------------
 

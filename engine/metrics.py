@@ -37,6 +37,8 @@ class EngineMetrics:
     e2e_latency: LatencySeries = field(default_factory=LatencySeries)
     kv_disk_load: LatencySeries = field(default_factory=LatencySeries)  # one page read from the disk tier
     kv_disk_store: LatencySeries = field(default_factory=LatencySeries)  # one page written (writer thread)
+    document_disk_load: LatencySeries = field(default_factory=LatencySeries)  # one document span read from disk
+    document_disk_store: LatencySeries = field(default_factory=LatencySeries)  # one span written (writer thread)
     prefill_seconds: float = 0.0  # wall time of steps that ran any prefill chunk
     decode_seconds: float = 0.0  # wall time of decode-only steps
     num_prefill_tokens: int = 0
@@ -86,6 +88,12 @@ class EngineStats:
     num_document_recomputed_tokens: int = 0
     num_document_store_bytes: int = 0
     num_document_store_entries: int = 0
+    # The store's entries on disk (0 without the disk tier): span lookups that missed memory and were
+    # loaded from disk / missed there too; the files' bytes and count.
+    num_document_disk_hits: int = 0
+    num_document_disk_misses: int = 0
+    num_document_disk_bytes: int = 0
+    num_document_disk_entries: int = 0
     # Speculation (0 when off): drafts verified / accepted, verify chunks; the mean acceptance
     # length (tokens a verify chunk emits) is 1 + accepted / verify chunks.
     num_spec_draft_tokens: int = 0

@@ -1,0 +1,100 @@
+"""The document KV store's disk tier, on the engine side: (K, V) tensors to bytes and back.
+
+With the KV disk tier configured, every document store entry is also written to `documents/` in the
+tier's fingerprinted, locked directory (cache/document_disk.py: same restart-safety rules as the
+pages, by the same code), within `EngineConfig.document_disk_bytes`. A lookup that misses memory
+loads the entry from there on the engine thread (cache/document_store.py), so a restarted engine
+reuses precomputed documents without computing them.
+
+KV bytes of one entry (DOCUMENT_KV_LAYOUT_VERSION 1), contiguous, in the pool's dtype:
+
+    (2, num_layers, T, num_kv_heads, head_dim)   [0]: K (rotated for positions position..position+T-1), [1]: V
+
+The files' fingerprint is the tier's with this layout version folded in, so a change of either is
+a foreign file (a miss).
+"""
+
+import hashlib
+import logging
+import time
+
+import torch
+
+from cache.disk_tier import DiskTier
+from cache.document_disk import DOCUMENTS_SUBDIRECTORY, DocumentDisk
+from cache.document_store import DocumentKey, DocumentTier, LoadedDocument
+from cache.kv_file_directory import KVFileStats
+from cache.kv_pool import KVPoolShape
+from cache.page_file import FINGERPRINT_NUM_BYTES
+from engine.metrics import EngineMetrics
+
+logger = logging.getLogger("radixserve.kv_tier")
+
+DOCUMENT_KV_LAYOUT_VERSION = 1
+
+
+class DocumentKVDisk(DocumentTier):
+    def __init__(self, disk: DocumentDisk, shape: KVPoolShape, device: torch.device,
+                 metrics: EngineMetrics | None = None):
+        self.disk = disk
+        self._shape = shape
+        self._device = device
+        self._metrics = metrics
+
+    def contains(self, key: DocumentKey) -> bool:
+        return self.disk.contains(key)
+
+    def store(self, key: DocumentKey, kv, position: int, predecessor: DocumentKey | None) -> bool:
+        k, v = kv  # (num_layers, T, KVH, D) each
+        parts = [_host_bytes(k), _host_bytes(v)]  # copied into the write's payload by the disk
+        return self.disk.put(key, position, predecessor, parts)
+
+    def load(self, key: DocumentKey) -> LoadedDocument | None:
+        started = time.perf_counter()
+        stored = self.disk.read(key)
+        if stored is None:
+            return None
+        shape = self._shape
+        kv_shape = (2, shape.num_layers, len(key[0]), shape.num_kv_heads, shape.head_dim)
+        element_size = torch.empty((), dtype=shape.dtype).element_size()
+        num_bytes = element_size * kv_shape[0] * kv_shape[1] * kv_shape[2] * kv_shape[3] * kv_shape[4]
+        if stored.kv.nbytes != num_bytes:
+            logger.warning("document KV on disk: a span of %d tokens holds %d bytes of KV, expected %d; deleted",
+                           len(key[0]), stored.kv.nbytes, num_bytes)
+            self.disk.forget(key)
+            return None
+        kv = torch.frombuffer(stored.kv, dtype=shape.dtype).view(kv_shape)  # shares the read buffer
+        if kv.device != self._device:
+            kv = kv.to(self._device)
+        if self._metrics is not None:
+            self._metrics.observe("document_disk_load", time.perf_counter() - started)
+        return LoadedDocument((kv[0], kv[1]), num_bytes, stored.position, stored.predecessor)
+
+    def stats(self) -> KVFileStats:
+        return self.disk.stats()
+
+    def close(self) -> None:
+        self.disk.close()
+
+
+def open_document_kv_disk(tier: DiskTier, max_bytes: int, shape: KVPoolShape, device: torch.device,
+                          metrics: EngineMetrics | None = None) -> DocumentKVDisk | None:
+    """The document store's files in `documents/` of the disk tier's directory (locked by `tier`,
+    which must be closed after this); None (and a warning) when that directory cannot be used."""
+    digest = hashlib.blake2b(tier.fingerprint, digest_size=FINGERPRINT_NUM_BYTES)
+    digest.update(f"documents, KV layout {DOCUMENT_KV_LAYOUT_VERSION}".encode())
+    on_store = (lambda seconds: metrics.observe("document_disk_store", seconds)) if metrics is not None else None
+    try:
+        disk = DocumentDisk(tier.directory / DOCUMENTS_SUBDIRECTORY, digest.digest(), max_bytes, on_store=on_store)
+    except OSError as error:
+        logger.warning("radixserve: document KV on disk off: %s", error)
+        return None
+    stats = disk.stats()
+    logger.info("radixserve: document KV on disk at %s holds %d spans (%.1f of %.1f MiB)", disk.directory,
+                stats.num_files, stats.num_bytes / 2**20, stats.max_bytes / 2**20)
+    return DocumentKVDisk(disk, shape, device, metrics)
+
+
+def _host_bytes(tensor: torch.Tensor):
+    """A uint8 numpy view of the tensor's bytes on the host (a copy only when not there, contiguous)."""
+    return tensor.detach().to("cpu").contiguous().view(torch.uint8).reshape(-1).numpy()
