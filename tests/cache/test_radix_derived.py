@@ -105,3 +105,15 @@ def test_plain_walks_only_ever_return_exact_pages(ops, page_size):
             tree.evict(op[1])
         check_tree_invariants(tree)
         assert allocator.num_free_pages + tree.num_cached_pages == allocator.num_pages
+
+
+def test_page_events_say_which_pages_are_derived():
+    tree, allocator = _tree()
+    events = []
+    tree.page_listeners.append(events.append)
+    _cache(tree, allocator, [1, 2, 3, 4, 5, 6], num_exact_pages=1)
+    assert [(event.kind.value, len(event.page_hashes), event.is_derived) for event in events] == [
+        ("stored", 1, False), ("stored", 2, True)]
+    events.clear()
+    tree.evict(3)
+    assert sorted((len(event.page_hashes), event.is_derived) for event in events) == [(1, False), (2, True)]
