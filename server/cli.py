@@ -149,6 +149,10 @@ def _add_serve_parser(commands, default_model: str) -> None:
                        help="write every cached page at once (survives a crash), or a page when the pool "
                        "evicts it (fewer writes; default: write-through)")
     serve.add_argument("--no-kv-disk", action="store_true", help="no disk tier for KV pages")
+    serve.add_argument("--document-disk-bytes", metavar="SIZE", default="4GiB",
+                       help="with the disk tier, the document KV store's entries are kept on disk too (in the "
+                       "tier's directory, documents/), within this bound of their own beside --kv-disk-bytes, "
+                       "least recently used deleted first (default: 4GiB)")
     # Defaults None: EngineConfig's (1GiB, 16, 0.0), said in the help; document reuse: serve's own.
     serve.add_argument("--document-reuse", choices=("on", "off"), default=SERVE_DOCUMENT_REUSE_DEFAULT,
                        help="reuse the stored KV of a document (or a pasted passage) wherever it sits in a prompt: "

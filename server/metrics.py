@@ -35,6 +35,10 @@ _HISTOGRAMS = {
                      _KV_DISK_BUCKETS),
     "kv_disk_store": ("kv_disk_store_seconds", "Time to write one KV page to the disk tier (writer thread).",
                       _KV_DISK_BUCKETS),
+    "document_disk_load": ("document_reuse_disk_load_seconds",
+                           "Time to read, check and load one document span from disk into the store.", _KV_DISK_BUCKETS),
+    "document_disk_store": ("document_reuse_disk_store_seconds",
+                            "Time to write one document span to disk (writer thread).", _KV_DISK_BUCKETS),
 }
 
 
@@ -77,6 +81,16 @@ _STATS_METRICS = (
      lambda s: s.num_document_store_bytes),
     (GaugeMetricFamily, "document_reuse_store_entries", "Spans the document store holds.",
      lambda s: s.num_document_store_entries),
+    (CounterMetricFamily, "document_reuse_disk_hits",
+     "Document span lookups that missed the store's memory and were loaded from its disk copy.",
+     lambda s: s.num_document_disk_hits),
+    (CounterMetricFamily, "document_reuse_disk_misses",
+     "Document span lookups that missed the store's memory and its disk copy (or found it damaged).",
+     lambda s: s.num_document_disk_misses),
+    (GaugeMetricFamily, "document_reuse_disk_bytes", "Bytes of the document store's span files on disk.",
+     lambda s: s.num_document_disk_bytes),
+    (GaugeMetricFamily, "document_reuse_disk_entries", "Spans the document store holds on disk.",
+     lambda s: s.num_document_disk_entries),
     # Speculation, as vLLM names it: drafts (a request's draft tokens verified in one step), their tokens, and
     # the tokens accepted; the mean acceptance length is the tokens a verified draft emits (1 + accepted / drafts).
     (CounterMetricFamily, "spec_decode_num_drafts", "Drafts verified (one request's draft tokens in one step).",

@@ -88,7 +88,8 @@ def _size_flag(flag: str, value: str, example: str) -> int:
 
 
 def _kv_disk_fields(args: argparse.Namespace) -> dict:
-    """The disk tier is on unless --no-kv-disk (or --no-prefix-cache: the tier continues the tree's matches)."""
+    """The disk tier is on unless --no-kv-disk (or --no-prefix-cache: the tier continues the tree's matches);
+    the document store's files live in its directory, with their own bound."""
     if args.no_kv_disk or args.no_prefix_cache:
         return {"kv_disk_dir": None}
     num_bytes = _size_flag("--kv-disk-bytes", args.kv_disk_bytes, "4GiB")
@@ -98,7 +99,8 @@ def _kv_disk_fields(args: argparse.Namespace) -> dict:
         from store.model_store import radixserve_home
 
         root = radixserve_home() / "kv"
-    return {"kv_disk_dir": root, "kv_disk_bytes": num_bytes, "kv_disk_policy": args.kv_disk_policy}
+    return {"kv_disk_dir": root, "kv_disk_bytes": num_bytes, "kv_disk_policy": args.kv_disk_policy,
+            "document_disk_bytes": _size_flag("--document-disk-bytes", args.document_disk_bytes, "4GiB")}
 
 
 def _document_fields(args: argparse.Namespace) -> dict:

@@ -49,3 +49,36 @@ def test_after_a_restart_the_prompt_is_a_disk_hit_with_the_cold_answer(smollm2_d
         assert _metric(second, "radixserve:kv_disk_load_seconds_count") > 0
     assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] == (prompt_tokens - 1) // PAGE_SIZE * PAGE_SIZE
     assert warm["choices"][0]["message"]["content"] == cold["choices"][0]["message"]["content"]
+
+
+def test_after_a_restart_documents_precomputed_at_ingest_are_reused_from_disk(smollm2_dir, tmp_path):
+    """Chunks computed when they were added live on in the tier's documents/; the restarted server's first
+    retrieval prompt places them without computing them, as the first server would have."""
+    from bench import corpus
+
+    args = ["--kv-disk-dir", str(tmp_path / "kv"), "--collections-dir", str(tmp_path / "collections"),
+            "--document-reuse", "on"]
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    documents = [{"id": f"doc{i}", "text": text} for i, text in enumerate(corpus.documents(4, 150))]
+    question = {"model": "smollm2-135m-instruct", "max_tokens": 2, "temperature": 0,
+                "messages": [{"role": "user", "content": "Which module handles queues?"}],
+                "retrieval": {"collection": "kb", "top_k": 3}}
+    (tmp_path / "first").mkdir(), (tmp_path / "second").mkdir()
+    with serving(tmp_path / "first", args) as first:
+        assert httpx.post(first.api_url + "/collections", json={"name": "kb"}, headers=headers).status_code == 201
+        added = httpx.post(first.api_url + "/collections/kb/documents", json={"documents": documents},
+                           headers=headers, timeout=600).json()
+        assert added["num_precomputed_tokens"] > 0
+        assert _metric(first, "radixserve:document_reuse_disk_hits_total") == 0
+
+    with serving(tmp_path / "second", args) as second:
+        disk_lines = [line for line in second.log_lines() if "document KV on disk at" in line]
+        assert len(disk_lines) == 1 and int(re.search(r"holds (\d+) spans", disk_lines[0]).group(1)) > 0
+        assert _metric(second, "radixserve:document_reuse_store_entries") == 0  # memory starts empty
+        response = httpx.post(second.api_url + "/chat/completions", json=question, headers=headers, timeout=600)
+        assert response.status_code == 200, response.text
+        usage = response.json()["usage"]["prompt_tokens_details"]
+        assert usage["reused_document_tokens"] > 200
+        assert _metric(second, "radixserve:document_reuse_disk_hits_total") >= 3
+        assert _metric(second, "radixserve:document_reuse_disk_bytes") > 0
+        assert _metric(second, "radixserve:document_reuse_disk_load_seconds_count") >= 3

@@ -94,6 +94,16 @@ def test_the_kv_disk_tier_is_on_by_default_under_the_home(monkeypatch, tmp_path,
             settings_from_args(_args("--kv-disk-bytes", bad), smollm2_dir)
 
 
+def test_the_document_store_on_disk_has_a_bound_of_its_own(monkeypatch, tmp_path, smollm2_dir):
+    monkeypatch.setenv("RADIXSERVE_HOME", str(tmp_path))
+    assert settings_from_args(_args(), smollm2_dir).engine.document_disk_bytes == 4 << 30
+    told = settings_from_args(_args("--document-disk-bytes", "256MiB", "--kv-disk-bytes", "1GiB"), smollm2_dir).engine
+    assert (told.document_disk_bytes, told.kv_disk_bytes) == (256 << 20, 1 << 30)
+    for bad in ("0.5", "lots", "0"):
+        with pytest.raises(RadixserveError, match="--document-disk-bytes"):
+            settings_from_args(_args("--document-disk-bytes", bad), smollm2_dir)
+
+
 def test_several_api_keys_from_flags_and_a_file(monkeypatch, smollm2_dir, tmp_path):
     monkeypatch.delenv("RADIXSERVE_API_KEY", raising=False)
     keys_file = tmp_path / "keys.txt"
