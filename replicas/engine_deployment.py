@@ -19,7 +19,7 @@ from engine.async_engine import AsyncEngine, EngineFacts
 from engine.engine_config import EngineConfig
 from engine.errors import RequestError
 from replicas.replica_pages import ReplicaPages
-from replicas.work import ReplicaReply, ReplicaWork
+from replicas.work import PrecomputeWork, ReplicaReply, ReplicaWork
 
 logger = logging.getLogger("radixserve.replicas")
 
@@ -47,6 +47,13 @@ class EngineReplica:
                 yield ReplicaReply(self.replica_id, output=output)
         except RequestError as error:
             yield ReplicaReply(self.replica_id, refusal=str(error))
+
+    async def precompute(self, work: PrecomputeWork) -> tuple[int, str | None]:
+        """(tokens computed, None) into this replica's document store, or (0, the engine's refusal)."""
+        try:
+            return await self.engine.precompute_documents(work.token_id_lists, work.cache_salt), None
+        except RequestError as error:
+            return 0, str(error)
 
     def pin(self, work: ReplicaWork, seconds: float) -> None:
         self.engine.pin(work.prompt_token_ids, work.cache_salt, seconds)

@@ -5,6 +5,9 @@ which each ReplicaWork carries in-process). It ranks every candidate, one per ra
 Serve tries the best first and goes down the list when a replica's queue is full. Replica
 ids are `ReplicaID.unique_id`, the id a replica reports itself as.
 
+A PrecomputeWork (document KV for one replica) goes to the replica it names: the ingress sends one
+to each live replica, so every replica's document store holds a collection's chunks.
+
 Lifecycle hooks: on_request_routed records the request's pages and key at its replica (and
 its load), on_request_completed its end; update_replicas hands the live replicas' routing
 stats (page hashes, engine stats) to the state; on_replica_actor_died drops the replica's
@@ -17,7 +20,7 @@ from typing import Optional
 from ray.serve.request_router import PendingRequest, ReplicaID, ReplicaResult, RequestRouter, RunningReplica
 
 from replicas.routing_state import RoutingState
-from replicas.work import ReplicaWork
+from replicas.work import PrecomputeWork, ReplicaWork
 
 
 def _work_of(pending_request: Optional[PendingRequest]) -> ReplicaWork | None:
@@ -34,7 +37,7 @@ class PrefixCacheRequestRouter(RequestRouter):
         self._latest_routing_stats: dict[str, dict] = {}  # replica id -> its routing stats
         self._counted_request_ids: set[str] = set()  # routed requests whose load we count
 
-    def _bind(self, work: ReplicaWork | None) -> RoutingState | None:
+    def _bind(self, work: ReplicaWork | PrecomputeWork | None) -> RoutingState | None:
         if self._state is None and work is not None and isinstance(work.routing, RoutingState):
             self._state = work.routing
             self._state.sync_replicas(self._latest_routing_stats)
@@ -44,6 +47,14 @@ class PrefixCacheRequestRouter(RequestRouter):
                               pending_request: Optional[PendingRequest] = None) -> list[list[RunningReplica]]:
         if not candidate_replicas:
             return []
+        if pending_request is not None and pending_request.args and isinstance(pending_request.args[0],
+                                                                                PrecomputeWork):
+            # one replica's share of a precompute: its target; any replica if the target is gone (a
+            # replacement opens the dead one's disk directory and finds what it stored)
+            self._bind(pending_request.args[0])  # the state learns of every live replica
+            target = pending_request.args[0].replica_id
+            chosen = [r for r in candidate_replicas if r.replica_id.unique_id == target]
+            return [chosen] if chosen else [list(candidate_replicas)]
         work = _work_of(pending_request)
         state = self._bind(work)
         if state is None or work is None:  # not one of our requests (or routed from another process)

@@ -10,8 +10,15 @@ replica. Only token ids and page hashes travel, never KV.
 Failures: a replica that dies before its first output is retried once (the router has
 dropped it by then, or Ray Serve tries another); one that dies mid-stream fails the request
 with a clear error. Latencies (TTFT, ITL, e2e) are measured here, at the ingress.
+
+Document KV (`precompute_documents`, a collection's chunks as they are added): every live replica
+computes it into its own store, and its own disk directory (replicas share a KV disk root, each
+locks its own `<fingerprint>-i`), since any replica may serve a question about them. That needs
+the prefix router, which sends each replica its share; with `--replica-router pow2` precompute is
+skipped, and `precompute_unavailable` says why (the collections API passes it on).
 """
 
+import asyncio
 import dataclasses
 import itertools
 import logging
@@ -31,7 +38,7 @@ from engine.sampling_params import SamplingParams
 from replicas.replica_metrics import ReplicaStatsCollector
 from replicas.routing_state import RoutingState
 from replicas.session_key import current_session_key
-from replicas.work import ReplicaWork, split_grammars
+from replicas.work import PrecomputeWork, ReplicaWork, split_grammars
 
 logger = logging.getLogger("radixserve.replicas")
 
@@ -44,8 +51,13 @@ class ReplicaFailed(RuntimeError):
 
 
 class ReplicaEngine:
-    def __init__(self, handle: DeploymentHandle, facts: EngineFacts, routing: RoutingState):
+    def __init__(self, handle: DeploymentHandle, facts: EngineFacts, routing: RoutingState,
+                 can_target_replicas: bool = True):
+        """`can_target_replicas`: the prefix router routes the handle (a PrecomputeWork reaches its replica)."""
         self.facts = facts
+        self.precompute_unavailable = None if can_target_replicas else (
+            "with --replica-router pow2 a collection's document KV cannot be sent to every replica; "
+            "use the prefix router to precompute it")
         self.routing = routing
         self.metrics = EngineMetrics()
         self.prometheus_collectors = (ReplicaStatsCollector(routing),)
@@ -55,13 +67,14 @@ class ReplicaEngine:
         self._num_pins = itertools.count()
 
     @classmethod
-    def connect(cls, handle: DeploymentHandle, routing: RoutingState) -> "ReplicaEngine":
+    def connect(cls, handle: DeploymentHandle, routing: RoutingState,
+                can_target_replicas: bool = True) -> "ReplicaEngine":
         """Blocking (call it off the event loop): asks one replica for the model facts, and seeds the
         stats with its report until the router hands over every replica's."""
         facts = handle.model_facts.remote().result()
         report = handle.record_routing_stats.remote().result()
         routing.sync_replicas({report["replica_id"]: report})
-        return cls(handle, facts, routing)
+        return cls(handle, facts, routing, can_target_replicas)
 
     def _work(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
               cache_salt: str | None, affinity_key: str | None,
@@ -126,6 +139,33 @@ class ReplicaEngine:
         """Sent to the replica the router finds holding this prefix (fire and forget)."""
         work = self._work(f"pin-{next(self._num_pins)}", token_ids, SamplingParams(), cache_salt, None)
         self._pin_handle.pin.remote(work, seconds)
+
+    async def precompute_documents(self, token_id_lists: list[list[int]], cache_salt: str | None = None) -> int:
+        """Every live replica stores the lists' span KV (LLMEngine.precompute_documents); returns the
+        prompt tokens computed, summed over the replicas. Raises RequestError with a replica's refusal.
+        The router learns of every replica when it routes the first share, so shares go out until each
+        replica known has had one; a replica that dies meanwhile is skipped."""
+        if self.precompute_unavailable is not None:
+            raise RequestError(self.precompute_unavailable)
+        lists = [list(token_ids) for token_ids in token_id_lists]
+        done: set[str] = set()
+        num_computed = 0
+        while todo := sorted(set(self.routing.stats_by_replica()) - done):
+            done.update(todo)
+            shares = [self._pin_handle.precompute.remote(PrecomputeWork(replica_id, lists, cache_salt, self.routing))
+                      for replica_id in todo]
+            for replica_id, result in zip(todo, await asyncio.gather(*shares, return_exceptions=True)):
+                if isinstance(result, _REPLICA_GONE):
+                    logger.warning("radixserve: replica %s died during a precompute; its replacement computes "
+                                   "those documents when a prompt first holds them", replica_id)
+                    continue
+                if isinstance(result, BaseException):
+                    raise result
+                num_tokens, refusal = result
+                if refusal is not None:
+                    raise RequestError(refusal)
+                num_computed += num_tokens
+        return num_computed
 
     def stats(self) -> EngineStats:
         """Summed over the live replicas' latest reports (Ray Serve routing stats, ~1 s old)."""

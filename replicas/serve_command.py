@@ -18,11 +18,13 @@ from replicas.session_key import SessionKeyMiddleware
 logger = logging.getLogger("radixserve.server")
 
 
-def build_ingress_app(settings, handle, routing: RoutingState):
+def build_ingress_app(settings, handle, routing: RoutingState, router: str = "prefix"):
     """The ASGI app: create_app's, engine served by the replicas, session header read first."""
     from server.app import create_app
 
-    return SessionKeyMiddleware(create_app(settings, engine_factory=lambda _: ReplicaEngine.connect(handle, routing)))
+    can_target = router == "prefix"
+    return SessionKeyMiddleware(create_app(settings, engine_factory=lambda _: ReplicaEngine.connect(
+        handle, routing, can_target)))
 
 
 def serve_replicas(args: argparse.Namespace) -> int:
@@ -47,6 +49,10 @@ def serve_replicas(args: argparse.Namespace) -> int:
     try:
         handle = cluster.deploy_replicas(settings.engine, args.replicas, args.threads_per_replica, args.replica_router)
         routing = RoutingState(PrefixRoutingPolicy(thresholds=thresholds))
-        return run_server(build_ingress_app(settings, handle, routing), settings)
+        if args.replica_router != "prefix" and settings.engine.document_reuse:
+            logger.warning("radixserve: with --replica-router %s, documents added to a collection get no "
+                           "precomputed KV (each replica computes a document the first time a prompt holds it)",
+                           args.replica_router)
+        return run_server(build_ingress_app(settings, handle, routing, args.replica_router), settings)
     finally:
         cluster.shutdown()

@@ -58,3 +58,23 @@ class ReplicaReply:
     output: RequestOutput | None = None
     refusal: str | None = None  # RequestError message: raised again at the ingress
 
+
+
+@dataclass(frozen=True)
+class PrecomputeWork:
+    """Document KV for one replica to compute into its own store (and its disk directory): the
+    router sends it to `replica_id` (replicas/ray_router.py), so the ingress reaches every replica."""
+
+    replica_id: str  # the target, as it reports itself (ReplicaID.unique_id)
+    token_id_lists: list[list[int]]
+    cache_salt: str | None
+    # In-process only, as ReplicaWork's: binds the router to the ingress's state (never pickled).
+    routing: object | None = field(default=None, compare=False)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["routing"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)

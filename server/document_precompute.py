@@ -18,10 +18,15 @@ from assembly.prompt_builder import PromptBuilder
 PRECOMPUTE_BATCH_CHUNKS = 8
 
 
-def can_precompute(engine, document_reuse: bool) -> bool:
-    """Only where prompts can reuse it (document reuse on), and only an engine handle that computes
-    document KV (the replicas' handle does not: each replica would need its own copy)."""
-    return document_reuse and hasattr(engine, "precompute_documents")
+def precompute_skipped_reason(engine, document_reuse: bool) -> str | None:
+    """Why added chunks get no KV computed, or None when they do: only where prompts can reuse it
+    (document reuse on), and only with an engine handle that computes document KV (the replicas'
+    handle does, into every replica, unless its router cannot reach each one: `precompute_unavailable`)."""
+    if not document_reuse:
+        return "document reuse is off on this server"
+    if not hasattr(engine, "precompute_documents"):
+        return "this server's engine computes no document KV"
+    return getattr(engine, "precompute_unavailable", None)
 
 
 async def precompute_chunks(engine, builder: PromptBuilder, texts: Sequence[str], cache_salt: str | None,

@@ -26,6 +26,7 @@ class CollectionsClient:
     def __init__(self, base_url: str, api_key: str | None):
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
+        self.precompute_skipped: str | None = None  # the server's reason, when it computed no document KV
 
     def create(self, name: str) -> None:
         """Creates the collection; one that exists already is fine."""
@@ -37,6 +38,7 @@ class CollectionsClient:
         """Adds the documents; the tokens the server computed for their document KV."""
         _, body = self._post(f"/v1/collections/{_quoted(name)}/documents",
                              {"documents": documents, "precompute": precompute})
+        self.precompute_skipped = body.get("precompute_skipped") or self.precompute_skipped
         return body.get("num_precomputed_tokens", 0)
 
     def info(self, name: str) -> dict:
@@ -80,6 +82,8 @@ def ingest_through_server(base_url: str, api_key: str | None, collection: str, b
             bar.update(len(batch))
             bar.set_postfix(precomputed_tokens=num_precomputed)
         bar.update(bar.total - bar.n)  # the empty files, left out
+    if client.precompute_skipped:
+        print(f"radixserve ingest: {base_url} computed no document KV: {client.precompute_skipped}", file=sys.stderr)
     return num_ingested, num_precomputed, client.info(collection)
 
 

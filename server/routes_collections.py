@@ -5,7 +5,8 @@
     GET    /v1/collections/{name}                   -> collection
     DELETE /v1/collections/{name}                   -> {"name", "object", "deleted": true}
     POST   /v1/collections/{name}/documents         {"documents": [{"id"?, "text", "metadata"?}], "precompute"?,
-                                                     "cache_salt"?} -> {"ids", "num_precomputed_tokens"}
+                                                     "cache_salt"?} -> {"ids", "num_precomputed_tokens",
+                                                     "precompute_skipped"? (why none was computed)}
     GET    /v1/collections/{name}/documents/{id}    -> {"id", "text", "metadata", "num_chunks"}
     DELETE /v1/collections/{name}/documents/{id}    -> {"id", "object", "deleted": true}
     POST   /v1/collections/{name}/search            {"query", "top_k"?} -> {"object": "list", "data": [hit]}
@@ -14,7 +15,9 @@ collection = {"name", "object": "collection", "num_documents", "num_chunks"};
 hit = {"id" (document id), "chunk_id" ("<id>#<n>"), "text" (the chunk), "score" (cosine), "metadata"}.
 Adding documents computes their chunks' document KV too, with document reuse on (unless "precompute":
 false), before it answers: `num_precomputed_tokens` were computed (0 for spans already stored), under
-the caller's cache salt (or "cache_salt"), so that tenant's `retrieval` prompts find it.
+the caller's cache salt (or "cache_salt"), so that tenant's `retrieval` prompts find it; with replicas,
+into every replica (the sum is reported). When precompute was asked for but cannot happen (document
+reuse off, a replica router that cannot reach each replica), "precompute_skipped" says why.
 A document id in a path may contain '/' (sent as is or as %2F); an id that starts with '/' cannot
 be addressed there, as the router folds '//' into '/'.
 """
@@ -25,7 +28,7 @@ from litestar.params import FromPath
 
 from retrieval.collections import CollectionInfo, NewDocument
 from server.auth import caller_of
-from server.document_precompute import can_precompute, precompute_chunks
+from server.document_precompute import precompute_chunks, precompute_skipped_reason
 from server.openapi import json_body
 from server.schemas_retrieval import AddDocumentsRequest, CreateCollectionRequest, SearchRequest
 
@@ -63,12 +66,14 @@ async def add_documents(request: Request, state: State, name: FromPath[str]) -> 
     documents = [NewDocument(d.text, d.id, d.metadata) for d in body.documents]
     ids = await state.retrieval.add_documents(name, documents)
     num_precomputed = 0
-    if body.precompute and can_precompute(state.engine, state.settings.engine.document_reuse):
+    skipped = precompute_skipped_reason(state.engine, state.settings.engine.document_reuse) if body.precompute else None
+    if body.precompute and skipped is None:
         chunks = await state.retrieval.document_chunks(name, ids)
         num_precomputed = await precompute_chunks(state.engine, state.service.prompts.builder,
                                                   [chunk.text for chunk in chunks],
                                                   caller_of(request).cache_salt(body.cache_salt))
-    return {"ids": ids, "num_precomputed_tokens": num_precomputed}
+    return {"ids": ids, "num_precomputed_tokens": num_precomputed,
+            **({"precompute_skipped": skipped} if skipped is not None else {})}
 
 
 @get("/collections/{name:str}/documents/{document_id:path}")

@@ -63,11 +63,12 @@ def _stop(process):
 @pytest.fixture(scope="module")
 def servers(smollm2_dir, tmp_path_factory):
     logs = tmp_path_factory.mktemp("replicas")
-    cluster, cluster_url = _start(["--replicas", "2", "--threads-per-replica", "1"], logs / "cluster.log")
+    cluster, cluster_url = _start(["--replicas", "2", "--threads-per-replica", "1", "--kv-disk-dir", str(logs / "kv"),
+                                   "--collections-dir", str(logs / "collections")], logs / "cluster.log")
     try:
         single, single_url = _start([], logs / "single.log")
         try:
-            yield cluster_url, single_url
+            yield cluster_url, single_url, logs
         finally:
             _stop(single)
     finally:
@@ -89,7 +90,7 @@ def _metric(base_url, name) -> float:
 
 
 def test_greedy_outputs_equal_one_process(servers):
-    cluster_url, single_url = servers
+    cluster_url, single_url, _ = servers
     for question in ("What does itertools.chain do?", "How do I read a file line by line?",
                      "When should I use collections.deque?"):
         on_cluster = _chat(cluster_url, question)["choices"][0]["message"]["content"]
@@ -98,7 +99,7 @@ def test_greedy_outputs_equal_one_process(servers):
 
 
 def test_cached_tokens_for_a_repeated_prefix_equal_one_process(servers):
-    cluster_url, single_url = servers
+    cluster_url, single_url, _ = servers
     cached = {}
     for name, url in (("cluster", cluster_url), ("single", single_url)):
         _chat(url, "Tell me about functools.partial.")
@@ -107,7 +108,7 @@ def test_cached_tokens_for_a_repeated_prefix_equal_one_process(servers):
 
 
 def test_health_and_metrics_aggregate_the_replicas(servers):
-    cluster_url, _ = servers
+    cluster_url, _, _ = servers
     health = httpx.get(cluster_url + "/health", timeout=5).json()
     assert health["status"] == "ok" and health["backend"] == "cpu"  # the replicas' backend, as one process reports it
     text = httpx.get(cluster_url + "/metrics", timeout=5).text
@@ -116,7 +117,7 @@ def test_health_and_metrics_aggregate_the_replicas(servers):
 
 
 def test_disconnect_aborts_the_request_on_its_replica(servers):
-    cluster_url, _ = servers
+    cluster_url, _, _ = servers
     body = {"prompt": "Once upon a time", "max_tokens": 2000, "temperature": 0, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", cluster_url + "/v1/completions", json=body, timeout=60) as response:
         started = time.monotonic()
@@ -129,3 +130,26 @@ def test_disconnect_aborts_the_request_on_its_replica(servers):
     while _metric(cluster_url, "radixserve:replica_num_requests_running") != 0:
         assert time.monotonic() < deadline, "the request kept running on its replica after the client left"
         time.sleep(0.5)
+
+
+def test_documents_added_to_a_collection_are_precomputed_on_every_replica(servers):
+    """Any replica may serve a question about them: each computes the chunks' KV into its own store, and its
+    own disk directory (<fingerprint> and <fingerprint>-2 under the shared --kv-disk-dir)."""
+    from bench import corpus
+
+    cluster_url, _, logs = servers
+    assert httpx.post(cluster_url + "/v1/collections", json={"name": "kb"}, timeout=10).status_code == 201
+    documents = [{"id": f"doc{i}", "text": text} for i, text in enumerate(corpus.documents(3, 150))]
+    added = httpx.post(cluster_url + "/v1/collections/kb/documents", json={"documents": documents}, timeout=600).json()
+    assert "precompute_skipped" not in added and added["num_precomputed_tokens"] > 0
+    time.sleep(2.5)  # replicas report their stats every second
+    text = httpx.get(cluster_url + "/metrics", timeout=5).text
+    store_bytes = [float(v) for v in re.findall(r'replica_document_reuse_store_bytes\{replica="[^"]+"\} (\S+)', text)]
+    assert len(store_bytes) == 2 and store_bytes[0] == store_bytes[1] > 0  # the same spans on both
+    directories = [d for d in (logs / "kv").iterdir() if d.is_dir()]
+    assert len(directories) == 2 and all(list((d / "documents").glob("*.kvspan")) for d in directories)
+    body = {"messages": [{"role": "user", "content": "Which module handles queues?"}], "max_tokens": 2,
+            "temperature": 0, "retrieval": {"collection": "kb", "top_k": 3}}
+    response = httpx.post(cluster_url + "/v1/chat/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["prompt_tokens_details"]["reused_document_tokens"] > 200

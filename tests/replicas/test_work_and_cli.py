@@ -7,7 +7,7 @@ import pytest
 
 from engine.errors import RequestError
 from engine.sampling_params import SamplingParams
-from replicas.work import ReplicaWork, split_grammars
+from replicas.work import PrecomputeWork, ReplicaWork, split_grammars
 from server.cli import main
 
 
@@ -18,6 +18,13 @@ def test_work_pickles_without_the_ingress_routing_state():
     assert copy.routing is None
     assert (copy.prompt_token_ids, copy.cache_salt, copy.page_hashes, copy.affinity_key) == (
         [1, 2, 3], "salt", [b"h" * 16], "session")
+
+
+def test_precompute_work_pickles_without_the_ingress_routing_state():
+    work = PrecomputeWork("replica-a", [[1, 2, 3], [4, 5]], "salt", routing=object())
+    copy = pickle.loads(pickle.dumps(work))
+    assert copy.routing is None and (copy.replica_id, copy.token_id_lists, copy.cache_salt) == (
+        "replica-a", [[1, 2, 3], [4, 5]], "salt")
 
 
 def test_only_grammar_processors_can_travel():

@@ -162,6 +162,7 @@ def test_precompute_is_skipped_when_asked_or_when_reuse_is_off(make_client, reus
     client.post("/v1/collections", json={"name": "skip"})
     response = client.post("/v1/collections/skip/documents", json={"documents": DOCUMENTS, "precompute": False})
     assert response.status_code == 200 and response.json()["num_precomputed_tokens"] == 0
+    assert "precompute_skipped" not in response.json()  # not asked for: nothing to explain
     assert engine.precomputed == []
     response = client.post("/v1/collections/skip/documents", json={"documents": DOCUMENTS[:1], "cache_salt": "tenant"})
     assert engine.precomputed[-1][1] == "tenant"
@@ -172,7 +173,19 @@ def test_precompute_is_skipped_when_asked_or_when_reuse_is_off(make_client, reus
     off_client.post("/v1/collections", json={"name": "off"})
     response = off_client.post("/v1/collections/off/documents", json={"documents": DOCUMENTS})
     assert response.status_code == 200 and response.json()["num_precomputed_tokens"] == 0
+    assert response.json()["precompute_skipped"] == "document reuse is off on this server"
     assert off_engine.precomputed == []
+
+
+def test_an_engine_that_cannot_precompute_says_why_and_is_not_asked(reuse_client):
+    """As the replicas' handle under a router that cannot reach every replica."""
+    client, engine = reuse_client
+    engine.precompute_unavailable = "with --replica-router pow2 ... use the prefix router"
+    client.post("/v1/collections", json={"name": "unreachable"})
+    response = client.post("/v1/collections/unreachable/documents", json={"documents": DOCUMENTS})
+    assert response.status_code == 200 and response.json()["num_precomputed_tokens"] == 0
+    assert response.json()["precompute_skipped"] == engine.precompute_unavailable
+    assert engine.precomputed == []
 
 
 def test_count_tokens_takes_the_same_body(reuse_client):
