@@ -165,3 +165,23 @@ def test_derived_pages_never_reach_the_page_tier_and_exact_lookups_after_a_resta
     assert got[1] == 16 and got[2] == 0  # only the exact page came from the tier
     _assert_drained(restarted)
     restarted.close()
+
+
+def test_a_prompt_with_more_stored_documents_than_memory_holds_places_what_fits(tiny_llama_dir, tmp_path):
+    """Loads from disk during planning never evict an entry the plan already took: with memory for two
+    spans, the first two of four are placed, the rest computed (and left as they are on disk)."""
+    engine = _engine(tiny_llama_dir, tmp_path, document_store_bytes=2 * DOC_KV_BYTES)
+    engine.precompute_documents([DOCS[name] for name in "ABCD"])
+    engine.scheduler.tree.evict(engine.scheduler.allocator.num_pages)
+    prompt, options = _prompt("DCBA")  # D and C are in memory; B and A on disk only
+    reference = _engine(tiny_llama_dir, None, document_store_bytes=2 * DOC_KV_BYTES)
+    reference.precompute_documents([DOCS[name] for name in "DC"])
+    got = _run(engine, prompt, options)
+    assert got == _run(reference, prompt, options) and got[2] == 2 * (DOC_LEN - 4)
+    assert engine.stats().num_document_disk_entries == 4
+    _assert_drained(engine)
+    prompt, options = _prompt("BADC")  # now B and A come from disk, evicting D and C
+    assert _run(engine, prompt, options)[2] == 2 * (DOC_LEN - 4)
+    assert engine.stats().num_document_disk_hits == 2
+    _assert_drained(engine)
+    engine.close()
