@@ -95,9 +95,25 @@ def test_a_fraction_recomputes_that_share_of_the_placed_tokens(tiny_llama_dir, f
     _assert_drained(engine)
 
 
+def test_scattered_recomputed_tokens_give_the_same_logits_in_one_step_or_many(tiny_llama_dir, backend):
+    """The chosen tokens form many short ranges: run in one step or cut across steps by a small budget,
+    each attends to the same KV, so the logits agree (and differ from plain reuse)."""
+    logits = {}
+    for budget, fraction in ((2048, 0.3), (24, 0.3), (2048, 0.0)):
+        engine = _engine(tiny_llama_dir, backend=backend, max_num_batched_tokens=budget,
+                         document_recompute_fraction=fraction)
+        _run(engine, *_prompt(SYSTEM, "ABC"))
+        _forget_tree(engine)
+        prompt, options = _prompt(OTHER_SYSTEM, "CAB")
+        logits[budget, fraction] = engine.prompt_tail_logits(prompt, QUESTION_LEN, options=options)
+        _assert_drained(engine)
+    torch.testing.assert_close(logits[24, 0.3], logits[2048, 0.3], atol=1e-5, rtol=1e-5)
+    assert (logits[2048, 0.3] - logits[2048, 0.0]).abs().max() > 1e-4
+
+
 def test_the_recomputed_tokens_are_the_most_deviating(tiny_llama_dir, monkeypatch):
-    """The engine asks most_deviating about the placed tokens' layer-1 K/V before and after the probe:
-    the placed tokens are those the recompute takes out of the stitched runs."""
+    """The engine asks most_deviating once per probed request, about every placed token's layer-1 K/V
+    as placed and as the probe left it (which differ: the span moved), for round(r * placed) rows."""
     import engine.selective_recompute as selective
 
     calls = []

@@ -130,10 +130,12 @@ def test_document_reuse_metrics_come_from_the_engine_stats(reuse_client):
     stats = engine.stats()
     engine.stats = lambda: dataclasses.replace(stats, num_document_reused_spans=3, num_document_reused_tokens=300,
                                                num_document_recomputed_tokens=48, num_document_store_bytes=1 << 20,
-                                               num_document_store_entries=5)
+                                               num_document_store_entries=5,
+                                               num_document_selective_recomputed_tokens=20)
     text = client.get("/metrics").text
     for sample in ("radixserve:document_reuse_spans_total 3.0", "radixserve:document_reuse_tokens_total 300.0",
                    "radixserve:document_reuse_recomputed_tokens_total 48.0",
+                   "radixserve:document_reuse_selective_recomputed_tokens_total 20.0",
                    "radixserve:document_reuse_store_bytes 1.048576e+06", "radixserve:document_reuse_store_entries 5.0"):
         assert sample in text, sample
 
