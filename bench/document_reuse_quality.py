@@ -13,11 +13,13 @@ RequestOptions.document_spans, plain ones leave the engine to find spans.
 Exact pass (reuse off, the prefix cache on as served): each prompt answered greedily (up to 16
 tokens, EOS ends it), then prompt_tail_logits(prompt + answer, len(answer) + 1): row 0 is the
 first-token distribution, rows 0..len(answer)-1 score the answer teacher-forced. Reuse pass, one
-fresh engine per variant (k = document_boundary_tokens, r = document_recompute_fraction; "online":
+fresh engine per variant (k = document_boundary_tokens, r = document_recompute_fraction, the
+CacheBlend-style selective recompute of engine/selective_recompute.py; "online":
 the store filled by the earlier prompts, run in order; "precomputed": every pool passage stored
 first with precompute_documents, the collection case): the same prompt_tail_logits call. Reported
 per variant: first-token agreement and KL(exact || reuse), the teacher-forced mean per-token KL and
-top-1 agreement, and the prompt tokens computed against the exact pass's. `--self-test` adds a
+top-1 agreement, and the prompt tokens computed against the exact pass's (selectively recomputed
+tokens are computed; positions selective recompute probed through its first layers are reported apart). `--self-test` adds a
 variant with reuse off on both sides: its agreement must be 1.0 and its KL ~0.
 """
 
@@ -150,12 +152,16 @@ def _progress(name: str, done: int, total: int) -> None:
 
 def variants_for(k_values: Sequence[int], precomputed_k_values: Sequence[int], recompute_fractions: Sequence[float],
                  recompute_k_values: Sequence[int], self_test: bool) -> list[Variant]:
-    """Online for each k; precomputed for each of its k; each fraction > 0 at each of its k (online)."""
+    """Online for each k; precomputed for each of its k; each fraction > 0 at each of its k online, and
+    precomputed at those of its k that are precomputed k too."""
+    fractions = [fraction for fraction in recompute_fractions if fraction > 0]
     variants = [Variant("self-test: reuse off both sides", False)] if self_test else []
     variants += [Variant(f"online, k={k}", True, k) for k in k_values]
     variants += [Variant(f"online, k={k}, r={fraction:g}", True, k, fraction)
-                 for fraction in recompute_fractions if fraction > 0 for k in recompute_k_values]
+                 for fraction in fractions for k in recompute_k_values]
     variants += [Variant(f"precomputed, k={k}", True, k, is_precomputed=True) for k in precomputed_k_values]
+    variants += [Variant(f"precomputed, k={k}, r={fraction:g}", True, k, fraction, is_precomputed=True)
+                 for fraction in fractions for k in recompute_k_values if k in precomputed_k_values]
     return variants
 
 

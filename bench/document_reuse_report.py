@@ -19,7 +19,8 @@ from bench.document_reuse_metrics import PromptComparison, QualitySummary, summa
 MIN_FIRST_TOKEN_AGREEMENT = 0.90
 MIN_ANSWER_TOP1_AGREEMENT = 0.90
 STATS_KEPT = ("num_document_reused_spans", "num_document_reused_tokens", "num_document_recomputed_tokens",
-              "num_document_store_bytes", "num_document_store_entries", "num_prefix_hit_tokens")
+              "num_document_store_bytes", "num_document_store_entries", "num_prefix_hit_tokens",
+              "num_document_selective_recomputed_tokens", "num_document_probe_tokens")
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,13 @@ def markdown(run: QualityRun) -> str:
     accuracy = ("-" if run.exact_accuracy is None else
                 f"{run.exact_accuracy:.3f} on {run.num_scored} \"which document mentions X\" questions "
                 f"(chance {run.chance_accuracy:.2f})")
+    num_exact_computed = max(1, sum(run.exact_computed_tokens))
+    probed = [f"{v.name}: {v.engine_stats.get('num_document_probe_tokens', 0) / num_exact_computed:.3f}"
+              for v in run.variants if v.recompute_fraction > 0]
+    if probed:
+        lines += ["", "Selective recompute (r > 0): its recomputed tokens are in `computed / off`; the positions its "
+                  "probe ran through the first 2 layers, / prompt tokens computed with reuse off: "
+                  + "; ".join(probed) + "."]
     lines += ["", f"Gates for the default (issue 18): first-token agreement >= {MIN_FIRST_TOKEN_AGREEMENT} and "
               f"teacher-forced top-1 agreement >= {MIN_ANSWER_TOP1_AGREEMENT}.",
               f"Exact-path answer accuracy: {accuracy}.",

@@ -27,16 +27,19 @@ class DocumentKVCopier:
         self.device = device
         self.num_stored_spans = 0
 
-    def place(self, chunks: list[ScheduledChunk]) -> None:
+    def place(self, chunks: list[ScheduledChunk]) -> list[Request]:
         """Copy every pending span of the step's requests into their pages (once each), then give
-        the store references back."""
+        the store references back. Returns the requests whose spans were placed."""
+        placed = []
         for request in _distinct_requests(chunks):
             plan = request.document_plan
             if not isinstance(plan, DocumentPlan) or not plan.copies:
                 continue
+            placed.append(request)
             while plan.copies:  # one at a time: a fault leaves only unplaced copies to release
                 self._place(request, plan.copies[0])
                 self.store.release(plan.copies.pop(0).entry)
+        return placed
 
     def _place(self, request: Request, copy) -> None:
         k_stored, v_stored = copy.entry.kv

@@ -15,7 +15,10 @@ After the radix tree's exact prefix match (P tokens), for a request with reuse o
    ranges run as chunks attending causally to all KV before them (Request.next_compute_ranges).
 4. Exactness: KV from the first placed position on (and everything computed after it) is derived;
    Request.num_exact_tokens makes the scheduler cache those pages under the derived key only.
-5. Store fill: spans that missed the store are copied from the request's pages into it once its
+5. Optional selective recompute (engine/selective_recompute.py, EngineConfig.document_recompute_fraction):
+   after placement, the placed tokens whose KV deviates most in this context leave the stitched runs
+   and are recomputed too; count_selective_recompute moves them from reused to computed.
+6. Store fill: spans that missed the store are copied from the request's pages into it once its
    prefill is done (with their position and predecessor key): spans pay once.
 
 The plan is bookkeeping only; the tensor copies happen in the engine before the next forward.
@@ -57,6 +60,7 @@ class DocumentPlan:
     num_reused_tokens: int = 0  # placed and not recomputed
     num_recomputed_tokens: int = 0  # tokens of reused spans recomputed (boundaries, the prompt's end)
     num_derived_prefix_tokens: int = 0  # taken from the tree's derived continuation
+    is_counted: bool = False  # counted by count_admission (a request's first admission only)
 
 
 class DocumentReuse:
@@ -72,7 +76,8 @@ class DocumentReuse:
         self.store = store
         self.num_reused_spans = 0
         self.num_reused_tokens = 0
-        self.num_recomputed_tokens = 0
+        self.num_recomputed_tokens = 0  # boundary and selectively recomputed tokens of reused spans
+        self.num_selectively_recomputed_tokens = 0  # of those, chosen by engine/selective_recompute.py
 
     def is_on(self, request: Request) -> bool:
         """Reuse for this request: its option, else the engine's default; never with prompt logprobs
@@ -175,3 +180,16 @@ class DocumentReuse:
         self.num_reused_spans += plan.num_reused_spans
         self.num_reused_tokens += plan.num_reused_tokens
         self.num_recomputed_tokens += plan.num_recomputed_tokens
+        plan.is_counted = True
+
+    def count_selective_recompute(self, request: Request, num_tokens: int) -> None:
+        """`num_tokens` placed tokens are recomputed after all (engine/selective_recompute.py): they
+        count as computed for the request; counted once, on the admission count_admission counted."""
+        plan = request.document_plan
+        if not isinstance(plan, DocumentPlan) or not plan.is_counted:
+            return
+        request.num_reused_document_tokens -= num_tokens
+        request.num_cached_tokens -= num_tokens
+        self.num_reused_tokens -= num_tokens
+        self.num_recomputed_tokens += num_tokens
+        self.num_selectively_recomputed_tokens += num_tokens

@@ -100,8 +100,8 @@ class EngineConfig:
     document_reuse: bool = False
     document_store_bytes: int = DEFAULT_DOCUMENT_STORE_BYTES  # the document KV store's bound
     document_boundary_tokens: int = 16  # k: the first k tokens of a reused span are recomputed
-    # CacheBlend-style selective recompute of the most deviating reused tokens (0.0: off; not built yet,
-    # so only 0.0 is accepted)
+    # r: CacheBlend-style selective recompute (engine/selective_recompute.py) of the fraction r of placed
+    # tokens whose KV deviates most in the new context (0.0: off)
     document_recompute_fraction: float = 0.0
     document_min_span_tokens: int = 64  # shorter spans are not worth storing
     # Draft-model-free speculative decoding (engine/draft_proposer.py): "off", "ngram" (prompt
@@ -150,8 +150,5 @@ class EngineConfig:
             raise ValueError(f"document_boundary_tokens must be >= 0, got {self.document_boundary_tokens}")
         if not 0.0 <= self.document_recompute_fraction <= 1.0:
             raise ValueError(f"document_recompute_fraction must be in [0, 1], got {self.document_recompute_fraction}")
-        if self.document_recompute_fraction > 0.0:
-            raise ValueError("document_recompute_fraction > 0 (CacheBlend-style selective recompute) is not built yet; "
-                             "reused spans recompute their first document_boundary_tokens tokens only")
         if self.document_min_span_tokens < 1:
             raise ValueError(f"document_min_span_tokens must be >= 1, got {self.document_min_span_tokens}")

@@ -32,6 +32,7 @@ from engine.request_options import DEFAULT_REQUEST_OPTIONS, RequestOptions
 from engine.sampler import Sampler, make_sampling_state
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledChunk, Scheduler
+from engine.selective_recompute import SelectiveRecompute
 from engine.span_breaks import span_breaks
 from engine.speculative_verify import AcceptedTokens, sample_and_verify
 from model.backends import select_backend
@@ -87,6 +88,10 @@ class LLMEngine:
                                    documents=self.documents)
         self.pins = PrefixPins(self.scheduler.tree)
         self.runner = ModelRunner(self.model, self.kv_pool, self.device)
+        self.selective = None  # CacheBlend-style recompute of the most deviating placed tokens
+        if config.document_recompute_fraction > 0:
+            self.selective = SelectiveRecompute(config.document_recompute_fraction, self.model, self.kv_pool,
+                                                self.documents, self.device)
         self.sampler = Sampler()
         self.proposer = None
         if config.speculative != "off":
@@ -160,7 +165,9 @@ class LLMEngine:
             return []
         self.num_steps += 1
         started = time.perf_counter()
-        self.document_kv.place(chunks)  # stored spans into the pages of requests admitted with them
+        placed = self.document_kv.place(chunks)  # stored spans into the pages of requests admitted with them
+        if self.selective is not None and placed:  # probe them; their chunks gain the tokens chosen
+            chunks = self.selective.recompute(chunks, placed)
         logits, sampled_chunks, prompt_logits = self.runner.run(chunks)
         for request, position, rows in prompt_logits:
             if request.num_tail_logit_rows:
@@ -305,6 +312,8 @@ class LLMEngine:
             num_document_reused_spans=self.documents.num_reused_spans,
             num_document_reused_tokens=self.documents.num_reused_tokens,
             num_document_recomputed_tokens=self.documents.num_recomputed_tokens,
+            num_document_selective_recomputed_tokens=self.documents.num_selectively_recomputed_tokens,
+            num_document_probe_tokens=self.selective.num_probe_tokens if self.selective is not None else 0,
             num_document_store_bytes=self.document_store.num_bytes,
             num_document_store_entries=self.document_store.num_entries,
             **self._document_disk_stats(),

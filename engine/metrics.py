@@ -94,6 +94,10 @@ class EngineStats:
     num_document_disk_misses: int = 0
     num_document_disk_bytes: int = 0
     num_document_disk_entries: int = 0
+    # Selective recompute (engine/selective_recompute.py; 0 when off): placed tokens recomputed after all
+    # (also in num_document_recomputed_tokens), and positions its probe ran through the first layers.
+    num_document_selective_recomputed_tokens: int = 0
+    num_document_probe_tokens: int = 0
     # Speculation (0 when off): drafts verified / accepted, verify chunks; the mean acceptance
     # length (tokens a verify chunk emits) is 1 + accepted / verify chunks.
     num_spec_draft_tokens: int = 0

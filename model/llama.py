@@ -123,12 +123,19 @@ class LlamaForCausalLM(nn.Module):
         positions: Tensor,  # (N,) int64
         kv_caches: list[tuple[Tensor, Tensor]],  # per layer (num_pages, page_size, KVH, D) pair
         attn: AttentionInputs,
+        num_layers: int | None = None,
     ) -> Tensor:
+        """-> (N, d): the final norm of the last layer's stream. With `num_layers`, only the first
+        num_layers layers run (each writing its K/V as usual) and the stream after them is returned,
+        not normed: a probe that wants those layers' K/V only (engine/selective_recompute.py)."""
         hidden = self.embed_tokens(input_ids)  # (N, d), a fresh tensor: the residual stream, updated in place
         rope = self.rotary.cos_sin(positions, hidden.dtype)  # (N, 1, D) each, shared by all layers
         residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches):
+        layers = self.layers if num_layers is None else self.layers[:num_layers]
+        for layer, kv_cache in zip(layers, kv_caches):
             hidden, residual = layer(hidden, residual, rope, kv_cache, attn)
+        if num_layers is not None:
+            return hidden if residual is None else residual + hidden
         return self.norm(hidden, residual)[0]
 
     @torch.inference_mode()

@@ -163,8 +163,9 @@ def _add_serve_parser(commands, default_model: str) -> None:
     serve.add_argument("--document-boundary-tokens", type=int, metavar="K",
                        help="the first K tokens of each reused document span are recomputed (default: 16)")
     serve.add_argument("--document-recompute-fraction", type=float, metavar="R",
-                       help="also recompute the fraction R of reused tokens whose KV deviates most "
-                       "(CacheBlend-style; not built yet: only 0, the default, is accepted)")
+                       help="also recompute the fraction R (0 to 1) of placed document tokens whose KV deviates "
+                       "most in the new context (CacheBlend-style: found by a probe through the first two "
+                       "layers; default: 0, off)")
     serve.add_argument("--no-gguf-blocks", action="store_true",
                        help="decode reads the float32 weights, not the GGUF blocks kept at conversion "
                        "(the same values; the blocks are 3.5-5x fewer bytes)")

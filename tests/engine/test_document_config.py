@@ -19,7 +19,6 @@ def test_document_reuse_is_off_by_default():
 @pytest.mark.parametrize("field, value", [
     ("document_store_bytes", 0), ("document_boundary_tokens", -1), ("document_recompute_fraction", -0.1),
     ("document_recompute_fraction", 1.5), ("document_min_span_tokens", 0),
-    ("document_recompute_fraction", 0.15),  # selective recompute is not built: refused, not ignored
 ])
 def test_bad_document_settings_are_refused(field, value):
     with pytest.raises(ValueError, match=field):
@@ -29,6 +28,7 @@ def test_bad_document_settings_are_refused(field, value):
 def test_new_counters_default_to_zero():
     stats = EngineStats(*([0] * 10))
     assert (stats.num_document_reused_spans, stats.num_document_reused_tokens, stats.num_document_recomputed_tokens,
-            stats.num_document_store_bytes, stats.num_document_store_entries) == (0, 0, 0, 0, 0)
+            stats.num_document_store_bytes, stats.num_document_store_entries,
+            stats.num_document_selective_recomputed_tokens, stats.num_document_probe_tokens) == (0,) * 7
     output = RequestOutput("r", [1], None, None, None, 3, 0, 1)
     assert output.num_reused_document_tokens == 0

@@ -132,10 +132,11 @@ def test_document_reuse_metrics_come_from_the_engine_stats(reuse_client):
                                                num_document_recomputed_tokens=48, num_document_store_bytes=1 << 20,
                                                num_document_store_entries=5, num_document_disk_hits=4,
                                                num_document_disk_misses=2, num_document_disk_bytes=1 << 21,
-                                               num_document_disk_entries=9)
+                                               num_document_disk_entries=9, num_document_selective_recomputed_tokens=20)
     text = client.get("/metrics").text
     for sample in ("radixserve:document_reuse_spans_total 3.0", "radixserve:document_reuse_tokens_total 300.0",
                    "radixserve:document_reuse_recomputed_tokens_total 48.0",
+                   "radixserve:document_reuse_selective_recomputed_tokens_total 20.0",
                    "radixserve:document_reuse_store_bytes 1.048576e+06", "radixserve:document_reuse_store_entries 5.0",
                    "radixserve:document_reuse_disk_hits_total 4.0", "radixserve:document_reuse_disk_misses_total 2.0",
                    "radixserve:document_reuse_disk_bytes 2.097152e+06", "radixserve:document_reuse_disk_entries 9.0"):

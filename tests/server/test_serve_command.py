@@ -142,6 +142,8 @@ def test_document_reuse_flags_reach_the_engine_config(smollm2_dir):
     assert (told.document_reuse, told.document_store_bytes, told.document_boundary_tokens,
             told.document_recompute_fraction) == (True, 256 << 20, 4, 0.0)
     assert settings_from_args(_args("--document-reuse", "off"), smollm2_dir).engine.document_reuse is False
+    selective = settings_from_args(_args("--document-recompute-fraction", "0.15"), smollm2_dir).engine
+    assert selective.document_recompute_fraction == 0.15  # CacheBlend-style selective recompute
 
 
 @pytest.mark.parametrize("argv, fragment", [
@@ -149,7 +151,7 @@ def test_document_reuse_flags_reach_the_engine_config(smollm2_dir):
     (("--document-store-memory", "lots"), "--document-store-memory"),
     (("--document-boundary-tokens", "-1"), "document_boundary_tokens"),
     (("--document-recompute-fraction", "1.5"), "document_recompute_fraction"),
-    (("--document-recompute-fraction", "0.15"), "not built yet"),  # selective recompute: refused, not ignored
+    (("--document-recompute-fraction", "-0.1"), "document_recompute_fraction"),
     (("--document-recompute-fraction", "nan"), "document_recompute_fraction"),
 ])
 def test_bad_document_reuse_flags_are_one_line_errors(smollm2_dir, argv, fragment):
