@@ -15,8 +15,9 @@ After the radix tree's exact prefix match (P tokens), for a request with reuse o
    ranges run as chunks attending causally to all KV before them (Request.next_compute_ranges).
 4. Exactness: KV from the first placed position on (and everything computed after it) is derived;
    Request.num_exact_tokens makes the scheduler cache those pages under the derived key only.
-5. Store fill: spans that missed the store are copied from the request's pages into it once its
-   prefill is done (with their position and predecessor key): spans pay once.
+5. Store fill: spans that missed the store (and start at or after Request.document_store_start)
+   are copied from the request's pages into it once its prefill is done (with their position and
+   predecessor key): spans pay once.
 
 The plan is bookkeeping only; the tensor copies happen in the engine before the next forward.
 """
@@ -94,13 +95,17 @@ class DocumentReuse:
         end_limit = len(prompt) - max(1, request.num_tail_logit_rows)
         prefix_end = request.num_computed_tokens
         previous: tuple[int, DocumentKey] | None = None  # (end, key) of the span before
-        for start, end in find_spans(prompt, request.options.document_spans, self.min_span_tokens, self.breaks):
+        if request.found_spans is None:
+            request.found_spans = find_spans(prompt, request.options.document_spans, self.min_span_tokens,
+                                             self.breaks)
+        for start, end in request.found_spans:
             key = document_key(prompt[start:end], request.cache_salt)
             adjacent_key = previous[1] if previous is not None and previous[0] == start else None
             previous = (end, key)
             entry = self.store.lookup(key)
             if entry is None:
-                plan.to_store.append(SpanToStore(start, end, adjacent_key))
+                if start >= request.document_store_start:
+                    plan.to_store.append(SpanToStore(start, end, adjacent_key))
                 continue
             if start < prefix_end:
                 continue  # already in the pages from the tree
@@ -121,6 +126,29 @@ class DocumentReuse:
         if plan.copies and request.num_exact_tokens is None:
             request.num_exact_tokens = plan.copies[0].start
         request.document_plan = plan
+
+    def waits_for_spans(self, request: Request, admitted: list[Request]) -> bool:
+        """True when a span of `request` that the store lacks is being computed right now by an
+        admitted request still prefilling (same salt; in its plan's spans to store): admitting
+        `request` now would compute it twice; once that request has computed it (its prefill goes
+        first, and DocumentKVCopier.fill stores each span as soon as it is computed) it is a store
+        hit. Bounded: it waits only on admitted requests, which never wait, and only until they have
+        computed the span, leave, or are preempted."""
+        if not self.is_on(request):
+            return False
+        in_flight = set()
+        for other in admitted:
+            plan = other.document_plan
+            if other.cache_salt == request.cache_salt and isinstance(plan, DocumentPlan) and plan.to_store:
+                in_flight.update(tuple(other.prompt_token_ids[span.start:span.end]) for span in plan.to_store)
+        if not in_flight:
+            return False
+        if request.found_spans is None:  # the prompt never changes while it waits
+            request.found_spans = find_spans(request.prompt_token_ids, request.options.document_spans,
+                                             self.min_span_tokens, self.breaks)
+        prompt = request.prompt_token_ids
+        return any(tuple(prompt[start:end]) in in_flight and document_key(prompt[start:end], request.cache_salt)
+                   not in self.store for start, end in request.found_spans)
 
     def _take_derived_prefix(self, request: Request, tree: RadixTree, max_num_pages: int,
                              plan: DocumentPlan) -> None:

@@ -146,6 +146,9 @@ def test_adding_documents_precomputes_each_chunk_with_the_ids_a_prompt_gives_it(
     [(token_id_lists, salt)] = engine.precomputed
     assert salt is None and len(token_id_lists) == len(DOCUMENTS)  # one chunk each, short documents
     assert response.json()["num_precomputed_tokens"] == sum(len(ids) for ids in token_id_lists)
+    # Each chunk is computed after the one context a one-document prompt holds before its text.
+    [contexts] = engine.precompute_contexts
+    assert len(contexts) == len(DOCUMENTS) and contexts[0] and all(context == contexts[0] for context in contexts)
     # A retrieval prompt's exact spans hold exactly the precomputed ids: they hit the store.
     body = {"messages": QUESTION, "retrieval": {"collection": "pre", "top_k": 3}}
     assert client.post("/v1/chat/completions", json=body).status_code == 200
