@@ -47,6 +47,7 @@ from engine.request_options import RequestOptions
 from engine.sampling_params import SamplingParams
 from retrieval.collections import Collections, NewDocument
 from server.document_precompute import precompute_token_ids
+from server.rag_context import prompt_document
 from server.retrieval_service import load_default_embedder
 from store.model_store import pull
 
@@ -168,7 +169,7 @@ def collection_jobs(builder: PromptBuilder, collections: Collections, sizes: Wor
         chat = session.request
         spec = chat.extra_body["retrieval"]
         hits = collections.search(COLLECTION, spec["query"], spec["top_k"])
-        documents = [{"id": hit.chunk_id, "text": hit.text} for hit in hits]
+        documents = [prompt_document(hit.chunk_id, hit.text, hit.metadata) for hit in hits]
         token_ids = builder.build(list(chat.messages), documents=documents)
         spans = tuple(document_token_ranges(builder.tokenizer, token_ids, [d["text"] for d in documents]))
         jobs[f"collection-{index}"] = PromptJob(token_ids, spans,
@@ -214,8 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         collections = Collections(Path(root), load_default_embedder)
         collections.create(COLLECTION)
         collections.add_documents(COLLECTION, [NewDocument(text, id=f"doc-{i + 1}") for i, text in enumerate(passages)])
-        chunk_texts = [chunk.text for chunk in collections.document_chunks(COLLECTION, [f"doc-{i + 1}" for i in
-                                                                                        range(len(passages))])]
+        chunks = collections.document_chunks(COLLECTION, [f"doc-{i + 1}" for i in range(len(passages))])
+        chunk_documents = [prompt_document(f"{c.document_id}#{c.position}", c.text, c.metadata) for c in chunks]
         workloads = {"rag": rag_jobs(builder, sizes, args.seed),
                      "rag_collection": collection_jobs(builder, collections, sizes, args.seed)}
         collections.close()
@@ -231,9 +232,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     observer = PlanObserver(engine, {})
     for name, jobs in workloads.items():
         if name == "rag_collection":
-            context_ids, token_id_lists = precompute_token_ids(builder, chunk_texts)
+            context_ids, token_id_lists = precompute_token_ids(builder, chunk_documents)
             num = engine.precompute_documents(token_id_lists, None, context_token_id_lists=context_ids)
-            print(f"precomputed {len(chunk_texts)} chunks: {num} tokens", file=sys.stderr)
+            print(f"precomputed {len(chunk_documents)} chunks: {num} tokens", file=sys.stderr)
         observer.jobs, observer.breakdown = jobs, Breakdown()
         run_concurrently(engine, jobs, args.concurrency, sizes.max_tokens)
         print(report(name, observer.breakdown, reuse_off.get(name)))

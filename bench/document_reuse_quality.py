@@ -188,7 +188,7 @@ def run(args: argparse.Namespace, on_variant: Callable[[QualityRun], None] = lam
     pool, prompts = rag_prompts(args.num_prompts, args.pool_documents, args.documents_per_prompt,
                                 args.document_words, args.seed)
     built = [build_prompt(builder, p) for p in prompts]
-    pool_in_context = precompute_token_ids(builder, pool)  # as ingest precomputes them
+    pool_in_context = precompute_token_ids(builder, [{"text": text} for text in pool])  # as ingest precomputes them
     notes = []
     fractions = list(args.recompute_fractions)
     refusals = {f: error for f in fractions if (error := recompute_fraction_error(model_dir, f)) is not None}

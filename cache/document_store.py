@@ -33,6 +33,10 @@ class DocumentEntry:
     # together in that order again, the boundary between them needs no recompute.
     predecessor: DocumentKey | None = None
     ref_count: int = 0
+    # The tokens right before the span when it was computed (a precomputed span's context tail: the
+    # documents block's markup), whose KV rows come first in `kv`, at positions position - len .. - 1.
+    # Where a prompt has the same tokens before the span, they are placed with it.
+    lead_ids: tuple[int, ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -83,7 +87,7 @@ class DocumentKVStore:
         entry.ref_count -= 1
 
     def insert(self, key: DocumentKey, kv: object, num_bytes: int, position: int,
-               predecessor: DocumentKey | None = None) -> DocumentEntry | None:
+               predecessor: DocumentKey | None = None, lead_ids: Sequence[int] = ()) -> DocumentEntry | None:
         """Store a span's KV, evicting least recently used unreferenced entries to make room.
         Returns the entry (the one already stored under `key`, if any, which is kept as it is),
         or None when it cannot fit (larger than the store, or the rest is referenced)."""
@@ -94,7 +98,7 @@ class DocumentKVStore:
             return None
         if not self._make_room(num_bytes):
             return None
-        entry = DocumentEntry(key, kv, num_bytes, position, predecessor)
+        entry = DocumentEntry(key, kv, num_bytes, position, predecessor, lead_ids=tuple(lead_ids))
         self._entries[key] = entry
         self.num_bytes += num_bytes
         return entry

@@ -2,8 +2,9 @@
 by the position delta, V as is) before the forward that first needs them, and copying spans that
 missed the store out of a request's pages as soon as they are computed.
 
-A store entry's KV is a (K, V) pair of (num_layers, T, KVH, D) tensors in the pool's dtype, as the
-model wrote them at `entry.position` (K already rotated for positions position..position+T-1).
+A store entry's KV is a (K, V) pair of (num_layers, L + T, KVH, D) tensors in the pool's dtype, as
+the model wrote them at positions entry.position - L .. entry.position + T - 1 (K already rotated),
+L = len(entry.lead_ids) rows of the tokens before the span first.
 """
 
 import torch
@@ -60,9 +61,11 @@ class DocumentKVCopier:
                 key = document_key(request.prompt_token_ids[span.start:span.end], request.cache_salt)
                 if key in self.store:
                     continue
-                k, v = self._gather(request, span.start, span.end)
+                lead_start = span.start - span.num_lead_tokens
+                k, v = self._gather(request, lead_start, span.end)  # the lead's rows first
                 num_bytes = k.numel() * k.element_size() * 2
-                if self.store.insert(key, (k, v), num_bytes, span.start, span.predecessor) is not None:
+                if self.store.insert(key, (k, v), num_bytes, span.start, span.predecessor,
+                                     request.prompt_token_ids[lead_start:span.start]) is not None:
                     self.num_stored_spans += 1
             if computed:
                 plan.to_store = [span for span in plan.to_store if span.end > request.num_computed_tokens]

@@ -10,6 +10,9 @@ After the radix tree's exact prefix match (P tokens), for a request with reuse o
    is), except its first k = document_boundary_tokens tokens, which are recomputed (a span computed
    alone learned an attention sink at its start), unless the span directly follows the span it was
    originally computed after (the stored predecessor key): that junction is as it was computed.
+   A precomputed span also keeps the last NUM_LEAD_TOKENS tokens of the context it was computed
+   after (DocumentEntry.lead_ids); as many of them as the prompt holds right before the span are
+   placed with it, and the k recomputed tokens are then the first of those.
 3. The request then computes only what is not placed: boundary tokens, spans never stored, and
    everything after the last placed run (the last prompt token and tail-logit rows always). Its
    ranges run as chunks attending causally to all KV before them (Request.next_compute_ranges).
@@ -43,11 +46,18 @@ class SpanCopy:
     delta: int
 
 
+# A span precomputed after a context keeps this many of the context's last tokens (the documents
+# block's markup before it, `<document id="...">`): a prompt with the same tokens before the span
+# places them too. Markup of a few tokens is no span of its own, and would be computed every time.
+NUM_LEAD_TOKENS = 32
+
+
 @dataclass(frozen=True)
 class SpanToStore:
     start: int
     end: int
     predecessor: DocumentKey | None  # the span directly before it in this prompt, if adjacent
+    num_lead_tokens: int = 0  # tokens before `start` stored with it (DocumentEntry.lead_ids)
 
 
 @dataclass
@@ -95,29 +105,34 @@ class DocumentReuse:
         end_limit = len(prompt) - max(1, request.num_tail_logit_rows)
         prefix_end = request.num_computed_tokens
         previous: tuple[int, DocumentKey] | None = None  # (end, key) of the span before
+        store_start = request.document_store_start
         if request.found_spans is None:
             request.found_spans = find_spans(prompt, request.options.document_spans, self.min_span_tokens,
                                              self.breaks)
         for start, end in request.found_spans:
             key = document_key(prompt[start:end], request.cache_salt)
             adjacent_key = previous[1] if previous is not None and previous[0] == start else None
+            lead_floor = max(prefix_end, previous[0] if previous is not None else 0)  # leads cover gaps only
             previous = (end, key)
             entry = self.store.lookup(key)
             if entry is None:
-                if start >= request.document_store_start:
-                    plan.to_store.append(SpanToStore(start, end, adjacent_key))
+                if start >= store_start:
+                    num_lead = min(NUM_LEAD_TOKENS, start) if start == store_start else 0
+                    plan.to_store.append(SpanToStore(start, end, adjacent_key, num_lead))
                 continue
             if start < prefix_end:
                 continue  # already in the pages from the tree
             follows_its_predecessor = entry.predecessor is not None and entry.predecessor == adjacent_key
-            run_start, run_end = start + (0 if follows_its_predecessor else self.boundary_tokens), min(end, end_limit)
+            span_start = start - _num_matching_lead(entry.lead_ids, prompt, start, lead_floor)
+            run_start = span_start + (0 if follows_its_predecessor else self.boundary_tokens)
+            run_end = min(end, end_limit)
             if run_start >= run_end:
                 continue
-            plan.copies.append(SpanCopy(entry, run_start - start, run_start, run_end - run_start,
-                                        start - entry.position))
+            source_start = len(entry.lead_ids) - (start - span_start) + (run_start - span_start)  # its row in kv
+            plan.copies.append(SpanCopy(entry, source_start, run_start, run_end - run_start, start - entry.position))
             plan.num_reused_spans += 1
             plan.num_reused_tokens += run_end - run_start
-            plan.num_recomputed_tokens += (end - start) - (run_end - run_start)
+            plan.num_recomputed_tokens += (end - span_start) - (run_end - run_start)
         if plan.copies and not self._allocate_pages(request, plan, allocate):
             plan.copies, plan.num_reused_spans, plan.num_reused_tokens, plan.num_recomputed_tokens = [], 0, 0, 0
         for copy in plan.copies:
@@ -200,3 +215,11 @@ class DocumentReuse:
         self.num_reused_spans += plan.num_reused_spans
         self.num_reused_tokens += plan.num_reused_tokens
         self.num_recomputed_tokens += plan.num_recomputed_tokens
+
+
+def _num_matching_lead(lead_ids: tuple[int, ...], prompt: list[int], start: int, floor: int) -> int:
+    """How many of the entry's lead tokens the prompt holds right before `start` (never before `floor`)."""
+    num = 0
+    while num < len(lead_ids) and start - num - 1 >= floor and lead_ids[-1 - num] == prompt[start - num - 1]:
+        num += 1
+    return num

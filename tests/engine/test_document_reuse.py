@@ -205,9 +205,30 @@ def test_a_prompt_with_the_precompute_context_then_the_document_reuses_it_exactl
     prompt, options = _prompt(SYSTEM, "A")
     num_prefill_before = engine.metrics.num_prefill_tokens
     logits = engine.prompt_tail_logits(prompt, QUESTION_LEN, options=options)
-    assert engine.stats().num_document_reused_tokens == DOC_LEN - 4  # k = 4 recomputed
-    assert engine.metrics.num_prefill_tokens - num_prefill_before == len(prompt) - (DOC_LEN - 4)
+    # the context's tokens come with the span (its lead): all of them match; k = 4 recomputed
+    num_placed = SYSTEM_LEN + DOC_LEN - 4
+    assert engine.stats().num_document_reused_tokens == num_placed
+    assert engine.metrics.num_prefill_tokens - num_prefill_before == len(prompt) - num_placed
     torch.testing.assert_close(logits, reference.prompt_tail_logits(prompt, QUESTION_LEN), atol=1e-5, rtol=1e-5)
+    _assert_drained(engine)
+
+
+def test_a_precomputed_span_places_as_much_of_its_context_tail_as_the_prompt_repeats(tiny_llama_dir):
+    """The last tokens of the precompute context (the markup before a document) are kept with the
+    span: a prompt with 10 of them right before the document places those 10 too (k recomputed at
+    their start); one with other tokens there places the span alone."""
+    engine = _engine(tiny_llama_dir)
+    context = _tokens(5, 40)
+    engine.precompute_documents([DOCS["A"]], context_token_id_lists=[context])
+    [entry] = list(engine.document_store.entries())
+    assert entry.lead_ids == tuple(context[-32:]) and entry.kv[0].shape[1] == 32 + DOC_LEN
+    _forget_tree(engine)
+    for before, num_lead in ((OTHER_SYSTEM + context[-10:], 10), (OTHER_SYSTEM, 0)):
+        prompt = before + DOCS["A"] + QUESTION
+        options = RequestOptions(document_reuse=True, document_spans=((len(before), len(before) + DOC_LEN),))
+        _, first = _run(engine, prompt, options, max_tokens=1)
+        assert first.num_reused_document_tokens == num_lead + DOC_LEN - 4
+        _forget_tree(engine)
     _assert_drained(engine)
 
 
