@@ -93,7 +93,7 @@ class EngineConfig:
     # The default for requests that do not say (RequestOptions.document_reuse None).
     document_reuse: bool = False
     document_store_bytes: int = DEFAULT_DOCUMENT_STORE_BYTES  # the document KV store's bound
-    document_boundary_tokens: int = 16  # k: the first k tokens of a reused span are recomputed
+    document_boundary_tokens: int = 4  # k: the first k tokens of a reused span are recomputed (docs/performance.md)
     # CacheBlend-style selective recompute of the most deviating reused tokens (0.0: off; not built yet,
     # so only 0.0 is accepted)
     document_recompute_fraction: float = 0.0

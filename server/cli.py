@@ -157,7 +157,7 @@ def _add_serve_parser(commands, default_model: str) -> None:
     serve.add_argument("--document-store-memory", metavar="SIZE",
                        help="bound of the document KV store, bytes like '1GiB' (default: 1GiB)")
     serve.add_argument("--document-boundary-tokens", type=int, metavar="K",
-                       help="the first K tokens of each reused document span are recomputed (default: 16)")
+                       help="the first K tokens of each reused document span are recomputed (default: 4)")
     serve.add_argument("--document-recompute-fraction", type=float, metavar="R",
                        help="also recompute the fraction R of reused tokens whose KV deviates most "
                        "(CacheBlend-style; not built yet: only 0, the default, is accepted)")
