@@ -1,6 +1,6 @@
 """Where a RAG request's computed prompt tokens go with document reuse on, token by token.
 
-    .venv/bin/python -m bench.document_reuse_breakdown [--concurrency 4] [--boundary-tokens 16]
+    .venv/bin/python -m bench.document_reuse_breakdown [--concurrency 4] [--boundary-tokens K] [--skip-reuse-off]
 
 In-process, on one engine as `serve` configures it: the suite's `rag` workload (documents pasted
 into the system message), then a collection of the `rag_collection` passages, precomputed as ingest
