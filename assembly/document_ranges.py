@@ -13,6 +13,8 @@ the token stream still covers it.
 
 `document_token_ids` is the same search run on a prompt holding that one document: the ids
 its text has inside any prompt, which ingest precomputes (they are the span's tokens).
+`document_in_context` also gives what that prompt holds before them (the template's opening and
+the documents block's markup): ingest computes the text after it, as a prompt would hold it.
 """
 
 from collections.abc import Sequence
@@ -40,13 +42,20 @@ def document_token_ranges(segments: SegmentTokenizer, prompt_ids: Sequence[int],
 
 def document_token_ids(builder: PromptBuilder, document: dict) -> list[int]:
     """The ids `document`'s text ({"text", "id"?, "title"?}) has inside a prompt: its span's tokens."""
+    return document_in_context(builder, document)[1]
+
+
+def document_in_context(builder: PromptBuilder, document: dict) -> tuple[list[int], list[int]]:
+    """(context ids, text ids): a one-document prompt's ids before `document`'s text, and the text's
+    own ids in it (document_token_ids). The context is the template's opening of the system turn
+    and the documents block up to the text ([] when the text is not found in the prompt)."""
     # A one-off prompt: its segments (one new per chunk) would push hot ones out of the cache.
     prompt_ids = builder.build(_PROBE_MESSAGES, documents=[document], use_cache=False)
     found = document_token_ranges(builder.tokenizer, prompt_ids, [document["text"]], use_cache=False)
     if not found:
-        return text_token_ids(builder.tokenizer, document["text"], use_cache=False)
+        return [], text_token_ids(builder.tokenizer, document["text"], use_cache=False)
     (start, end), = found
-    return prompt_ids[start:end]
+    return prompt_ids[:start], prompt_ids[start:end]
 
 
 def text_token_ids(segments: SegmentTokenizer, text: str, use_cache: bool = True) -> list[int]:

@@ -16,7 +16,8 @@ first-token distribution, rows 0..len(answer)-1 score the answer teacher-forced.
 fresh engine per variant (k = document_boundary_tokens, r = document_recompute_fraction, the
 CacheBlend-style selective recompute of engine/selective_recompute.py; "online":
 the store filled by the earlier prompts, run in order; "precomputed": every pool passage stored
-first with precompute_documents, the collection case): the same prompt_tail_logits call. Reported
+first with precompute_documents after the context a one-document prompt holds before it, as ingest
+does; "precomputed alone": from position 0): the same prompt_tail_logits call. Reported
 per variant: first-token agreement and KL(exact || reuse), the teacher-forced mean per-token KL and
 top-1 agreement, and the prompt tokens computed against the exact pass's (selectively recomputed
 tokens are computed; positions selective recompute probed through its first layers are reported apart). `--self-test` adds a
@@ -35,7 +36,7 @@ from pathlib import Path
 import torch
 
 from assembly.chat_template import ChatTemplate
-from assembly.document_ranges import document_token_ids, document_token_ranges
+from assembly.document_ranges import document_token_ranges
 from assembly.prompt_builder import PromptBuilder
 from assembly.segment_tokenizer import SegmentTokenizer
 from assembly.tokenizer import Tokenizer
@@ -48,6 +49,7 @@ from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.request_options import RequestOptions
 from engine.sampling_params import SamplingParams
+from server.document_precompute import precompute_token_ids
 from store.model_store import pull
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -72,6 +74,7 @@ class Variant:
     boundary_tokens: int = 0
     recompute_fraction: float = 0.0
     is_precomputed: bool = False
+    precomputed_alone: bool = False  # each passage from position 0, without the context ingest gives it
 
 
 def build_prompt(builder: PromptBuilder, prompt: RagPrompt) -> BuiltPrompt:
@@ -128,10 +131,15 @@ def exact_pass(engine: LLMEngine, prompts: Sequence[BuiltPrompt], tokenizer: Tok
 
 
 def reuse_pass(engine: LLMEngine, variant: Variant, prompts: Sequence[BuiltPrompt], answers: Sequence[ExactAnswer],
-               pool_token_ids: Sequence[list[int]]) -> tuple[list[PromptComparison], list[int], list[int], int]:
-    """(comparison, prompt tokens computed, document tokens reused: per prompt; tokens precomputed)."""
-    num_precomputed = engine.precompute_documents([list(ids) for ids in pool_token_ids], None) \
-        if variant.is_precomputed else 0
+               pool: tuple[list[list[int]], list[list[int]]]) -> tuple[list[PromptComparison], list[int], list[int], int]:
+    """(comparison, prompt tokens computed, document tokens reused: per prompt; tokens precomputed).
+    `pool`: (contexts, token ids) of the pool's passages, as ingest precomputes them."""
+    contexts, pool_token_ids = pool
+    num_precomputed = 0
+    if variant.is_precomputed:
+        num_precomputed = engine.precompute_documents([list(ids) for ids in pool_token_ids], None,
+                                                      context_token_id_lists=None if variant.precomputed_alone
+                                                      else [list(c) for c in contexts])
     comparisons, computed, reused = [], [], []
     for built, answer in zip(prompts, answers):
         computed_before, reused_before = engine.metrics.num_prefill_tokens, engine.stats().num_document_reused_tokens
@@ -151,8 +159,10 @@ def _progress(name: str, done: int, total: int) -> None:
 
 
 def variants_for(k_values: Sequence[int], precomputed_k_values: Sequence[int], recompute_fractions: Sequence[float],
-                 recompute_k_values: Sequence[int], self_test: bool) -> list[Variant]:
-    """Online for each k; precomputed for each of its k; each fraction > 0 at each of its k online, and
+                 recompute_k_values: Sequence[int], self_test: bool,
+                 precomputed_alone_k_values: Sequence[int] = ()) -> list[Variant]:
+    """Online for each k; precomputed (in context, as ingest does) for each of its k, and alone for
+    each of its own; each fraction > 0 at each of its k online, and
     precomputed at those of its k that are precomputed k too."""
     fractions = [fraction for fraction in recompute_fractions if fraction > 0]
     variants = [Variant("self-test: reuse off both sides", False)] if self_test else []
@@ -162,6 +172,8 @@ def variants_for(k_values: Sequence[int], precomputed_k_values: Sequence[int], r
     variants += [Variant(f"precomputed, k={k}", True, k, is_precomputed=True) for k in precomputed_k_values]
     variants += [Variant(f"precomputed, k={k}, r={fraction:g}", True, k, fraction, is_precomputed=True)
                  for fraction in fractions for k in recompute_k_values if k in precomputed_k_values]
+    variants += [Variant(f"precomputed alone, k={k}", True, k, is_precomputed=True, precomputed_alone=True)
+                 for k in precomputed_alone_k_values]
     return variants
 
 
@@ -182,7 +194,7 @@ def run(args: argparse.Namespace, on_variant: Callable[[QualityRun], None] = lam
     pool, prompts = rag_prompts(args.num_prompts, args.pool_documents, args.documents_per_prompt,
                                 args.document_words, args.seed)
     built = [build_prompt(builder, p) for p in prompts]
-    pool_token_ids = [document_token_ids(builder, {"text": text}) for text in pool]  # as ingest precomputes them
+    pool_in_context = precompute_token_ids(builder, [{"text": text} for text in pool])  # as ingest precomputes them
     notes = []
     fractions = list(args.recompute_fractions)
     refusals = {f: error for f in fractions if (error := recompute_fraction_error(model_dir, f)) is not None}
@@ -191,7 +203,7 @@ def run(args: argparse.Namespace, on_variant: Callable[[QualityRun], None] = lam
                      f"({next(iter(refusals.values()))})")
         fractions = [f for f in fractions if f not in refusals]
     variants = variants_for(args.k_values, args.precomputed_k_values, fractions, args.recompute_k_values,
-                            args.self_test)
+                            args.self_test, args.precomputed_alone_k_values)
 
     print(f"{len(built)} prompts, mean {sum(len(b.token_ids) for b in built) / len(built):.0f} tokens; "
           f"{len(variants)} reuse variants", file=sys.stderr)
@@ -229,7 +241,7 @@ def run(args: argparse.Namespace, on_variant: Callable[[QualityRun], None] = lam
     for variant in variants:
         engine = _engine(model_dir, variant)
         variant_started = time.perf_counter()
-        comparisons, computed, reused, num_precomputed = reuse_pass(engine, variant, built, answers, pool_token_ids)
+        comparisons, computed, reused, num_precomputed = reuse_pass(engine, variant, built, answers, pool_in_context)
         stats = engine.stats()
         results.append(VariantResult.of(variant, comparisons, computed, reused, num_precomputed,
                                         [b.prompt.style in PLAIN_STYLES for b in built],
@@ -254,6 +266,7 @@ def _resolve_defaults(args: argparse.Namespace) -> None:
     args.precomputed_k_values = listed(args.precomputed_k_values, ",".join(map(str, args.k_values)))
     args.recompute_fractions = listed(args.recompute_fractions, "" if args.quick else "0.15", float)
     args.recompute_k_values = listed(args.recompute_k_values, ",".join(map(str, args.k_values)))
+    args.precomputed_alone_k_values = listed(args.precomputed_alone_k_values, "")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -265,6 +278,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="boundary tokens recomputed per reused span (default 0,4,16,32; quick 0,16; \"\": none)")
     parser.add_argument("--precomputed-k-values",
                         help="k of the precomputed (collection) variants (default: --k-values)")
+    parser.add_argument("--precomputed-alone-k-values",
+                        help="k of precomputed variants whose passages are computed alone, from position 0 "
+                             "(default: none)")
     parser.add_argument("--recompute-fractions",
                         help="selective recompute fractions > 0, each run online (default 0.15; quick: none)")
     parser.add_argument("--recompute-k-values", help="k of the selective recompute variants (default: --k-values)")

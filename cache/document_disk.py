@@ -11,7 +11,8 @@ A file's name is the hash of its key (token ids + cache salt, so tenants stay ap
 its payload (SPAN_FILE, cache/page_file.py) is
 
     0   4   M: length of the record (uint32 LE)
-    4   M   the record, JSON: {"token_ids", "salt", "position", "predecessor": [token ids, salt] | null}
+    4   M   the record, JSON: {"token_ids", "salt", "position", "predecessor": [token ids, salt] | null,
+                                "lead_ids": the lead tokens whose KV rows come first}
     ... zero bytes up to the next multiple of 64 (the KV's alignment)
     ... the KV, as the engine lays it out (engine/document_kv_disk.py)
 
@@ -54,6 +55,7 @@ class StoredSpan(NamedTuple):
     position: int  # where its first token was computed
     predecessor: DocumentKey | None
     kv: memoryview  # the engine's KV bytes (writable, its own buffer)
+    lead_ids: tuple[int, ...] = ()  # cache/document_store.py DocumentEntry.lead_ids
 
 
 class DocumentDisk:
@@ -68,13 +70,15 @@ class DocumentDisk:
     def contains(self, key: DocumentKey) -> bool:
         return self._files.contains(document_key_hash(key))
 
-    def put(self, key: DocumentKey, position: int, predecessor: DocumentKey | None, kv_parts: Sequence) -> bool:
+    def put(self, key: DocumentKey, position: int, predecessor: DocumentKey | None, kv_parts: Sequence,
+            lead_ids: Sequence[int] = ()) -> bool:
         """Queue the span (``kv_parts``: buffers whose bytes, one after the other, are the engine's KV;
         copied here, so the caller may change them later). False when not taken (held already, queue
         full, larger than the bound)."""
         token_ids, cache_salt = key
         record = {"token_ids": list(token_ids), "salt": cache_salt, "position": position,
-                  "predecessor": None if predecessor is None else [list(predecessor[0]), predecessor[1]]}
+                  "predecessor": None if predecessor is None else [list(predecessor[0]), predecessor[1]],
+                  "lead_ids": list(lead_ids)}
         record_bytes = json.dumps(record, separators=(",", ":")).encode()
         kv_views = [memoryview(part).cast("B") for part in kv_parts]
         kv_start = -(-(_RECORD_LENGTH.size + len(record_bytes)) // _KV_ALIGNMENT) * _KV_ALIGNMENT
@@ -102,7 +106,7 @@ class DocumentDisk:
             predecessor = record["predecessor"]
             stored = StoredSpan(int(record["position"]),
                                 None if predecessor is None else (tuple(predecessor[0]), predecessor[1]),
-                                payload[kv_start:])
+                                payload[kv_start:], tuple(int(token) for token in record.get("lead_ids", ())))
         except (struct.error, ValueError, KeyError, TypeError, IndexError) as error:
             logger.warning("document KV on disk: %s is a miss: %s; deleted", key_hash.hex(), error)
             self._files.forget(key_hash)

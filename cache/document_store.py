@@ -41,6 +41,10 @@ class DocumentEntry:
     # together in that order again, the boundary between them needs no recompute.
     predecessor: DocumentKey | None = None
     ref_count: int = 0
+    # The tokens right before the span when it was computed (a precomputed span's context tail: the
+    # documents block's markup), whose KV rows come first in `kv`, at positions position - len .. - 1.
+    # Where a prompt has the same tokens before the span, they are placed with it.
+    lead_ids: tuple[int, ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -52,6 +56,7 @@ class LoadedDocument(NamedTuple):
     num_bytes: int
     position: int
     predecessor: DocumentKey | None
+    lead_ids: tuple[int, ...] = ()
 
 
 class DocumentTier(ABC):
@@ -62,8 +67,9 @@ class DocumentTier(ABC):
         """Whether a load of `key` may hit. Changes nothing."""
 
     @abstractmethod
-    def store(self, key: DocumentKey, kv: object, position: int, predecessor: DocumentKey | None) -> bool:
-        """Keep a copy of the entry (the tier copies what it needs; never blocks on I/O). False when
+    def store(self, key: DocumentKey, kv: object, position: int, predecessor: DocumentKey | None,
+              lead_ids: Sequence[int] = ()) -> bool:
+        """Keep a copy of the entry (its KV has len(lead_ids) lead rows before the span's) (the tier copies what it needs; never blocks on I/O). False when
         not taken (held already, no room to queue it)."""
 
     @abstractmethod
@@ -118,7 +124,7 @@ class DocumentKVStore:
         if loaded is None:
             self.num_tier_misses += 1
             return None
-        entry = self._add(key, loaded.kv, loaded.num_bytes, loaded.position, loaded.predecessor)
+        entry = self._add(key, loaded.kv, loaded.num_bytes, loaded.position, loaded.predecessor, loaded.lead_ids)
         if entry is not None:
             self.num_tier_hits += 1
         return entry
@@ -136,7 +142,7 @@ class DocumentKVStore:
         entry.ref_count -= 1
 
     def insert(self, key: DocumentKey, kv: object, num_bytes: int, position: int,
-               predecessor: DocumentKey | None = None) -> DocumentEntry | None:
+               predecessor: DocumentKey | None = None, lead_ids: Sequence[int] = ()) -> DocumentEntry | None:
         """Store a span's KV, evicting least recently used unreferenced entries to make room.
         Returns the entry (the one already stored under `key`, if any, which is kept as it is),
         or None when it cannot fit (larger than the store, or the rest is referenced). A new entry
@@ -148,14 +154,14 @@ class DocumentKVStore:
         if not key[0]:
             return None
         if self.tier is not None and not self.tier.contains(key):
-            self.tier.store(key, kv, position, predecessor)
-        return self._add(key, kv, num_bytes, position, predecessor)
+            self.tier.store(key, kv, position, predecessor, lead_ids)
+        return self._add(key, kv, num_bytes, position, predecessor, lead_ids)
 
     def _add(self, key: DocumentKey, kv: object, num_bytes: int, position: int,
-             predecessor: DocumentKey | None) -> DocumentEntry | None:
+             predecessor: DocumentKey | None, lead_ids: Sequence[int] = ()) -> DocumentEntry | None:
         if num_bytes > self.max_bytes or not self._make_room(num_bytes):
             return None
-        entry = DocumentEntry(key, kv, num_bytes, position, predecessor)
+        entry = DocumentEntry(key, kv, num_bytes, position, predecessor, lead_ids=tuple(lead_ids))
         self._entries[key] = entry
         self.num_bytes += num_bytes
         return entry
@@ -176,7 +182,7 @@ class DocumentKVStore:
             self.num_bytes -= entry.num_bytes
             self.num_evicted_entries += 1
             if self.tier is not None and not self.tier.contains(entry.key):  # its write was dropped
-                self.tier.store(entry.key, entry.kv, entry.position, entry.predecessor)
+                self.tier.store(entry.key, entry.kv, entry.position, entry.predecessor, entry.lead_ids)
         return True
 
     def clear(self) -> None:

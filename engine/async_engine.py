@@ -59,6 +59,7 @@ class _Precompute:
     cache_salt: str | None
     loop: asyncio.AbstractEventLoop
     result: asyncio.Future
+    context_token_id_lists: list[list[int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -128,13 +129,16 @@ class AsyncEngine:
         """Keep this prefix's cached pages from eviction for `seconds` (LLMEngine.pin_prefix)."""
         self._commands.put(_Pin(list(token_ids), cache_salt, seconds))
 
-    async def precompute_documents(self, token_id_lists: list[list[int]], cache_salt: str | None = None) -> int:
-        """Store each list's span KV (LLMEngine.precompute_documents), run on the engine thread between
-        steps; other requests' outputs keep flowing meanwhile. Returns the prompt tokens computed.
-        Raises RequestError when a list can never be served (empty, too long)."""
+    async def precompute_documents(self, token_id_lists: list[list[int]], cache_salt: str | None = None,
+                                   context_token_id_lists: list[list[int]] | None = None) -> int:
+        """Store each list's span KV, each computed after its context if given
+        (LLMEngine.precompute_documents), run on the engine thread between steps; other requests'
+        outputs keep flowing meanwhile. Returns the prompt tokens computed. Raises RequestError when
+        a list can never be served (empty, too long)."""
         loop = asyncio.get_running_loop()
         result = loop.create_future()
-        self._commands.put(_Precompute([list(ids) for ids in token_id_lists], cache_salt, loop, result))
+        contexts = None if context_token_id_lists is None else [list(ids) for ids in context_token_id_lists]
+        self._commands.put(_Precompute([list(ids) for ids in token_id_lists], cache_salt, loop, result, contexts))
         return await result
 
     def stats(self) -> EngineStats:
@@ -206,7 +210,8 @@ class AsyncEngine:
     def _precompute(self, command: _Precompute) -> None:
         try:
             outcome = self.engine.precompute_documents(command.token_id_lists, command.cache_salt,
-                                                       on_output=self._deliver)
+                                                       on_output=self._deliver,
+                                                       context_token_id_lists=command.context_token_id_lists)
         except RequestError as error:
             outcome = error
         except Exception as error:  # a fault must not kill the loop: the caller gets it

@@ -1,9 +1,10 @@
 """The tensor side of document KV reuse: placing stored spans into a request's pages (K re-rotated
 by the position delta, V as is) before the forward that first needs them, and copying spans that
-missed the store out of a request's pages once its prefill is done.
+missed the store out of a request's pages as soon as they are computed.
 
-A store entry's KV is a (K, V) pair of (num_layers, T, KVH, D) tensors in the pool's dtype, as the
-model wrote them at `entry.position` (K already rotated for positions position..position+T-1).
+A store entry's KV is a (K, V) pair of (num_layers, L + T, KVH, D) tensors in the pool's dtype, as
+the model wrote them at positions entry.position - L .. entry.position + T - 1 (K already rotated),
+L = len(entry.lead_ids) rows of the tokens before the span first.
 """
 
 import torch
@@ -11,7 +12,7 @@ import torch
 from cache.document_store import DocumentKVStore, document_key
 from cache.kv_pool import KVPool
 from engine.document_reuse import DocumentPlan
-from engine.request import Request, RequestStatus
+from engine.request import Request
 from engine.scheduler import ScheduledChunk
 from kernels.attention_inputs import slot_ids_of
 from kernels.rotary import rerotation_cos_sin
@@ -51,23 +52,26 @@ class DocumentKVCopier:
                                             k_cache, v_cache, slots)
 
     def fill(self, chunks: list[ScheduledChunk]) -> None:
-        """For requests whose prefill finished this step: copy the spans that missed the store
-        from their pages into it (position and predecessor recorded)."""
-        for chunk in chunks:
-            request = chunk.request
+        """For the step's prefilling requests: copy each span that missed the store from their pages
+        into it (position and predecessor recorded) as soon as the span is computed, so that requests
+        admitted after this step find it (and those waiting for it, DocumentReuse.waits_for_spans, go)."""
+        for request in _distinct_requests(chunks):
             plan = request.document_plan
-            if (not isinstance(plan, DocumentPlan) or not plan.to_store or not chunk.completes_request_tokens
-                    or request.status is not RequestStatus.RUNNING):
+            if not isinstance(plan, DocumentPlan) or not plan.to_store or request.is_finished:
                 continue
-            for span in plan.to_store:
+            computed = [span for span in plan.to_store if span.end <= request.num_computed_tokens]
+            for span in computed:
                 key = document_key(request.prompt_token_ids[span.start:span.end], request.cache_salt)
                 if key in self.store:
                     continue
-                k, v = self._gather(request, span.start, span.end)
+                lead_start = span.start - span.num_lead_tokens
+                k, v = self._gather(request, lead_start, span.end)  # the lead's rows first
                 num_bytes = k.numel() * k.element_size() * 2
-                if self.store.insert(key, (k, v), num_bytes, span.start, span.predecessor) is not None:
+                if self.store.insert(key, (k, v), num_bytes, span.start, span.predecessor,
+                                     request.prompt_token_ids[lead_start:span.start]) is not None:
                     self.num_stored_spans += 1
-            plan.to_store = []
+            if computed:
+                plan.to_store = [span for span in plan.to_store if span.end > request.num_computed_tokens]
 
     def _gather(self, request: Request, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(K, V) (num_layers, T, KVH, D) of positions [start, end), copied out of the pool."""

@@ -8,7 +8,8 @@ reuses precomputed documents without computing them.
 
 KV bytes of one entry (DOCUMENT_KV_LAYOUT_VERSION 1), contiguous, in the pool's dtype:
 
-    (2, num_layers, T, num_kv_heads, head_dim)   [0]: K (rotated for positions position..position+T-1), [1]: V
+    (2, num_layers, L + T, num_kv_heads, head_dim)   [0]: K, [1]: V; L lead rows (positions
+        position - L .. position - 1), then the span's T (position .. position + T - 1)
 
 The files' fingerprint is the tier's with this layout version folded in, so a change of either is
 a foreign file (a miss).
@@ -44,10 +45,11 @@ class DocumentKVDisk(DocumentTier):
     def contains(self, key: DocumentKey) -> bool:
         return self.disk.contains(key)
 
-    def store(self, key: DocumentKey, kv, position: int, predecessor: DocumentKey | None) -> bool:
-        k, v = kv  # (num_layers, T, KVH, D) each
+    def store(self, key: DocumentKey, kv, position: int, predecessor: DocumentKey | None,
+              lead_ids=()) -> bool:
+        k, v = kv  # (num_layers, L + T, KVH, D) each
         parts = [_host_bytes(k), _host_bytes(v)]  # copied into the write's payload by the disk
-        return self.disk.put(key, position, predecessor, parts)
+        return self.disk.put(key, position, predecessor, parts, lead_ids)
 
     def load(self, key: DocumentKey) -> LoadedDocument | None:
         started = time.perf_counter()
@@ -55,7 +57,7 @@ class DocumentKVDisk(DocumentTier):
         if stored is None:
             return None
         shape = self._shape
-        kv_shape = (2, shape.num_layers, len(key[0]), shape.num_kv_heads, shape.head_dim)
+        kv_shape = (2, shape.num_layers, len(stored.lead_ids) + len(key[0]), shape.num_kv_heads, shape.head_dim)
         element_size = torch.empty((), dtype=shape.dtype).element_size()
         num_bytes = element_size * kv_shape[0] * kv_shape[1] * kv_shape[2] * kv_shape[3] * kv_shape[4]
         if stored.kv.nbytes != num_bytes:
@@ -68,7 +70,7 @@ class DocumentKVDisk(DocumentTier):
             kv = kv.to(self._device)
         if self._metrics is not None:
             self._metrics.observe("document_disk_load", time.perf_counter() - started)
-        return LoadedDocument((kv[0], kv[1]), num_bytes, stored.position, stored.predecessor)
+        return LoadedDocument((kv[0], kv[1]), num_bytes, stored.position, stored.predecessor, stored.lead_ids)
 
     def stats(self) -> KVFileStats:
         return self.disk.stats()

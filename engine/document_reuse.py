@@ -10,6 +10,9 @@ After the radix tree's exact prefix match (P tokens), for a request with reuse o
    is), except its first k = document_boundary_tokens tokens, which are recomputed (a span computed
    alone learned an attention sink at its start), unless the span directly follows the span it was
    originally computed after (the stored predecessor key): that junction is as it was computed.
+   A precomputed span also keeps the last NUM_LEAD_TOKENS tokens of the context it was computed
+   after (DocumentEntry.lead_ids); as many of them as the prompt holds right before the span are
+   placed with it, and the k recomputed tokens are then the first of those.
 3. The request then computes only what is not placed: boundary tokens, spans never stored, and
    everything after the last placed run (the last prompt token and tail-logit rows always). Its
    ranges run as chunks attending causally to all KV before them (Request.next_compute_ranges).
@@ -18,8 +21,9 @@ After the radix tree's exact prefix match (P tokens), for a request with reuse o
 5. Optional selective recompute (engine/selective_recompute.py, EngineConfig.document_recompute_fraction):
    after placement, the placed tokens whose KV deviates most in this context leave the stitched runs
    and are recomputed too; count_selective_recompute moves them from reused to computed.
-6. Store fill: spans that missed the store are copied from the request's pages into it once its
-   prefill is done (with their position and predecessor key): spans pay once.
+6. Store fill: spans that missed the store (and start at or after Request.document_store_start)
+   are copied from the request's pages into it once its prefill is done (with their position and
+   predecessor key): spans pay once.
 
 The plan is bookkeeping only; the tensor copies happen in the engine before the next forward.
 """
@@ -45,11 +49,18 @@ class SpanCopy:
     delta: int
 
 
+# A span precomputed after a context keeps this many of the context's last tokens (the documents
+# block's markup before it, `<document id="...">`): a prompt with the same tokens before the span
+# places them too. Markup of a few tokens is no span of its own, and would be computed every time.
+NUM_LEAD_TOKENS = 32
+
+
 @dataclass(frozen=True)
 class SpanToStore:
     start: int
     end: int
     predecessor: DocumentKey | None  # the span directly before it in this prompt, if adjacent
+    num_lead_tokens: int = 0  # tokens before `start` stored with it (DocumentEntry.lead_ids)
 
 
 @dataclass
@@ -99,9 +110,14 @@ class DocumentReuse:
         end_limit = len(prompt) - max(1, request.num_tail_logit_rows)
         prefix_end = request.num_computed_tokens
         previous: tuple[int, DocumentKey] | None = None  # (end, key) of the span before
-        for start, end in find_spans(prompt, request.options.document_spans, self.min_span_tokens, self.breaks):
+        store_start = request.document_store_start
+        if request.found_spans is None:
+            request.found_spans = find_spans(prompt, request.options.document_spans, self.min_span_tokens,
+                                             self.breaks)
+        for start, end in request.found_spans:
             key = document_key(prompt[start:end], request.cache_salt)
             adjacent_key = previous[1] if previous is not None and previous[0] == start else None
+            lead_floor = max(prefix_end, previous[0] if previous is not None else 0)  # leads cover gaps only
             previous = (end, key)
             if start < prefix_end:  # in the pages from the tree already: only whether it is stored matters
                 if key not in self.store:
@@ -109,18 +125,22 @@ class DocumentReuse:
                 continue
             entry = self.store.lookup(key)  # memory, else the store's disk copy (loaded into memory)
             if entry is None:
-                plan.to_store.append(SpanToStore(start, end, adjacent_key))
+                if start >= store_start:
+                    num_lead = min(NUM_LEAD_TOKENS, start) if start == store_start else 0
+                    plan.to_store.append(SpanToStore(start, end, adjacent_key, num_lead))
                 continue
             follows_its_predecessor = entry.predecessor is not None and entry.predecessor == adjacent_key
-            run_start, run_end = start + (0 if follows_its_predecessor else self.boundary_tokens), min(end, end_limit)
+            span_start = start - _num_matching_lead(entry.lead_ids, prompt, start, lead_floor)
+            run_start = span_start + (0 if follows_its_predecessor else self.boundary_tokens)
+            run_end = min(end, end_limit)
             if run_start >= run_end:
                 continue
             self.store.acquire(entry)  # now: a later span's load from disk must not evict it
-            plan.copies.append(SpanCopy(entry, run_start - start, run_start, run_end - run_start,
-                                        start - entry.position))
+            source_start = len(entry.lead_ids) - (start - span_start) + (run_start - span_start)  # its row in kv
+            plan.copies.append(SpanCopy(entry, source_start, run_start, run_end - run_start, start - entry.position))
             plan.num_reused_spans += 1
             plan.num_reused_tokens += run_end - run_start
-            plan.num_recomputed_tokens += (end - start) - (run_end - run_start)
+            plan.num_recomputed_tokens += (end - span_start) - (run_end - run_start)
         if plan.copies and not self._allocate_pages(request, plan, allocate):
             for copy in plan.copies:
                 self.store.release(copy.entry)
@@ -129,6 +149,29 @@ class DocumentReuse:
         if plan.copies and request.num_exact_tokens is None:
             request.num_exact_tokens = plan.copies[0].start
         request.document_plan = plan
+
+    def waits_for_spans(self, request: Request, admitted: list[Request]) -> bool:
+        """True when a span of `request` that the store lacks is being computed right now by an
+        admitted request still prefilling (same salt; in its plan's spans to store): admitting
+        `request` now would compute it twice; once that request has computed it (its prefill goes
+        first, and DocumentKVCopier.fill stores each span as soon as it is computed) it is a store
+        hit. Bounded: it waits only on admitted requests, which never wait, and only until they have
+        computed the span, leave, or are preempted."""
+        if not self.is_on(request):
+            return False
+        in_flight = set()
+        for other in admitted:
+            plan = other.document_plan
+            if other.cache_salt == request.cache_salt and isinstance(plan, DocumentPlan) and plan.to_store:
+                in_flight.update(tuple(other.prompt_token_ids[span.start:span.end]) for span in plan.to_store)
+        if not in_flight:
+            return False
+        if request.found_spans is None:  # the prompt never changes while it waits
+            request.found_spans = find_spans(request.prompt_token_ids, request.options.document_spans,
+                                             self.min_span_tokens, self.breaks)
+        prompt = request.prompt_token_ids
+        return any(tuple(prompt[start:end]) in in_flight and document_key(prompt[start:end], request.cache_salt)
+                   not in self.store for start, end in request.found_spans)
 
     def _take_derived_prefix(self, request: Request, tree: RadixTree, max_num_pages: int,
                              plan: DocumentPlan) -> None:
@@ -193,3 +236,11 @@ class DocumentReuse:
         self.num_reused_tokens -= num_tokens
         self.num_recomputed_tokens += num_tokens
         self.num_selectively_recomputed_tokens += num_tokens
+
+
+def _num_matching_lead(lead_ids: tuple[int, ...], prompt: list[int], start: int, floor: int) -> int:
+    """How many of the entry's lead tokens the prompt holds right before `start` (never before `floor`)."""
+    num = 0
+    while num < len(lead_ids) and start - num - 1 >= floor and lead_ids[-1 - num] == prompt[start - num - 1]:
+        num += 1
+    return num

@@ -99,7 +99,7 @@ class EngineConfig:
     # The default for requests that do not say (RequestOptions.document_reuse None).
     document_reuse: bool = False
     document_store_bytes: int = DEFAULT_DOCUMENT_STORE_BYTES  # the document KV store's bound
-    document_boundary_tokens: int = 16  # k: the first k tokens of a reused span are recomputed
+    document_boundary_tokens: int = 4  # k: the first k tokens of a reused span are recomputed (docs/performance.md)
     # r: CacheBlend-style selective recompute (engine/selective_recompute.py) of the fraction r of placed
     # tokens whose KV deviates most in the new context (0.0: off)
     document_recompute_fraction: float = 0.0

@@ -342,28 +342,38 @@ class LLMEngine:
     # ---- offline use (tests, benchmarks) --------------------------------
 
     def precompute_documents(self, token_id_lists: list[list[int]], cache_salt: str | None = None,
-                             on_output=None) -> int:
-        """Compute each list alone (from position 0) and store its spans (find_spans with the whole
-        list as one exact span) in the document store. Returns the prompt tokens computed; a list
-        whose spans are all stored already costs nothing. Steps the engine; `on_output` receives
-        the outputs of other requests those steps produce (AsyncEngine delivers them)."""
+                             on_output=None, context_token_id_lists: list[list[int]] | None = None) -> int:
+        """Compute each list and store its spans (find_spans with the whole list as one exact span)
+        in the document store. Returns the prompt tokens computed; a list whose spans are all stored
+        already costs nothing. Each list is computed after its context (`context_token_id_lists[i]`,
+        e.g. the template's opening and the documents block's markup, as a prompt holds them), or
+        alone from position 0 without one: its spans are stored at their real positions, the
+        context's KV only goes to the prefix cache (exact KV, shared by lists with the same
+        context). In context, a span's first token is no attention sink, as in a prompt. Steps the
+        engine; `on_output` receives the outputs of other requests those steps produce (AsyncEngine
+        delivers them)."""
+        contexts = context_token_id_lists or [[] for _ in token_id_lists]
+        if len(contexts) != len(token_id_lists):
+            raise RequestError(f"{len(contexts)} contexts for {len(token_id_lists)} documents")
         empty = next((index for index, token_ids in enumerate(token_id_lists) if not token_ids), None)
         if empty is not None:
             raise RequestError(f"document {empty} is empty")
         num_computed = 0
-        for index, token_ids in enumerate(token_id_lists):
+        for index, (context, token_ids) in enumerate(zip(contexts, token_id_lists)):
             spans = find_spans(token_ids, [(0, len(token_ids))], self.config.document_min_span_tokens,
                                self.documents.breaks)
             if all(document_key(token_ids[start:end], cache_salt) in self.document_store for start, end in spans):
                 continue
-            options = RequestOptions(document_reuse=True, document_spans=((0, len(token_ids)),))
-            request = self.add_request(f"precompute-{self.num_steps}-{index}-{id(token_id_lists)}", token_ids,
+            prompt = list(context) + list(token_ids)
+            options = RequestOptions(document_reuse=True, document_spans=((len(context), len(prompt)),))
+            request = self.add_request(f"precompute-{self.num_steps}-{index}-{id(token_id_lists)}", prompt,
                                        SamplingParams(max_tokens=1, temperature=0.0), cache_salt, options)
+            request.document_store_start = len(context)  # read at admission: only the document's spans are stored
             while not request.is_finished:
                 for output in self.step():
                     if output.request_id != request.request_id and on_output is not None:
                         on_output(output)
-            num_computed += len(token_ids) - request.num_cached_tokens
+            num_computed += len(prompt) - request.num_cached_tokens
         return num_computed
 
     def prompt_tail_logits(self, prompt_token_ids: list[int], num_rows: int, cache_salt: str | None = None,

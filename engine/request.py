@@ -74,6 +74,10 @@ class Request:
     stitched_runs: list[tuple[int, int]] = field(default_factory=list)
     num_exact_tokens: int | None = None
     document_plan: object | None = None
+    # Spans starting before this position are not stored (LLMEngine.precompute_documents: the context
+    # a document is computed after is not a document).
+    document_store_start: int = 0
+    found_spans: list[tuple[int, int]] | None = None  # find_spans of the prompt, once found (it never changes)
     # With num_tail_logit_rows = n (engine/prompt_tail_logits.py): position -> (V,) float32 logits of
     # prompt positions len - n .. len - 1, recorded as prefill runs; those positions are never cached.
     num_tail_logit_rows: int = 0

@@ -4,7 +4,8 @@ Each step has a token budget. Running decodes go first (one token each, oldest
 first), then chunks of prefills that are under way, then new admissions from
 the waiting queue (FCFS, or longest cached prefix first); a waiting request that
 shares a long uncached prefix with one still prefilling waits until that prefix is
-computed and cached, rather than computing it twice. When the pool runs
+computed and cached, rather than computing it twice, and one that needs a document
+span another is computing waits until that span is stored. When the pool runs
 out of pages: evict unlocked cache, then preempt the newest admitted request
 (its computed pages go into the tree, so recomputing it later is mostly a
 cache hit). A request that cannot fit even alone is refused in `add`.
@@ -148,7 +149,7 @@ class Scheduler:
         for request in self._admission_order():
             if budget == 0 or len(self.admitted) >= self.max_num_seqs:
                 break
-            if self._waits_for_shared_prefix(request):
+            if self._waits_for_shared_prefix(request) or self._waits_for_document_spans(request):
                 continue
             self._admit(request)
             prefill = _prefill_chunks(request, budget)
@@ -309,6 +310,12 @@ class Scheduler:
             if num_shared_pages - num_cached_pages >= MIN_SHARED_PAGES:
                 return True
         return False
+
+    def _waits_for_document_spans(self, request: Request) -> bool:
+        """A request still prefilling is computing a document span this one would reuse
+        (DocumentReuse.waits_for_spans): wait for it rather than compute it twice."""
+        return (self.documents is not None and not request.needs_prompt_logprobs
+                and self.documents.waits_for_spans(request, self.admitted))
 
     def _count_admission(self, request: Request) -> None:
         if request.timings.first_scheduled is not None:

@@ -161,7 +161,7 @@ def _add_serve_parser(commands, default_model: str) -> None:
     serve.add_argument("--document-store-memory", metavar="SIZE",
                        help="bound of the document KV store, bytes like '1GiB' (default: 1GiB)")
     serve.add_argument("--document-boundary-tokens", type=int, metavar="K",
-                       help="the first K tokens of each reused document span are recomputed (default: 16)")
+                       help="the first K tokens of each reused document span are recomputed (default: 4)")
     serve.add_argument("--document-recompute-fraction", type=float, metavar="R",
                        help="also recompute the fraction R (0 to 1) of placed document tokens whose KV deviates "
                        "most in the new context (CacheBlend-style: found by a probe through the first two "

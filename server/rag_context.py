@@ -40,11 +40,15 @@ async def retrieve_context(service: RetrievalService, request: ChatCompletionReq
     reported = [{"id": hit.id, "chunk_id": hit.chunk_id, "score": round(float(hit.score), 6)} for hit in hits]
     if order == "canonical":
         hits = sorted(hits, key=lambda hit: (hit.id, hit.position))
-    documents = []
-    for hit in hits:
-        document = {"id": hit.chunk_id, "text": hit.text}
-        title = (hit.metadata or {}).get("title")
-        if isinstance(title, str) and title:
-            document["title"] = title
-        documents.append(document)
+    documents = [prompt_document(hit.chunk_id, hit.text, hit.metadata) for hit in hits]
     return RetrievedContext(documents, reported)
+
+
+def prompt_document(chunk_id: str, text: str, metadata: dict | None) -> dict:
+    """A chunk as the prompt builder renders it ({"id", "title"?, "text"}): the same dict for a
+    retrieval prompt and for ingest's precompute (server/document_precompute.py)."""
+    document = {"id": chunk_id, "text": text}
+    title = (metadata or {}).get("title")
+    if isinstance(title, str) and title:
+        document["title"] = title
+    return document

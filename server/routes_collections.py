@@ -29,6 +29,7 @@ from litestar.params import FromPath
 from retrieval.collections import CollectionInfo, NewDocument
 from server.auth import caller_of
 from server.document_precompute import precompute_chunks, precompute_skipped_reason
+from server.rag_context import prompt_document
 from server.openapi import json_body
 from server.schemas_retrieval import AddDocumentsRequest, CreateCollectionRequest, SearchRequest
 
@@ -69,8 +70,9 @@ async def add_documents(request: Request, state: State, name: FromPath[str]) -> 
     skipped = precompute_skipped_reason(state.engine, state.settings.engine.document_reuse) if body.precompute else None
     if body.precompute and skipped is None:
         chunks = await state.retrieval.document_chunks(name, ids)
-        num_precomputed = await precompute_chunks(state.engine, state.service.prompts.builder,
-                                                  [chunk.text for chunk in chunks],
+        documents = [prompt_document(f"{chunk.document_id}#{chunk.position}", chunk.text, chunk.metadata)
+                     for chunk in chunks]  # as a retrieval prompt holds them (server/rag_context.py)
+        num_precomputed = await precompute_chunks(state.engine, state.service.prompts.builder, documents,
                                                   caller_of(request).cache_salt(body.cache_salt))
     return {"ids": ids, "num_precomputed_tokens": num_precomputed,
             **({"precompute_skipped": skipped} if skipped is not None else {})}

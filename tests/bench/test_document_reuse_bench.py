@@ -164,7 +164,7 @@ def test_the_harness_self_test_agrees_exactly(smollm2_dir):
     engine = quality._engine(smollm2_dir, variant)
     answers = quality.exact_pass(engine, built, tokenizer)
     assert all(1 <= len(a.answer_ids) <= quality.NUM_ANSWER_TOKENS for a in answers)
-    comparisons, computed, reused, _ = quality.reuse_pass(engine, variant, built, answers, [])
+    comparisons, computed, reused, _ = quality.reuse_pass(engine, variant, built, answers, ([], []))
     summary = summarize_quality(comparisons)
     assert summary.first_token_agreement == 1.0 and summary.answer_top1_agreement == 1.0
     assert summary.first_token_kl_mean < 1e-6 and summary.answer_kl_mean < 1e-6

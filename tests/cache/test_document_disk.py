@@ -38,14 +38,14 @@ class BytesTier(DocumentTier):
     def contains(self, key):
         return self.disk.contains(key)
 
-    def store(self, key, kv, position, predecessor):
-        return self.disk.put(key, position, predecessor, [kv])
+    def store(self, key, kv, position, predecessor, lead_ids=()):
+        return self.disk.put(key, position, predecessor, [kv], lead_ids)
 
     def load(self, key):
         stored = self.disk.read(key)
         if stored is None:
             return None
-        return LoadedDocument(bytes(stored.kv), stored.kv.nbytes, stored.position, stored.predecessor)
+        return LoadedDocument(bytes(stored.kv), stored.kv.nbytes, stored.position, stored.predecessor, stored.lead_ids)
 
 
 def test_a_span_loads_back_with_its_position_and_predecessor_in_this_process_and_after_a_restart(tmp_path):
@@ -190,4 +190,14 @@ def test_the_documents_folder_sits_in_a_locked_tier_directory_without_disturbing
     documents = _disk(again.directory / "documents")
     assert documents.read(_key(0)) is not None
     documents.close()
+    again.close()
+
+
+def test_a_span_keeps_its_lead_tokens_on_disk(tmp_path):
+    disk = _disk(tmp_path)
+    assert disk.put(_key(0), 5, None, [_kv(0)], lead_ids=(7, 8, 9))
+    disk.close()
+    again = _disk(tmp_path)  # after a restart
+    stored = again.read(_key(0))
+    assert stored.lead_ids == (7, 8, 9) and stored.position == 5 and bytes(stored.kv) == _kv(0)
     again.close()

@@ -92,6 +92,32 @@ def test_a_restarted_engine_reuses_precomputed_documents_exactly_as_an_in_memory
     restarted.close()
 
 
+def test_documents_precomputed_in_context_keep_their_leads_across_a_restart(tiny_llama_dir, tmp_path):
+    """A span precomputed after a context keeps that context's last tokens (its leads) with its KV:
+    after a restart they load with it, so a prompt holding the same tokens before the span places
+    them too, exactly as the engine that precomputed it does."""
+    contexts = [SYSTEM + _tokens(7, 6), SYSTEM + _tokens(8, 6)]  # e.g. the documents block's markup
+    first = _engine(tiny_llama_dir, tmp_path)
+    first.precompute_documents([DOCS["A"], DOCS["B"]], context_token_id_lists=contexts)
+    leads = {entry.key[0][:1]: entry.lead_ids for entry in first.document_store.entries()}
+    assert all(leads.values())
+    first.close()
+    restarted = _engine(tiny_llama_dir, tmp_path)
+    in_memory = _engine(tiny_llama_dir, None)
+    in_memory.precompute_documents([DOCS["A"], DOCS["B"]], context_token_id_lists=contexts)
+    prompt = contexts[1] + DOCS["B"] + _tokens(7, 6) + DOCS["A"] + QUESTION
+    b_start = len(contexts[1])
+    a_start = b_start + DOC_LEN + 6
+    options = RequestOptions(document_reuse=True, document_spans=((b_start, b_start + DOC_LEN), (a_start, a_start + DOC_LEN)))
+    got, want = _run(restarted, prompt, options), _run(in_memory, prompt, options)
+    assert got == want
+    # B right after its own context is an exact prefix (the page tier); A is loaded with its leads
+    loaded = {entry.key[0][:1]: entry.lead_ids for entry in restarted.document_store.entries()}
+    assert loaded[tuple(DOCS["A"][:1])] == leads[tuple(DOCS["A"][:1])]
+    _assert_drained(restarted)
+    restarted.close()
+
+
 def test_memory_eviction_keeps_the_disk_copy_and_a_memory_miss_loads_it(tiny_llama_dir, tmp_path):
     engine = _engine(tiny_llama_dir, tmp_path, document_store_bytes=2 * DOC_KV_BYTES)
     reference = _engine(tiny_llama_dir, None)

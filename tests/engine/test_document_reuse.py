@@ -9,6 +9,7 @@ import torch
 
 from cache import check_tree_invariants
 from engine.engine_config import EngineConfig
+from engine.errors import RequestError
 from engine.llm_engine import LLMEngine
 from engine.request_options import RequestOptions
 from engine.sampling_params import SamplingParams
@@ -177,6 +178,60 @@ def test_precompute_documents_stores_spans_once(tiny_llama_dir):
     _assert_drained(engine)
 
 
+def test_documents_precomputed_in_context_are_stored_at_their_real_positions(tiny_llama_dir):
+    """Each document computed after its context: only the document's spans are stored (the context,
+    a span's length here, is not), at the position the document had; a shared context is computed
+    once (the prefix cache holds it)."""
+    engine = _engine(tiny_llama_dir)
+    context = _tokens(5, 32)  # two full pages
+    docs = [DOCS["A"], DOCS["B"]]
+    assert engine.precompute_documents(docs, context_token_id_lists=[context, context]) == 32 + 2 * DOC_LEN
+    entries = {entry.key[0]: entry for entry in engine.document_store.entries()}
+    assert set(entries) == {tuple(DOCS["A"]), tuple(DOCS["B"])}
+    assert all(entry.position == 32 for entry in entries.values())
+    assert engine.precompute_documents(docs, context_token_id_lists=[context, context]) == 0  # stored
+    with pytest.raises(RequestError):
+        engine.precompute_documents(docs, context_token_id_lists=[context])
+    _assert_drained(engine)
+
+
+def test_a_prompt_with_the_precompute_context_then_the_document_reuses_it_exactly(tiny_llama_dir):
+    """The document's KV was computed after exactly this prompt's prefix: placed (delta 0), it is the
+    KV ordinary prefill computes, so the logits agree with reuse off."""
+    engine = _engine(tiny_llama_dir)
+    reference = _engine(tiny_llama_dir, document_reuse=False)
+    engine.precompute_documents([DOCS["A"]], context_token_id_lists=[SYSTEM])
+    _forget_tree(engine)  # the context and the document leave the prefix cache: only the store helps
+    prompt, options = _prompt(SYSTEM, "A")
+    num_prefill_before = engine.metrics.num_prefill_tokens
+    logits = engine.prompt_tail_logits(prompt, QUESTION_LEN, options=options)
+    # the context's tokens come with the span (its lead): all of them match; k = 4 recomputed
+    num_placed = SYSTEM_LEN + DOC_LEN - 4
+    assert engine.stats().num_document_reused_tokens == num_placed
+    assert engine.metrics.num_prefill_tokens - num_prefill_before == len(prompt) - num_placed
+    torch.testing.assert_close(logits, reference.prompt_tail_logits(prompt, QUESTION_LEN), atol=1e-5, rtol=1e-5)
+    _assert_drained(engine)
+
+
+def test_a_precomputed_span_places_as_much_of_its_context_tail_as_the_prompt_repeats(tiny_llama_dir):
+    """The last tokens of the precompute context (the markup before a document) are kept with the
+    span: a prompt with 10 of them right before the document places those 10 too (k recomputed at
+    their start); one with other tokens there places the span alone."""
+    engine = _engine(tiny_llama_dir)
+    context = _tokens(5, 40)
+    engine.precompute_documents([DOCS["A"]], context_token_id_lists=[context])
+    [entry] = list(engine.document_store.entries())
+    assert entry.lead_ids == tuple(context[-32:]) and entry.kv[0].shape[1] == 32 + DOC_LEN
+    _forget_tree(engine)
+    for before, num_lead in ((OTHER_SYSTEM + context[-10:], 10), (OTHER_SYSTEM, 0)):
+        prompt = before + DOCS["A"] + QUESTION
+        options = RequestOptions(document_reuse=True, document_spans=((len(before), len(before) + DOC_LEN),))
+        _, first = _run(engine, prompt, options, max_tokens=1)
+        assert first.num_reused_document_tokens == num_lead + DOC_LEN - 4
+        _forget_tree(engine)
+    _assert_drained(engine)
+
+
 def test_random_mixes_balance_pages_and_store_references(tiny_llama_dir):
     """Many requests at once over a small pool and a small store (eviction, preemption), reuse on
     and off, two salts: after every drain pages and store references balance."""
@@ -226,3 +281,49 @@ def test_speculation_over_reused_documents_keeps_the_greedy_output(tiny_llama_di
             assert engine.stats().num_spec_verify_chunks > 0
         _assert_drained(engine)
     assert outputs["ngram"] == outputs["off"]
+
+
+def _step_until_done(engine: LLMEngine, max_steps: int = 500) -> None:
+    """Every step schedules work while requests are unfinished: no admission ever waits forever."""
+    for _ in range(max_steps):
+        if not engine.has_unfinished():
+            return
+        num_steps = engine.num_steps
+        engine.step()
+        assert engine.num_steps == num_steps + 1, "a step scheduled nothing while requests were unfinished"
+    raise AssertionError(f"not done after {max_steps} steps")
+
+
+def test_a_request_waits_for_a_span_another_is_computing_then_reuses_it(tiny_llama_dir):
+    """Two prompts with the same documents after different system prompts, added together: the
+    second waits while the first computes them (stored as soon as computed), then places them,
+    instead of computing them twice."""
+    engine = _engine(tiny_llama_dir, max_num_batched_tokens=32)  # the first takes a few steps
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    first = engine.add_request("first", *_prompt(SYSTEM, "AB")[:1], params, options=_prompt(SYSTEM, "AB")[1])
+    prompt, options = _prompt(OTHER_SYSTEM, "AB")
+    second = engine.add_request("second", prompt, params, options=options)
+    engine.step()
+    assert first.status.value == "prefilling" and second.status.value == "waiting"
+    _step_until_done(engine)
+    assert second.num_reused_document_tokens == 2 * DOC_LEN - 4  # A recomputes k = 4, B follows A as stored
+    assert engine.stats().num_document_store_entries == 2
+    _assert_drained(engine)
+
+
+def test_waiting_for_spans_never_deadlocks_and_balances(tiny_llama_dir):
+    """Many requests sharing documents in every order, a small budget, a small pool (preemption) and
+    two salts: every step does work until all are done, and pages and references balance."""
+    probe = _engine(tiny_llama_dir)
+    engine = _engine(tiny_llama_dir, kv_cache_bytes=probe.kv_pool.shape.bytes_per_page * 40,
+                     max_num_batched_tokens=48, max_num_seqs=6)
+    rng = random.Random(7)
+    for i in range(24):
+        names = "".join(rng.sample("ABCD", rng.randrange(1, 4)))
+        prompt, options = _prompt(rng.choice([SYSTEM, OTHER_SYSTEM]), names, _tokens(rng.random(), 5))
+        engine.add_request(f"wait-{i}", prompt, SamplingParams(max_tokens=rng.randrange(1, 8), temperature=0.0,
+                                                               ignore_eos=True),
+                           rng.choice([None, "t"]), options)
+    _step_until_done(engine, max_steps=2000)
+    assert engine.stats().num_document_reused_tokens > 0
+    _assert_drained(engine)

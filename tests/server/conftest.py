@@ -182,6 +182,7 @@ class FakeEngine:
         self.num_cached_tokens = 0  # what each output reports
         self.num_reused_document_tokens = 0
         self.precomputed: list[tuple[list[list[int]], str | None]] = []  # each precompute_documents call
+        self.precompute_contexts: list[list[list[int]] | None] = []  # and the contexts it was given
         self.tokens_per_output = 1  # > 1: outputs carry several tokens, as a speculating engine's do
         self.is_shut_down = False
 
@@ -248,8 +249,9 @@ class FakeEngine:
     def pin(self, token_ids, cache_salt, seconds) -> None:
         self.pins.append((list(token_ids), cache_salt, seconds))
 
-    async def precompute_documents(self, token_id_lists, cache_salt) -> int:
+    async def precompute_documents(self, token_id_lists, cache_salt, context_token_id_lists=None) -> int:
         self.precomputed.append(([list(ids) for ids in token_id_lists], cache_salt))
+        self.precompute_contexts.append(context_token_id_lists)
         return sum(len(ids) for ids in token_id_lists)  # as if nothing were stored yet
 
     def shutdown(self) -> None:

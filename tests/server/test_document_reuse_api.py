@@ -151,11 +151,20 @@ def test_adding_documents_precomputes_each_chunk_with_the_ids_a_prompt_gives_it(
     [(token_id_lists, salt)] = engine.precomputed
     assert salt is None and len(token_id_lists) == len(DOCUMENTS)  # one chunk each, short documents
     assert response.json()["num_precomputed_tokens"] == sum(len(ids) for ids in token_id_lists)
+    # Each chunk is computed after the context a one-document prompt holds before its text.
+    [contexts] = engine.precompute_contexts
+    assert len(contexts) == len(DOCUMENTS) and all(contexts)
     # A retrieval prompt's exact spans hold exactly the precomputed ids: they hit the store.
     body = {"messages": QUESTION, "retrieval": {"collection": "pre", "top_k": 3}}
     assert client.post("/v1/chat/completions", json=body).status_code == 200
     prompt, spans = engine.prompts[-1], engine.options[-1].document_spans
     assert sorted(prompt[start:end] for start, end in spans) == sorted(token_id_lists)
+    # and the chunk's own markup (<document id=... title=...>) ends its context: the same tokens stand
+    # right before its span in the retrieval prompt (the stored span's lead matches them)
+    for start, end in spans:
+        context = contexts[token_id_lists.index(prompt[start:end])]
+        num_matching = next((n for n in range(len(context)) if context[-1 - n] != prompt[start - 1 - n]), len(context))
+        assert num_matching >= 8, num_matching
 
 
 def test_precompute_is_skipped_when_asked_or_when_reuse_is_off(make_client, reuse_client):

@@ -137,10 +137,10 @@ def test_document_reuse_flags_reach_the_engine_config(smollm2_dir):
                                                      reference.document_boundary_tokens,
                                                      reference.document_recompute_fraction)
     told = settings_from_args(_args("--document-reuse", "on", "--document-store-memory", "256MiB",
-                                    "--document-boundary-tokens", "4", "--document-recompute-fraction", "0"),
+                                    "--document-boundary-tokens", "8", "--document-recompute-fraction", "0"),
                               smollm2_dir).engine
     assert (told.document_reuse, told.document_store_bytes, told.document_boundary_tokens,
-            told.document_recompute_fraction) == (True, 256 << 20, 4, 0.0)
+            told.document_recompute_fraction) == (True, 256 << 20, 8, 0.0)
     assert settings_from_args(_args("--document-reuse", "off"), smollm2_dir).engine.document_reuse is False
     selective = settings_from_args(_args("--document-recompute-fraction", "0.15"), smollm2_dir).engine
     assert selective.document_recompute_fraction == 0.15  # CacheBlend-style selective recompute
