@@ -34,9 +34,11 @@ GGUF_BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}
 # Q4_1 {f32 d, f32 min, 16 B of nibbles}, Q8_0 {f32 d, 32 int8}.
 BLOCK_BYTES = {"Q4_1": 24, "Q8_0": 36}
 _FORMAT_CODES = {"Q4_1": 0, "Q8_0": 1}
-# The fixed crossover: up to this many rows the blocks beat oneDNN's float32 GEMM on SmolLM2
-# (docs/performance.md); the cpu backend measures it per shape at load by default.
-BLOCKS_MAX_ROWS = {"Q4_1": 8, "Q8_0": 4}
+# The fixed crossover (the default): up to this many rows the blocks beat oneDNN's float32 GEMM on
+# SmolLM2, or nearly (the Q8_0 head at 7-8 rows; docs/performance.md), so that a decode step and a
+# speculative verify chunk of up to 8 rows run every projection in the one kernel, whose rows do not
+# depend on how many share a call. The cpu backend can measure it per shape at load instead.
+BLOCKS_MAX_ROWS = {"Q4_1": 8, "Q8_0": 8}
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ What a machine gets depends on what loaded, and describe() says which and why:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -96,6 +97,11 @@ class CpuBackend(TorchBackend):
                     few_rows, functools.partial(packed_linear, packed_weight=packed, bias=None), in_features, limit)
             limit = self._crossovers[key]
         self._linears[name] = LinearPlan("oneDNN prepacked", f"C matvec over {kind}" if limit else "", limit)
+        if blocks is not None and limit and limit < self.policy.max_verify_rows_per_step:
+            # drafts never take a step past a projection's blocks kernel: the row-cost table holds there, and
+            # a row's logits are those of a plain decode (the kernel's rows do not depend on m). (The float32
+            # path's matvec takes one row: its verify chunks run on oneDNN, and keep the default limit.)
+            self.policy = dataclasses.replace(self.policy, max_verify_rows_per_step=limit)
         return CpuLinear(packed, bias, out_features, few_rows if limit else None, limit)
 
     def plan(self) -> BackendPlan:
