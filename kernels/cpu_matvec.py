@@ -101,7 +101,7 @@ class CpuMatvec:
         self._matvec.restype = None
         self._matmul_blocks = library.matmul_blocks
         self._matmul_blocks.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-        self._matmul_blocks.restype = None
+        self._matmul_blocks.restype = ctypes.c_int
 
     @staticmethod
     def fits(weight: Tensor) -> bool:
@@ -129,8 +129,10 @@ class CpuMatvec:
         if x.dim() != 2 or x.shape[1] != weight.cols or x.dtype != torch.float32:
             raise ValueError(f"matmul_blocks wants x (m, {weight.cols}) float32, got {tuple(x.shape)} {x.dtype}")
         out = torch.empty((x.shape[0], weight.rows), dtype=torch.float32)
-        self._matmul_blocks(_FORMAT_CODES[weight.format], weight.blocks.data_ptr(), x.data_ptr(), out.data_ptr(),
-                            x.shape[0], weight.rows, weight.cols, torch.get_num_threads())
+        status = self._matmul_blocks(_FORMAT_CODES[weight.format], weight.blocks.data_ptr(), x.data_ptr(),
+                                     out.data_ptr(), x.shape[0], weight.rows, weight.cols, torch.get_num_threads())
+        if status:
+            raise MemoryError("matmul_blocks: no memory for the accumulators of a column-tiled product")
         return out
 
 
