@@ -28,10 +28,12 @@ class DraftingLogitsProcessor(Protocol):
     call changes what the processor masks later. Both take the generated ids so far."""
 
     def forced_tokens(self, token_ids: list[int]) -> list[int]:
-        """The tokens that must come next, one after another (possibly none)."""
+        """Tokens for the only text it admits next (possibly none). The model may spell that text in
+        other tokens the mask also allows: verification decides, as for any draft."""
 
     def num_admitted(self, token_ids: list[int], draft_ids: list[int]) -> int:
         """How many of draft_ids, from the first, may follow token_ids."""
+
 
 MAX_TEMPERATURE = 2.0
 MAX_ABS_PENALTY = 2.0          # presence / frequency, as OpenAI
