@@ -115,9 +115,7 @@ class GrammarLogitsProcessor:
         self._num_consumed = 0
 
     def __call__(self, token_ids: list[int], logits: Tensor) -> Tensor:
-        for token_id in token_ids[self._num_consumed:]:
-            self._matcher.consume_token(token_id)
-        self._num_consumed = len(token_ids)
+        self._consume(token_ids)
         if self._matcher.is_error():
             return logits  # unreachable while the mask is obeyed; never make a step unsampleable
         allowed = torch.frombuffer(bytearray(self._matcher.compute_logit_bias()), dtype=torch.uint8)
@@ -125,6 +123,28 @@ class GrammarLogitsProcessor:
         logits[:num_masked].masked_fill_(allowed[:num_masked].to(logits.device) == 0, float("-inf"))
         logits[num_masked:] = float("-inf")
         return logits
+
+    def _consume(self, token_ids: list[int]) -> None:
+        for token_id in token_ids[self._num_consumed:]:
+            self._matcher.consume_token(token_id)
+        self._num_consumed = len(token_ids)
+
+    # Speculative drafts (engine.sampling_params.DraftingLogitsProcessor): what the grammar vouches for.
+
+    def forced_tokens(self, token_ids: list[int]) -> list[int]:
+        """The tokens the grammar forces after token_ids (JSON structure, a tool name once its prefix is
+        unique): llguidance's fast-forward tokens, the canonical tokenization of the forced bytes."""
+        self._consume(token_ids)
+        if self._matcher.is_error() or self._matcher.is_stopped():
+            return []
+        return list(self._matcher.compute_ff_tokens())
+
+    def num_admitted(self, token_ids: list[int], draft_ids: list[int]) -> int:
+        """How many of draft_ids, from the first, the grammar admits after token_ids (state unchanged)."""
+        self._consume(token_ids)
+        if self._matcher.is_error() or not draft_ids:
+            return 0
+        return self._matcher.validate_tokens(list(draft_ids))
 
     @property
     def is_complete(self) -> bool:

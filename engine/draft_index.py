@@ -54,17 +54,19 @@ class SequenceNgrams:
                 del ends[:MAX_POSITIONS_PER_KEY]
         self.num_indexed = len(tokens)
 
-    def continuations(self, tokens: list[int]) -> list[Continuation]:
-        """Earlier occurrences of the sequence's own last tokens (not the last position itself)."""
+    def continuations(self, tokens: list[int], ahead: list[int] = ()) -> list[Continuation]:
+        """Earlier occurrences of the last tokens of tokens + ahead (not the last position itself).
+        `ahead`: tokens known to come next (a grammar's forced ones), queried but not indexed."""
         self.extend(tokens)
-        if len(tokens) < MIN_MATCH + 1:
+        query = tokens + list(ahead) if ahead else tokens
+        if len(query) < MIN_MATCH + 1:
             return []
-        ends = self.positions.get(tuple(tokens[-MIN_MATCH:]), ())
+        ends = self.positions.get(tuple(query[-MIN_MATCH:]), ())
         found = []
         for end in reversed(ends[-MAX_POSITIONS_PER_KEY - 1:]):
             if end >= len(tokens):
                 continue  # the query itself
-            found.append(Continuation(tokens, end, match_length(tokens, end, tokens)))
+            found.append(Continuation(tokens, end, match_length(tokens, end, query)))
         return found
 
 

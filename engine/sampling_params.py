@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 
@@ -18,6 +19,21 @@ from engine.errors import RequestError
 # grammar token masks. Must not modify the token list; may modify the logits
 # in place and return them.
 LogitsProcessor = Callable[[list[int], Tensor], Tensor]
+
+
+@runtime_checkable
+class DraftingLogitsProcessor(Protocol):
+    """A logits processor that also vouches for speculative drafts (a grammar's token mask):
+    engine/draft_proposer.py drafts the tokens it forces, and only drafts it admits. Neither
+    call changes what the processor masks later. Both take the generated ids so far."""
+
+    def forced_tokens(self, token_ids: list[int]) -> list[int]:
+        """Tokens for the only text it admits next (possibly none). The model may spell that text in
+        other tokens the mask also allows: verification decides, as for any draft."""
+
+    def num_admitted(self, token_ids: list[int], draft_ids: list[int]) -> int:
+        """How many of draft_ids, from the first, may follow token_ids."""
+
 
 MAX_TEMPERATURE = 2.0
 MAX_ABS_PENALTY = 2.0          # presence / frequency, as OpenAI

@@ -34,9 +34,11 @@ GGUF_BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}
 # Q4_1 {f32 d, f32 min, 16 B of nibbles}, Q8_0 {f32 d, 32 int8}.
 BLOCK_BYTES = {"Q4_1": 24, "Q8_0": 36}
 _FORMAT_CODES = {"Q4_1": 0, "Q8_0": 1}
-# The fixed crossover: up to this many rows the blocks beat oneDNN's float32 GEMM on SmolLM2
-# (docs/performance.md); the cpu backend measures it per shape at load by default.
-BLOCKS_MAX_ROWS = {"Q4_1": 8, "Q8_0": 4}
+# The fixed crossover (the default): up to this many rows the blocks beat oneDNN's float32 GEMM on
+# SmolLM2, or nearly (the Q8_0 head at 7-8 rows; docs/performance.md), so that a decode step and a
+# speculative verify chunk of up to 8 rows run every projection in the one kernel, whose rows do not
+# depend on how many share a call. The cpu backend can measure it per shape at load instead.
+BLOCKS_MAX_ROWS = {"Q4_1": 8, "Q8_0": 8}
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ class CpuMatvec:
         self._matvec.restype = None
         self._matmul_blocks = library.matmul_blocks
         self._matmul_blocks.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-        self._matmul_blocks.restype = None
+        self._matmul_blocks.restype = ctypes.c_int
 
     @staticmethod
     def fits(weight: Tensor) -> bool:
@@ -127,8 +129,10 @@ class CpuMatvec:
         if x.dim() != 2 or x.shape[1] != weight.cols or x.dtype != torch.float32:
             raise ValueError(f"matmul_blocks wants x (m, {weight.cols}) float32, got {tuple(x.shape)} {x.dtype}")
         out = torch.empty((x.shape[0], weight.rows), dtype=torch.float32)
-        self._matmul_blocks(_FORMAT_CODES[weight.format], weight.blocks.data_ptr(), x.data_ptr(), out.data_ptr(),
-                            x.shape[0], weight.rows, weight.cols, torch.get_num_threads())
+        status = self._matmul_blocks(_FORMAT_CODES[weight.format], weight.blocks.data_ptr(), x.data_ptr(),
+                                     out.data_ptr(), x.shape[0], weight.rows, weight.cols, torch.get_num_threads())
+        if status:
+            raise MemoryError("matmul_blocks: no memory for the accumulators of a column-tiled product")
         return out
 
 

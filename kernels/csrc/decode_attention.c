@@ -13,6 +13,7 @@
 #define ATTN_MAX_HEADS_DIM 8192  /* num_heads * head_dim: the per-task accumulator, on the stack */
 #define ATTN_BLOCK 64            /* KV positions per online-softmax block */
 #define ATTN_MIN_SPLIT 256       /* shortest piece of a context one work item takes */
+#define ATTN_MAX_SHARED_ROWS 16  /* rows of one sequence attended in one pass (attend_rows) */
 
 /* ------------------------------------------------- paged decode attention */
 
@@ -39,35 +40,105 @@ static inline void next_offsets(int64_t* offs, int64_t n, const int64_t* pages, 
   }
 }
 
-/* One sequence over positions [t0, t1), every head; online softmax over blocks of
-   ATTN_BLOCK positions. q (H, D) contiguous: the sequence's query. Within a block
-   the KV heads go one after the other, the G query heads of a KV head together,
-   so each K/V row is read once for its G heads; the next block's whole cache
-   rows (all KV heads of a position, contiguous) are prefetched meanwhile.
-   Measured on the 2-core machines (H 9, KVH 3, D 64, cold caches), one task per
-   (sequence, KV head) instead was as fast for one sequence and 5-20% slower for
-   16. On return acc (H, D) holds sum_t exp(s_t - m) v_t unnormalised, m (H,) the
-   running max, l (H,) sum_t exp(s_t - m). */
-static void attend_range(const float* q, const float* k_cache, const float* v_cache, const int64_t* pages,
-                         int64_t page_size, int64_t t0, int64_t t1, int64_t num_kv_heads, int64_t G, int64_t D,
-                         float scale, float* acc, float* m, float* l) {
-  const int64_t H = num_kv_heads * G, row_size = num_kv_heads * D;
+/* One KV head's G query heads (qh: G x D contiguous) over the n positions at offs,
+   online softmax: m, l (G,) and acc (G, D) updated; s (G * ATTN_BLOCK) and corr (G) scratch. */
+static inline void attend_block_head(const float* qh, const float* kh, const float* vh, const int64_t* offs,
+                                     int64_t n, int64_t G, int64_t D, __m256 vscale, float* s, float* corr,
+                                     float* mh, float* lh, float* acc_h) {
+  const int64_t n8 = (n + 7) & ~(int64_t)7;
+  /* scores s[g][j] = scale * q_g . k_j, eight positions at a time */
+  for (int64_t j0 = 0; j0 < n; j0 += 8) {
+    const float* kp[8];
+    for (int jj = 0; jj < 8; jj++) kp[jj] = kh + offs[j0 + jj < n ? j0 + jj : n - 1];
+    for (int64_t g = 0; g < G; g++) {
+      const float* qg = qh + g * D;
+      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps();
+      __m256 a3 = _mm256_setzero_ps(), a4 = _mm256_setzero_ps(), a5 = _mm256_setzero_ps();
+      __m256 a6 = _mm256_setzero_ps(), a7 = _mm256_setzero_ps();
+      for (int64_t d = 0; d < D; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(qg + d);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(kp[0] + d), qv, a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(kp[1] + d), qv, a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(kp[2] + d), qv, a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(kp[3] + d), qv, a3);
+        a4 = _mm256_fmadd_ps(_mm256_loadu_ps(kp[4] + d), qv, a4);
+        a5 = _mm256_fmadd_ps(_mm256_loadu_ps(kp[5] + d), qv, a5);
+        a6 = _mm256_fmadd_ps(_mm256_loadu_ps(kp[6] + d), qv, a6);
+        a7 = _mm256_fmadd_ps(_mm256_loadu_ps(kp[7] + d), qv, a7);
+      }
+      _mm256_store_ps(s + g * ATTN_BLOCK + j0, _mm256_mul_ps(hsum8x8(a0, a1, a2, a3, a4, a5, a6, a7), vscale));
+    }
+  }
+  /* softmax bookkeeping: new running max, rescale factor, probabilities in place */
+  for (int64_t g = 0; g < G; g++) {
+    float* sg = s + g * ATTN_BLOCK;
+    for (int64_t j = n; j < n8; j++) sg[j] = -INFINITY;
+    __m256 vmax = _mm256_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < n8; j += 8) vmax = _mm256_max_ps(vmax, _mm256_load_ps(sg + j));
+    const float m_new = fmaxf(mh[g], hmax256(vmax));
+    corr[g] = expf(mh[g] - m_new); /* 0 on the first block (m = -inf) */
+    const __m256 vm = _mm256_set1_ps(m_new);
+    for (int64_t j = 0; j < n8; j += 8)
+      _mm256_store_ps(sg + j, exp256(_mm256_sub_ps(_mm256_load_ps(sg + j), vm)));
+    for (int64_t j = n; j < n8; j++) sg[j] = 0.0f; /* padding lanes: exp clamps -inf to ~1e-38 */
+    __m256 vsum = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n8; j += 8) vsum = _mm256_add_ps(vsum, _mm256_load_ps(sg + j));
+    lh[g] = lh[g] * corr[g] + hsum256(vsum);
+    mh[g] = m_new;
+  }
+  /* acc_g = acc_g * corr_g + sum_j p_gj v_j, D in chunks of 64 floats held in registers */
+  for (int64_t g = 0; g < G; g++) {
+    float* ag = acc_h + g * D;
+    const float* pg = s + g * ATTN_BLOCK;
+    for (int64_t d0 = 0; d0 < D; d0 += 64) {
+      switch ((D - d0) >= 64 ? 8 : (D - d0) / 8) {
+        case 8: pv_block(ag + d0, corr[g], pg, vh + d0, offs, n, 8); break;
+        case 7: pv_block(ag + d0, corr[g], pg, vh + d0, offs, n, 7); break;
+        case 6: pv_block(ag + d0, corr[g], pg, vh + d0, offs, n, 6); break;
+        case 5: pv_block(ag + d0, corr[g], pg, vh + d0, offs, n, 5); break;
+        case 4: pv_block(ag + d0, corr[g], pg, vh + d0, offs, n, 4); break;
+        case 3: pv_block(ag + d0, corr[g], pg, vh + d0, offs, n, 3); break;
+        case 2: pv_block(ag + d0, corr[g], pg, vh + d0, offs, n, 2); break;
+        default: pv_block(ag + d0, corr[g], pg, vh + d0, offs, n, 1); break;
+      }
+    }
+  }
+}
+
+/* R query rows of one sequence (one page table) over positions [t0, t1[r]), every
+   head; online softmax over blocks of ATTN_BLOCK positions. q[r] (H, D) contiguous:
+   row r's query. Within a block the KV heads go one after the other, the G query
+   heads of a KV head together, so each K/V row is read once for its G heads, and
+   the rows one after the other while that KV head's block is still in L1 (the rows
+   of a speculative verify chunk share their context but for its last few positions);
+   the next block's whole cache rows (all KV heads of a position, contiguous) are
+   prefetched meanwhile. Row r goes through exactly the blocks, and the positions in
+   each, that it would alone (R = 1): the same bits. Measured on the 2-core machines
+   (H 9, KVH 3, D 64, cold caches), one task per (sequence, KV head) instead was as
+   fast for one sequence and 5-20% slower for 16. On return acc[r] (H, D) holds
+   sum_t exp(s_t - m) v_t unnormalised, m[r] (H,) the running max, l[r] (H,)
+   sum_t exp(s_t - m). t1 ascending. */
+static void attend_rows(const float* const* q, int64_t R, const float* k_cache, const float* v_cache,
+                        const int64_t* pages, int64_t page_size, int64_t t0, const int64_t* t1, int64_t num_kv_heads,
+                        int64_t G, int64_t D, float scale, float* const* acc, float* const* m, float* const* l) {
+  const int64_t H = num_kv_heads * G, row_size = num_kv_heads * D, t_end = t1[R - 1];
   int64_t offs[ATTN_BLOCK], offs_next[ATTN_BLOCK];
   float s[ATTN_MAX_GROUP * ATTN_BLOCK] __attribute__((aligned(32)));
   float corr[ATTN_MAX_GROUP];
   const __m256 vscale = _mm256_set1_ps(scale);
-  for (int64_t h = 0; h < H; h++) { m[h] = -INFINITY; l[h] = 0.0f; }
-  memset(acc, 0, (size_t)(H * D) * sizeof(float));
+  for (int64_t r = 0; r < R; r++) {
+    for (int64_t h = 0; h < H; h++) { m[r][h] = -INFINITY; l[r][h] = 0.0f; }
+    memset(acc[r], 0, (size_t)(H * D) * sizeof(float));
+  }
 
   /* the next block's offsets are computed a block ahead, its rows prefetched */
   int64_t page_index = t0 / page_size, in_page = t0 % page_size;
-  next_offsets(offs_next, t1 - t0 < ATTN_BLOCK ? t1 - t0 : ATTN_BLOCK, pages, page_size, row_size, &page_index,
+  next_offsets(offs_next, t_end - t0 < ATTN_BLOCK ? t_end - t0 : ATTN_BLOCK, pages, page_size, row_size, &page_index,
                &in_page);
-  for (int64_t tb = t0; tb < t1; tb += ATTN_BLOCK) {
-    const int64_t n = t1 - tb < ATTN_BLOCK ? t1 - tb : ATTN_BLOCK;
-    const int64_t n8 = (n + 7) & ~(int64_t)7;
+  for (int64_t tb = t0; tb < t_end; tb += ATTN_BLOCK) {
+    const int64_t n = t_end - tb < ATTN_BLOCK ? t_end - tb : ATTN_BLOCK;
     memcpy(offs, offs_next, (size_t)n * sizeof(int64_t));
-    const int64_t after = t1 - tb - n;
+    const int64_t after = t_end - tb - n;
     if (after > 0) {
       const int64_t n_next = after < ATTN_BLOCK ? after : ATTN_BLOCK;
       next_offsets(offs_next, n_next, pages, page_size, row_size, &page_index, &in_page);
@@ -77,75 +148,35 @@ static void attend_range(const float* q, const float* k_cache, const float* v_ca
           _mm_prefetch((const char*)(v_cache + offs_next[j] + d), _MM_HINT_T0);
         }
     }
-    for (int64_t kvh = 0; kvh < num_kv_heads; kvh++) {
-      const float* kh = k_cache + kvh * D;
-      const float* vh = v_cache + kvh * D;
-      const float* qh = q + kvh * G * D;
-      float* mh = m + kvh * G;
-      float* lh = l + kvh * G;
-      /* scores s[g][j] = scale * q_g . k_j, eight positions at a time */
-      for (int64_t j0 = 0; j0 < n; j0 += 8) {
-        const float* kp[8];
-        for (int jj = 0; jj < 8; jj++) kp[jj] = kh + offs[j0 + jj < n ? j0 + jj : n - 1];
-        for (int64_t g = 0; g < G; g++) {
-          const float* qg = qh + g * D;
-          __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps();
-          __m256 a3 = _mm256_setzero_ps(), a4 = _mm256_setzero_ps(), a5 = _mm256_setzero_ps();
-          __m256 a6 = _mm256_setzero_ps(), a7 = _mm256_setzero_ps();
-          for (int64_t d = 0; d < D; d += 8) {
-            const __m256 qv = _mm256_loadu_ps(qg + d);
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(kp[0] + d), qv, a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(kp[1] + d), qv, a1);
-            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(kp[2] + d), qv, a2);
-            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(kp[3] + d), qv, a3);
-            a4 = _mm256_fmadd_ps(_mm256_loadu_ps(kp[4] + d), qv, a4);
-            a5 = _mm256_fmadd_ps(_mm256_loadu_ps(kp[5] + d), qv, a5);
-            a6 = _mm256_fmadd_ps(_mm256_loadu_ps(kp[6] + d), qv, a6);
-            a7 = _mm256_fmadd_ps(_mm256_loadu_ps(kp[7] + d), qv, a7);
-          }
-          _mm256_store_ps(s + g * ATTN_BLOCK + j0, _mm256_mul_ps(hsum8x8(a0, a1, a2, a3, a4, a5, a6, a7), vscale));
-        }
+    for (int64_t kvh = 0; kvh < num_kv_heads; kvh++)
+      for (int64_t r = 0; r < R; r++) {
+        const int64_t n_row = t1[r] - tb < n ? t1[r] - tb : n;
+        if (n_row <= 0) continue;
+        attend_block_head(q[r] + kvh * G * D, k_cache + kvh * D, v_cache + kvh * D, offs, n_row, G, D, vscale, s,
+                          corr, m[r] + kvh * G, l[r] + kvh * G, acc[r] + kvh * G * D);
       }
-      /* softmax bookkeeping: new running max, rescale factor, probabilities in place */
-      for (int64_t g = 0; g < G; g++) {
-        float* sg = s + g * ATTN_BLOCK;
-        for (int64_t j = n; j < n8; j++) sg[j] = -INFINITY;
-        __m256 vmax = _mm256_set1_ps(-INFINITY);
-        for (int64_t j = 0; j < n8; j += 8) vmax = _mm256_max_ps(vmax, _mm256_load_ps(sg + j));
-        const float m_new = fmaxf(mh[g], hmax256(vmax));
-        corr[g] = expf(mh[g] - m_new); /* 0 on the first block (m = -inf) */
-        const __m256 vm = _mm256_set1_ps(m_new);
-        for (int64_t j = 0; j < n8; j += 8)
-          _mm256_store_ps(sg + j, exp256(_mm256_sub_ps(_mm256_load_ps(sg + j), vm)));
-        for (int64_t j = n; j < n8; j++) sg[j] = 0.0f; /* padding lanes: exp clamps -inf to ~1e-38 */
-        __m256 vsum = _mm256_setzero_ps();
-        for (int64_t j = 0; j < n8; j += 8) vsum = _mm256_add_ps(vsum, _mm256_load_ps(sg + j));
-        lh[g] = lh[g] * corr[g] + hsum256(vsum);
-        mh[g] = m_new;
-      }
-      /* acc_g = acc_g * corr_g + sum_j p_gj v_j, D in chunks of 64 floats held in registers */
-      for (int64_t g = 0; g < G; g++) {
-        float* ag = acc + (kvh * G + g) * D;
-        const float* pg = s + g * ATTN_BLOCK;
-        for (int64_t d0 = 0; d0 < D; d0 += 64) {
-          switch ((D - d0) >= 64 ? 8 : (D - d0) / 8) {
-            case 8: pv_block(ag + d0, corr[g], pg, vh + d0, offs, n, 8); break;
-            case 7: pv_block(ag + d0, corr[g], pg, vh + d0, offs, n, 7); break;
-            case 6: pv_block(ag + d0, corr[g], pg, vh + d0, offs, n, 6); break;
-            case 5: pv_block(ag + d0, corr[g], pg, vh + d0, offs, n, 5); break;
-            case 4: pv_block(ag + d0, corr[g], pg, vh + d0, offs, n, 4); break;
-            case 3: pv_block(ag + d0, corr[g], pg, vh + d0, offs, n, 3); break;
-            case 2: pv_block(ag + d0, corr[g], pg, vh + d0, offs, n, 2); break;
-            default: pv_block(ag + d0, corr[g], pg, vh + d0, offs, n, 1); break;
-          }
-        }
-      }
-    }
   }
+}
+
+static void attend_range(const float* q, const float* k_cache, const float* v_cache, const int64_t* pages,
+                         int64_t page_size, int64_t t0, int64_t t1, int64_t num_kv_heads, int64_t G, int64_t D,
+                         float scale, float* acc, float* m, float* l) {
+  attend_rows(&q, 1, k_cache, v_cache, pages, page_size, t0, &t1, num_kv_heads, G, D, scale, &acc, &m, &l);
 }
 
 static inline int64_t num_pieces(int64_t context_len, int64_t piece) {
   return context_len > piece ? (context_len + piece - 1) / piece : 1; /* piece may be INT64_MAX */
+}
+
+/* The piece length a context of ctx positions is cut into (INT64_MAX: whole). It depends on that
+   context and the thread count only, never on the other sequences of the call, so a row's result
+   is the same in any batch: a plain decode and the same position in a speculative verify chunk
+   (one row per token) round alike. ~4 items per thread for one long context. */
+static inline int64_t piece_of(int64_t ctx, int64_t H, int64_t D, int num_threads) {
+  if (num_threads <= 1 || ctx * H * D < ATTN_PARALLEL_MIN) return INT64_MAX;
+  int64_t piece = (ctx + 4 * num_threads - 1) / (4 * num_threads);
+  if (piece < ATTN_MIN_SPLIT) piece = ATTN_MIN_SPLIT;
+  return (piece + ATTN_BLOCK - 1) / ATTN_BLOCK * ATTN_BLOCK;
 }
 
 /* dst (heads, D) = acc / l per head */
@@ -161,9 +192,14 @@ typedef struct {
   const float *q, *k_cache, *v_cache;
   const int64_t *page_table, *context_lens, *rows, *task_start;
   float *out, *parts;
-  int64_t q_row_stride, max_pages, num_seqs, num_heads, num_kv_heads, G, D, page_size, piece, part_size;
+  int64_t q_row_stride, max_pages, num_seqs, num_heads, num_kv_heads, G, D, page_size, part_size;
+  int num_threads;
   float scale;
 } attention_job;
+
+static inline int64_t seq_pieces(const attention_job* j, int64_t b) {
+  return num_pieces(j->context_lens[b], piece_of(j->context_lens[b], j->num_heads, j->D, j->num_threads));
+}
 
 /* Work item t: one piece of one sequence's context, all heads. A whole context is
    normalised straight into out; a piece leaves its partial softmax in parts. */
@@ -174,8 +210,9 @@ static void attention_task(const attention_job* j, int64_t t, float* acc, float*
     if (j->task_start[mid] <= t) lo = mid; else hi = mid;
   }
   const int64_t b = lo, ctx = j->context_lens[b], H = j->num_heads, D = j->D;
-  const int64_t p = t - j->task_start[b], pieces = num_pieces(ctx, j->piece);
-  const int64_t t0 = p * j->piece, t1 = ctx - t0 > j->piece ? t0 + j->piece : ctx;
+  const int64_t piece = piece_of(ctx, H, D, j->num_threads);
+  const int64_t p = t - j->task_start[b], pieces = num_pieces(ctx, piece);
+  const int64_t t0 = p * piece, t1 = ctx - t0 > piece ? t0 + piece : ctx;
   const float* q = j->q + j->rows[b] * j->q_row_stride;
   const int64_t* pages = j->page_table + b * j->max_pages;
   if (pieces == 1) {
@@ -191,7 +228,7 @@ static void attention_task(const attention_job* j, int64_t t, float* acc, float*
 /* Merges the pieces of (sequence b, head h), i = b * H + h, into out; acc: D floats of scratch. */
 static void attention_merge(const attention_job* j, int64_t i, float* acc) {
   const int64_t H = j->num_heads, D = j->D, b = i / H, h = i % H;
-  const int64_t pieces = num_pieces(j->context_lens[b], j->piece);
+  const int64_t pieces = seq_pieces(j, b);
   if (pieces == 1) return;
   const float* first = j->parts + j->task_start[b] * j->part_size;
   float m_all = -INFINITY, l_all = 0.0f;
@@ -209,11 +246,48 @@ static void attention_merge(const attention_job* j, int64_t i, float* acc) {
   store_normalised(j->out + (j->rows[b] * H + h) * D, acc, &l_all, 1, D);
 }
 
+/* How many sequences from b on are rows of one sequence at consecutive positions (a verify
+   chunk: context lengths c, c + 1, ..., the same pages), none of them cut into pieces; 1 if
+   b's next is not. At most ATTN_MAX_SHARED_ROWS. */
+static int64_t sibling_rows(const attention_job* j, int64_t b) {
+  const int64_t ctx = j->context_lens[b];
+  if (seq_pieces(j, b) > 1) return 1;
+  const int64_t* pages = j->page_table + b * j->max_pages;
+  int64_t R = 1;
+  while (b + R < j->num_seqs && R < ATTN_MAX_SHARED_ROWS && j->context_lens[b + R] == ctx + R &&
+         seq_pieces(j, b + R) == 1 &&
+         memcmp(pages, j->page_table + (b + R) * j->max_pages,
+                (size_t)((ctx + R + j->page_size - 1) / j->page_size) * sizeof(int64_t)) == 0)
+    R++;
+  return R;
+}
+
+/* Rows b .. b + R - 1 (sibling_rows) in one pass over their context; scratch: R * (H * D + 2 * H) floats. */
+static void attention_siblings(const attention_job* j, int64_t b, int64_t R, float* scratch) {
+  const int64_t H = j->num_heads, D = j->D;
+  const float* q[ATTN_MAX_SHARED_ROWS];
+  float *acc[ATTN_MAX_SHARED_ROWS], *m[ATTN_MAX_SHARED_ROWS], *l[ATTN_MAX_SHARED_ROWS];
+  int64_t t1[ATTN_MAX_SHARED_ROWS];
+  for (int64_t r = 0; r < R; r++) {
+    q[r] = j->q + j->rows[b + r] * j->q_row_stride;
+    t1[r] = j->context_lens[b + r];
+    acc[r] = scratch + r * (H * D + 2 * H);
+    m[r] = acc[r] + H * D;
+    l[r] = m[r] + H;
+  }
+  /* the longest row's pages: checked by the caller, and the shorter rows' pages are their prefix */
+  attend_rows(q, R, j->k_cache, j->v_cache, j->page_table + (b + R - 1) * j->max_pages, j->page_size, 0, t1,
+              j->num_kv_heads, j->G, D, j->scale, acc, m, l);
+  for (int64_t r = 0; r < R; r++) store_normalised(j->out + j->rows[b + r] * H * D, acc[r], l[r], H, D);
+}
+
 /* Decode attention, one query token per sequence (see kernels/cpu_decode_ops.py).
    A work item is one piece of one sequence's context, all heads. With more than
-   one thread, contexts are cut into pieces (of at least ATTN_MIN_SPLIT
-   positions) so that there are ~4 items per thread, and the pieces' partial
-   softmaxes merged afterwards; on one thread every item is a whole context.
+   one thread, a long context is cut into pieces (of at least ATTN_MIN_SPLIT
+   positions, ~4 per thread: piece_of) and the pieces' partial softmaxes merged
+   afterwards. Without a fork (one thread, or little work), consecutive rows of one
+   sequence that no piece cuts (a speculative verify chunk, one row per token) go
+   through their context together, block by block (attend_rows).
    Returns 0; -1 for sizes beyond the kernel's limits or a failed malloc; else
    kind + 4 * b for the first sequence b with a bad index: kind 1 rows[b] outside
    [0, num_rows), 2 context_lens[b] outside [1, max_pages * page_size], 3 a page
@@ -240,19 +314,13 @@ int64_t paged_decode_attention_f32(const float* q, int64_t q_row_stride, const f
   }
   if (num_seqs == 0) return 0;
 
-  int64_t piece = INT64_MAX;
-  if (num_threads > 1 && total * H * D >= ATTN_PARALLEL_MIN) {
-    piece = (total + 4 * num_threads - 1) / (4 * num_threads);
-    if (piece < ATTN_MIN_SPLIT) piece = ATTN_MIN_SPLIT;
-    piece = (piece + ATTN_BLOCK - 1) / ATTN_BLOCK * ATTN_BLOCK;
-  }
   int64_t stack_starts[257]; /* task_start[b]: sequence b's first work item */
   int64_t* task_start = num_seqs < 257 ? stack_starts : (int64_t*)malloc((size_t)(num_seqs + 1) * sizeof(int64_t));
   if (!task_start) return -1;
   int any_split = 0;
   task_start[0] = 0;
   for (int64_t b = 0; b < num_seqs; b++) {
-    const int64_t pieces = num_pieces(context_lens[b], piece);
+    const int64_t pieces = num_pieces(context_lens[b], piece_of(context_lens[b], H, D, num_threads));
     any_split |= pieces > 1;
     task_start[b + 1] = task_start[b] + pieces;
   }
@@ -264,8 +332,8 @@ int64_t paged_decode_attention_f32(const float* q, int64_t q_row_stride, const f
   }
   const attention_job job = {q, k_cache, v_cache, page_table, context_lens, rows, task_start, out, parts,
                              q_row_stride, max_pages, num_seqs, num_heads, num_kv_heads, G, D, page_size,
-                             piece, part_size, scale};
-  if (num_tasks > 1 && piece != INT64_MAX) {
+                             part_size, num_threads, scale};
+  if (num_tasks > 1 && num_threads > 1 && total * H * D >= ATTN_PARALLEL_MIN) {
     #pragma omp parallel num_threads(num_threads)
     {
       float acc[ATTN_MAX_HEADS_DIM], m[ATTN_MAX_HEADS_DIM / 8], l[ATTN_MAX_HEADS_DIM / 8];
@@ -276,9 +344,22 @@ int64_t paged_decode_attention_f32(const float* q, int64_t q_row_stride, const f
         for (int64_t i = 0; i < num_seqs * H; i++) attention_merge(&job, i, acc);
       }
     }
-  } else { /* every item is a whole context here */
+  } else {
     float acc[ATTN_MAX_HEADS_DIM], m[ATTN_MAX_HEADS_DIM / 8], l[ATTN_MAX_HEADS_DIM / 8];
-    for (int64_t t = 0; t < num_tasks; t++) attention_task(&job, t, acc, m, l);
+    float* siblings = NULL; /* scratch of attention_siblings, allocated at the first group */
+    for (int64_t b = 0; b < num_seqs;) {
+      const int64_t R = sibling_rows(&job, b);
+      if (R > 1 && (siblings || (siblings = (float*)malloc((size_t)(ATTN_MAX_SHARED_ROWS * part_size) *
+                                                           sizeof(float))))) {
+        attention_siblings(&job, b, R, siblings);
+        b += R;
+        continue;
+      }
+      for (int64_t t = task_start[b]; t < task_start[b + 1]; t++) attention_task(&job, t, acc, m, l);
+      for (int64_t h = 0; h < H; h++) attention_merge(&job, b * H + h, acc);
+      b++;
+    }
+    free(siblings);
   }
   free(parts);
   if (task_start != stack_starts) free(task_start);

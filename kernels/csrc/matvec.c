@@ -11,11 +11,12 @@
      (see scale_shift_block), then multiplied with x like float32 weights.
    Rows of W are split statically between the threads, each streaming its own
    contiguous share; x rows go through in groups of up to 8 (8 accumulators, the
-   decoded block and its scale fit AVX2's 16 registers), so each block of W is
-   decoded once per group. cols is a multiple of 32 for the block formats, 8 for f32. */
+   decoded block and a partial fit AVX2's 16 registers), so each block of W is
+   decoded once per group. A row's result is the same for every m (row_tile). cols is a multiple of 32 for the block formats, 8 for f32. */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #define BLOCK 32
 #define Q4_1_BYTES 24
@@ -92,22 +93,27 @@ static inline void scale_shift_block(__m256 w[4], const float* d_min) {
   for (int k = 0; k < 4; k++) w[k] = _mm256_fmadd_ps(w[k], dv, mv);
 }
 
-/* Blocks [0, nb) of one weight row against m x rows (x_stride floats apart), written to out[i * out_stride], or added to
-   it when `accumulate` (a later column tile). Always inlined with constant format
-   and m (see row_dispatch), so the accumulators live in registers: with a runtime
-   m they went through memory and each block waited on a store-to-load round trip
-   (measured: 2x slower). */
+/* Blocks [0, nb) of one weight row against m x rows (x_stride floats apart). Always
+   inlined with constant format and m (see row_dispatch), so the accumulators live in
+   registers: with a runtime m they went through memory and each block waited on a
+   store-to-load round trip (measured: 2x slower).
+
+   One summation order for every m and every column tiling: a block's four products
+   go into one partial vector (a multiply and three FMAs, in element order), added to
+   the x row's 8-lane accumulator; a row cut into column tiles carries that
+   accumulator from tile to tile (`carry`, m x 8 floats: loaded unless `is_first`,
+   stored unless `is_last`), and only the last tile sums it horizontally into
+   out[i * out_stride]. So a row's result does not depend on how many rows share the
+   call (a decode of one row, or a speculative verify chunk of several): the same bits
+   either way. The loop-carried chain is one add a block, so no row waits on FMA
+   latency, and m accumulators + 4 weight vectors + a partial fit the 16 registers
+   for m <= 8. */
 static inline __attribute__((always_inline)) void row_tile(
     const int format, const int64_t m, const uint8_t* row, int64_t nb, const float* x, int64_t x_stride,
-    float* out, int64_t out_stride, int accumulate) {
+    float* out, int64_t out_stride, float* carry, int is_first, int is_last) {
   const int64_t block_bytes = format == 0 ? Q4_1_BYTES : Q8_0_BYTES;
-  /* Independent accumulator chains per x row: with one, each block's four FMAs wait
-     on each other (latency-bound: ~4 x 4 cycles a block for a single row). As many
-     chains as the 16 registers allow: 4 for up to 2 rows, 2 for up to 4, else 1. */
-  const int chains = m <= 2 ? 4 : (m <= 4 ? 2 : 1);
-  __m256 acc[MAX_GROUP][4];
-  for (int64_t i = 0; i < m; i++)
-    for (int c = 0; c < chains; c++) acc[i][c] = _mm256_setzero_ps();
+  __m256 acc[MAX_GROUP];
+  for (int64_t i = 0; i < m; i++) acc[i] = is_first ? _mm256_setzero_ps() : _mm256_loadu_ps(carry + 8 * i);
   for (int64_t b = 0; b < nb; b++) {
     const uint8_t* block = row + b * block_bytes;
     __m256 w[4];
@@ -120,54 +126,68 @@ static inline __attribute__((always_inline)) void row_tile(
     }
     for (int64_t i = 0; i < m; i++) {
       const float* xb = x + i * x_stride + b * BLOCK;
-      for (int k = 0; k < 4; k++) acc[i][k % chains] = _mm256_fmadd_ps(w[k], _mm256_loadu_ps(xb + 8 * k), acc[i][k % chains]);
+      __m256 partial = _mm256_mul_ps(w[0], _mm256_loadu_ps(xb));
+      partial = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xb + 8), partial);
+      partial = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xb + 16), partial);
+      partial = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xb + 24), partial);
+      acc[i] = _mm256_add_ps(acc[i], partial);
     }
   }
   for (int64_t i = 0; i < m; i++) {
-    for (int c = 1; c < chains; c++) acc[i][0] = _mm256_add_ps(acc[i][0], acc[i][c]);
-    float value = hsum8(acc[i][0]);
-    out[i * out_stride] = accumulate ? out[i * out_stride] + value : value;
+    if (is_last) out[i * out_stride] = hsum8(acc[i]);
+    else _mm256_storeu_ps(carry + 8 * i, acc[i]);
   }
 }
 
 #define ROW_CASE(M)                                                                                  \
   case M:                                                                                            \
-    if (format == 0) row_tile(0, M, row, nb, x, x_stride, out, out_stride, acc);                     \
-    else row_tile(1, M, row, nb, x, x_stride, out, out_stride, acc);                                 \
+    if (format == 0) row_tile(0, M, row, nb, x, x_stride, out, out_stride, carry, is_first, is_last); \
+    else row_tile(1, M, row, nb, x, x_stride, out, out_stride, carry, is_first, is_last);            \
     break;
 
 static void row_dispatch(int format, int64_t m, const uint8_t* row, int64_t nb, const float* x, int64_t x_stride,
-                         float* out, int64_t out_stride, int acc) {
+                         float* out, int64_t out_stride, float* carry, int is_first, int is_last) {
   switch (m) { ROW_CASE(1) ROW_CASE(2) ROW_CASE(3) ROW_CASE(4) ROW_CASE(5) ROW_CASE(6) ROW_CASE(7) ROW_CASE(8) }
 }
 
 /* The x rows of a group are read once per weight row; columns go in tiles whose
    slice of the group's x stays in L1 (8 rows of a 1536-wide x are 48 KB: read from
-   L2 for every weight row, they made 8 rows cost 3x what 1 row does). */
+   L2 for every weight row, they made 8 rows cost 3x what 1 row does), but never
+   under MIN_TILE_BLOCKS blocks (SmolLM2's 576-wide rows stay whole: 18 KB for 8 x
+   rows). A tiled row carries its accumulators from tile to tile (row_tile), so the
+   tiling, which depends on m, leaves the sums as they are. */
 #define TILE_X_BYTES 16384
+#define MIN_TILE_BLOCKS 24
 
-/* format: 0 = Q4_1, 1 = Q8_0. W (rows, cols / 32 blocks), x (m, cols), y (m, rows). */
-void matmul_blocks(int format, const uint8_t* W, const float* x, float* y,
-                   int64_t m, int64_t rows, int64_t cols, int num_threads) {
+/* format: 0 = Q4_1, 1 = Q8_0. W (rows, cols / 32 blocks), x (m, cols), y (m, rows).
+   Returns 0, or -1 when the carried accumulators of a tiled call cannot be allocated. */
+int matmul_blocks(int format, const uint8_t* W, const float* x, float* y,
+                  int64_t m, int64_t rows, int64_t cols, int num_threads) {
   int64_t num_blocks = cols / BLOCK;
   int64_t block_bytes = format == 0 ? Q4_1_BYTES : Q8_0_BYTES;
   int64_t row_bytes = num_blocks * block_bytes;
+  float* carry = NULL;  /* (rows, group, 8): the accumulators between a row's tiles */
   for (int64_t first = 0; first < m; first += MAX_GROUP) {
     int64_t group = m - first < MAX_GROUP ? m - first : MAX_GROUP;
     const float* xg = x + first * cols;
     float* yg = y + first * rows;
     int64_t tile_blocks = TILE_X_BYTES / (group * BLOCK * (int64_t)sizeof(float));
-    if (tile_blocks < 1) tile_blocks = 1;
+    if (tile_blocks < MIN_TILE_BLOCKS) tile_blocks = MIN_TILE_BLOCKS;
+    if (tile_blocks < num_blocks && !carry && !(carry = (float*)malloc((size_t)(rows * MAX_GROUP * 8) * sizeof(float))))
+      return -1;
     #pragma omp parallel num_threads(num_threads)
     {
       int64_t thread = omp_get_thread_num(), num = omp_get_num_threads();
       int64_t r0 = rows * thread / num, r1 = rows * (thread + 1) / num;  /* a contiguous share of W */
       for (int64_t tile = 0; tile < num_blocks; tile += tile_blocks) {
         int64_t nb = num_blocks - tile < tile_blocks ? num_blocks - tile : tile_blocks;
+        int is_first = tile == 0, is_last = tile + nb == num_blocks;
         for (int64_t r = r0; r < r1; r++)
           row_dispatch(format, group, W + r * row_bytes + tile * block_bytes, nb, xg + tile * BLOCK, cols,
-                       yg + r, rows, tile > 0);
+                       yg + r, rows, carry ? carry + r * MAX_GROUP * 8 : NULL, is_first, is_last);
       }
     }
   }
+  free(carry);
+  return 0;
 }

@@ -14,6 +14,7 @@ What a machine gets depends on what loaded, and describe() says which and why:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -37,9 +38,10 @@ MATVEC_F32_MAX_ROWS = 1  # the float32 matvec kernel takes one row
 # attention in the fused decode kernel, one row per token (kernels/attention_plan.py).
 MAX_VERIFY_ROWS_AS_DECODE = 16
 # A step of one sequence's 1..8 rows after a 600-token prefix, relative to 1 row (SmolLM2 over GGUF blocks, one
-# thread, CPU time, best of 5, 2026-12-01): the few-rows kernels' cost grows with the rows (block decode and
-# FMAs per row), the LM head leaves them past 4 rows.
-CPU_VERIFY_ROW_COSTS = (1.0, 1.42, 1.50, 1.85, 2.25, 2.58, 2.9, 3.27)
+# thread, CPU time, `python -m bench.verify_row_costs`, the mean of 3 runs' best of 9, 2026-12-01): the blocks
+# kernels decode each weight block once for all rows, but their multiply-adds grow with the rows, and so does
+# attention (each row scores the whole context; the rows of a chunk read it in one pass).
+CPU_VERIFY_ROW_COSTS = (1.0, 1.22, 1.44, 1.76, 2.11, 2.37, 2.69, 2.89)
 
 
 class CpuBackend(TorchBackend):
@@ -96,6 +98,11 @@ class CpuBackend(TorchBackend):
                     few_rows, functools.partial(packed_linear, packed_weight=packed, bias=None), in_features, limit)
             limit = self._crossovers[key]
         self._linears[name] = LinearPlan("oneDNN prepacked", f"C matvec over {kind}" if limit else "", limit)
+        if blocks is not None and limit and limit < self.policy.max_verify_rows_per_step:
+            # drafts never take a step past a projection's blocks kernel: the row-cost table holds there, and
+            # a row's logits are those of a plain decode (the kernel's rows do not depend on m). (The float32
+            # path's matvec takes one row: its verify chunks run on oneDNN, and keep the default limit.)
+            self.policy = dataclasses.replace(self.policy, max_verify_rows_per_step=limit)
         return CpuLinear(packed, bias, out_features, few_rows if limit else None, limit)
 
     def plan(self) -> BackendPlan:

@@ -6,12 +6,14 @@ from types import SimpleNamespace
 import pytest
 
 from engine.draft_index import MAX_MATCH, Continuation, SequenceNgrams, SuffixIndex
-from engine.draft_proposer import (COOLDOWN_STEPS, DraftLength, DraftProposer, best_draft_length,
-                                   choose_draft)
+from engine.draft_proposer import (COOLDOWN_STEPS, INITIAL_ACCEPTANCE, DraftLength, DraftProposer,
+                                   best_draft_length, choose_draft, match_class)
 
 
-def _request(tokens: list[int], salt=None):
-    return SimpleNamespace(all_token_ids=tokens, cache_salt=salt, draft_state=None)
+def _request(tokens: list[int], salt=None, processors=(), num_prompt_tokens: int | None = None):
+    num_prompt_tokens = len(tokens) if num_prompt_tokens is None else num_prompt_tokens
+    return SimpleNamespace(all_token_ids=tokens, output_token_ids=tokens[num_prompt_tokens:], cache_salt=salt,
+                           draft_state=None, sampling=SimpleNamespace(params=SimpleNamespace(logits_processors=processors)))
 
 
 def test_prompt_lookup_drafts_what_followed_the_last_tokens():
@@ -82,7 +84,31 @@ def test_the_draft_length_follows_acceptance_and_row_costs():
     assert length.next_k() == 0  # no longer pays: a cooldown
     assert [length.next_k() for _ in range(COOLDOWN_STEPS + 1)] == [0] * COOLDOWN_STEPS + [1]  # then a probe
     length.observe(1, 1)
-    assert not length.is_probing
+    assert not length.is_probing[0]
+
+
+def test_short_matches_that_fail_do_not_stop_long_ones():
+    """Each match class (2-3, 4-7, 8 repeated tokens) keeps its own estimate and cooldown."""
+    assert [match_class(n) for n in (2, 3, 4, 7, MAX_MATCH)] == [0, 0, 1, 1, 2]
+    length = DraftLength(4, (1.0, 1.22, 1.44, 1.76, 2.11))
+    for _ in range(6):
+        length.observe(2, 0, match=0)
+    assert length.next_k(0) == 0
+    assert length.next_k(2) >= 2  # long matches start out trusted: 3 rows cost far less than 3 steps
+    for _ in range(4):
+        length.observe(3, 3, match=2)
+    assert length.next_k(2) == 4 and length.num_cooldown_steps[0] == COOLDOWN_STEPS
+
+
+def test_a_proposal_is_judged_by_its_match_class():
+    proposer = DraftProposer("ngram")
+    long_match = list(range(10, 20)) + [7] + list(range(10, 19))  # the last 9 tokens occurred before
+    request = _request(long_match)
+    assert proposer.propose(request, 4) == [19, 7, 10, 11]
+    proposer.observe(request, 4, 1)
+    assert request.draft_state.match == 2
+    assert request.draft_state.length.acceptance[:2] == list(INITIAL_ACCEPTANCE[:2])
+    assert request.draft_state.length.acceptance[2] < INITIAL_ACCEPTANCE[2]
 
 
 def test_modes_are_checked():

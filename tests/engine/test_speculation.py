@@ -268,3 +268,107 @@ def test_smollm2_mixed_batch_with_grammar_stops_penalties_equals_no_speculation(
     assert spec.generate(prompts, params()) == expected
     assert spec.metrics.num_accepted_draft_tokens > 0
     _assert_pages_balance(spec)
+
+
+class _TemplateGrammar:
+    """A grammar over the output as a fixed template: position i takes template[i] when it is not None,
+    anything else where it is (past the template: anything). A DraftingLogitsProcessor."""
+
+    def __init__(self, template: list[int | None]):
+        self.template = template
+
+    def _fixed(self, position: int) -> int | None:
+        return self.template[position] if position < len(self.template) else None
+
+    def __call__(self, token_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+        fixed = self._fixed(len(token_ids))
+        if fixed is not None:
+            keep = logits[fixed].clone()
+            logits.fill_(float("-inf"))
+            logits[fixed] = keep
+        return logits
+
+    def forced_tokens(self, token_ids: list[int]) -> list[int]:
+        forced = []
+        while (fixed := self._fixed(len(token_ids) + len(forced))) is not None:
+            forced.append(fixed)
+        return forced
+
+    def num_admitted(self, token_ids: list[int], draft_ids: list[int]) -> int:
+        for i, token_id in enumerate(draft_ids):
+            fixed = self._fixed(len(token_ids) + i)
+            if fixed is not None and fixed != token_id:
+                return i
+        return len(draft_ids)
+
+
+def test_grammar_forced_tokens_are_drafted_and_outputs_stay_the_same(tiny_llama_dir):
+    """Under a grammar, the tokens it forces are drafted (every one accepted), n-gram drafts after them
+    only where it admits them, and greedy outputs equal decoding without speculation."""
+    prompts = _copying_prompts(256)[:6]
+    # runs of forced structure between free stretches, like a tool call's JSON around its arguments
+    template = [40, 41, 42, 43, None, None, None, 50, 51, 52, None, None, None, None, 60, 61, 62, 63, 64, None]
+
+    def params():
+        return [SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True,
+                               logits_processors=(_TemplateGrammar(template),)) for _ in prompts]
+
+    expected = _engine(tiny_llama_dir, "off").generate(prompts, params())
+    assert all(out[:4] == [40, 41, 42, 43] and out[14:19] == [60, 61, 62, 63, 64] for out in expected)
+    engine = _engine(tiny_llama_dir, "ngram")
+    proposals = []
+    propose = engine.proposer.propose
+
+    def checked_propose(request, max_tokens):
+        drafts = propose(request, max_tokens)
+        grammar = request.sampling.params.logits_processors[0]
+        assert grammar.num_admitted(request.output_token_ids, drafts) == len(drafts)  # never against it
+        proposals.append((len(request.output_token_ids), drafts))
+        return drafts
+
+    engine.proposer.propose = checked_propose
+    assert engine.generate(prompts, params()) == expected
+    _assert_pages_balance(engine)
+    # the first token comes from the prefill; the next decode drafts the rest of the forced run, and so on
+    assert all(drafts[:3] == [41, 42, 43] for position, drafts in proposals if position == 1)
+    assert any(drafts[:5] == [60, 61, 62, 63, 64] for position, drafts in proposals if position == 14)
+    assert engine.metrics.num_accepted_draft_tokens >= len(prompts) * 5
+
+
+@pytest.mark.model
+def test_smollm2_forced_tool_call_drafts_the_grammars_structure(smollm2_dir):
+    """A forced tool call (the server's grammar for tool_choice "required"): the JSON around the
+    arguments and the tool name once its prefix is unique are drafted, never a token the grammar
+    refuses, and greedy output is that of decoding without speculation."""
+    from assembly.chat_template import ChatTemplate
+    from assembly.constrained_output import GrammarCompiler, tool_call_grammar
+    from assembly.tokenizer import Tokenizer
+    from bench.agent_tools import TOOLS
+
+    tokenizer, template = Tokenizer(smollm2_dir), ChatTemplate.from_model_dir(smollm2_dir)
+    compiler = GrammarCompiler(smollm2_dir / "tokenizer.json", [2], 49152)
+    tools = [{"name": t["function"]["name"], "parameters": t["function"]["parameters"]} for t in TOOLS]
+    grammar = compiler.check(tool_call_grammar(tools, parallel=False))
+    tasks = ["Read the file setup.py.", "List the directory src recursively.", "Search the docs for asyncio."]
+    prompts = [tokenizer.encode(template.render([{"role": "user", "content": task}])) for task in tasks]
+
+    def params():
+        return [SamplingParams(max_tokens=32, temperature=0.0, logits_processors=(compiler.processor(grammar),))
+                for _ in prompts]
+
+    expected = _engine(smollm2_dir, "off").generate(prompts, params())
+    engine = _engine(smollm2_dir, "ngram")
+    propose = engine.proposer.propose
+
+    def checked_propose(request, max_tokens):
+        drafts = propose(request, max_tokens)
+        fresh = compiler.processor(grammar)  # a grammar of its own, fed the request's output afresh
+        assert fresh.num_admitted(list(request.output_token_ids), drafts) == len(drafts)
+        return drafts
+
+    engine.proposer.propose = checked_propose
+    outputs = engine.generate(prompts, params())
+    assert outputs == expected
+    assert all(tokenizer.decode(out).startswith('<tool_call>\n{"name": "') for out in outputs)
+    assert engine.metrics.num_accepted_draft_tokens >= 9 * len(prompts)  # the opening is 10 forced tokens
+    _assert_pages_balance(engine)

@@ -151,3 +151,30 @@ def test_decode_attention_rejects_bad_inputs(ops, decode_case):
         with pytest.raises(ValueError):
             ops.paged_decode_attention(**inputs)
         assert torch.equal(inputs["out"], out_before), name
+
+
+@pytest.mark.parametrize("verify_context", [5, 16, 64, 300, 700])
+def test_a_rows_result_does_not_depend_on_the_batch(ops, decode_case, num_threads, verify_context):
+    """A verify chunk's rows (one sequence's consecutive positions: context c, c + 1, ..., the same
+    pages; the kernel attends them in one pass) get the very bits each gets alone, as a plain
+    decode of that position does, and so does a row beside a long sequence of another request."""
+    num_verify_rows, page_size = 5, 16
+    q, k_cache, v_cache, inputs, scale, _ = decode_case([verify_context + num_verify_rows - 1, 1500], page_size,
+                                                        9, 3, 64, seed=verify_context)
+    verify_pages = inputs.page_table[0]
+    page_table = torch.cat([verify_pages.expand(num_verify_rows, -1), inputs.page_table[1:]]).contiguous()
+    context_lens = torch.tensor([verify_context + i for i in range(num_verify_rows)] + [inputs.context_lens[1]])
+    queries = torch.randn(num_verify_rows + 1, 9, 64, generator=torch.Generator().manual_seed(3))
+    together = torch.empty_like(queries)
+    ops.paged_decode_attention(queries, k_cache, v_cache, page_table, context_lens,
+                               torch.arange(num_verify_rows + 1), scale, together)
+    for row in range(num_verify_rows + 1):
+        alone = torch.empty_like(queries[row:row + 1])
+        ops.paged_decode_attention(queries[row:row + 1].contiguous(), k_cache, v_cache,
+                                   page_table[row:row + 1].contiguous(), context_lens[row:row + 1],
+                                   torch.zeros(1, dtype=torch.int64), scale, alone)
+        assert torch.equal(together[row], alone[0]), row
+    reference = paged_attention_reference(
+        queries[:1], k_cache, v_cache,
+        type(inputs).build([0], [1], [verify_context], [verify_pages.tolist()], "cpu"), scale)
+    torch.testing.assert_close(together[:1], reference, rtol=1e-5, atol=1e-5)

@@ -30,10 +30,10 @@ def _quantized_model(tmp_path, tiny_gguf, tie: bool):
     return convert_gguf(tmp_path / "tiny.gguf", tmp_path / "model", progress=False)
 
 
-def _engine(model_dir, gguf_blocks: bool) -> LLMEngine:
+def _engine(model_dir, gguf_blocks: bool, speculative: str = "off") -> LLMEngine:
     return LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", kv_cache_bytes=16 << 20,
                                   max_num_batched_tokens=2048, gguf_blocks=gguf_blocks, backend="cpu",
-                                  few_rows_crossover="fixed"))
+                                  few_rows_crossover="fixed", speculative=speculative))
 
 
 def test_the_store_keeps_the_formats_the_kernels_read():
@@ -76,3 +76,21 @@ def test_corrupt_blocks_file_is_named(tmp_path, tiny_gguf, kernels_available):
         _engine(model_dir, gguf_blocks=True)
     assert BLOCKS_FILE in str(error.value)
     _engine(model_dir, gguf_blocks=False)  # the float32 weights alone still load
+
+
+@pytest.mark.parametrize("num_requests", [1, 3])
+def test_speculation_on_blocks_changes_no_output(tmp_path, tiny_gguf, kernels_available, num_requests):
+    """Over GGUF blocks speculation changes no greedy output, and drafts never take a step past the blocks
+    kernels' row limit (the bits of a row for any row count: tests/kernels/test_cpu_matvec.py)."""
+    model_dir = _quantized_model(tmp_path, tiny_gguf, tie=True)
+    rng = random.Random(num_requests)
+    prompts = []
+    for _ in range(num_requests):
+        segment = [rng.randrange(3, 200) for _ in range(rng.randrange(4, 12))]
+        prompts.append(segment * 3)  # text that repeats, so there is something to draft
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    speculating = _engine(model_dir, gguf_blocks=True, speculative="ngram")
+    block_limits = [plan.few_rows_max for plan in speculating.backend.plan().linears.values() if "blocks" in plan.few_rows]
+    assert speculating.backend.policy.max_verify_rows_per_step == min(block_limits) == 8
+    assert speculating.generate(prompts, params) == _engine(model_dir, gguf_blocks=True).generate(prompts, params)
+    assert speculating.metrics.num_accepted_draft_tokens > 0
