@@ -119,13 +119,10 @@ class DocumentReuse:
             adjacent_key = previous[1] if previous is not None and previous[0] == start else None
             lead_floor = max(prefix_end, previous[0] if previous is not None else 0)  # leads cover gaps only
             previous = (end, key)
-            if start < prefix_end:  # in the pages from the tree already: only whether it is stored matters
-                if key not in self.store:
-                    plan.to_store.append(SpanToStore(start, end, adjacent_key))
-                continue
-            entry = self.store.lookup(key)  # memory, else the store's disk copy (loaded into memory)
+            # in the pages from the tree already: only whether it is stored matters
+            entry = None if start < prefix_end else self.store.lookup(key)  # memory, else its disk copy
             if entry is None:
-                if start >= store_start:
+                if start >= store_start and (start >= prefix_end or key not in self.store):
                     num_lead = min(NUM_LEAD_TOKENS, start) if start == store_start else 0
                     plan.to_store.append(SpanToStore(start, end, adjacent_key, num_lead))
                 continue
