@@ -79,6 +79,8 @@ def test_after_a_restart_documents_precomputed_at_ingest_are_reused_from_disk(sm
         assert response.status_code == 200, response.text
         usage = response.json()["usage"]["prompt_tokens_details"]
         assert usage["reused_document_tokens"] > 200
-        assert _metric(second, "radixserve:document_reuse_disk_hits_total") >= 3
+        # ingest computed each chunk after the prompt's own opening, so the first retrieved chunk can be
+        # an exact prefix (its pages from the page tier); the others load from the document files
+        assert _metric(second, "radixserve:document_reuse_disk_hits_total") >= 2
         assert _metric(second, "radixserve:document_reuse_disk_bytes") > 0
-        assert _metric(second, "radixserve:document_reuse_disk_load_seconds_count") >= 3
+        assert _metric(second, "radixserve:document_reuse_disk_load_seconds_count") >= 2
