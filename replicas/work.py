@@ -16,8 +16,21 @@ from engine.request_options import DEFAULT_REQUEST_OPTIONS, RequestOptions
 from engine.sampling_params import SamplingParams
 
 
+class _RoutingStaysLocal:
+    """For work with a `routing` field: the ingress's routing state, read by the Ray request router
+    in the same process before the work is sent; never pickled (it is None on the other side)."""
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["routing"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+
 @dataclass(frozen=True)
-class ReplicaWork:
+class ReplicaWork(_RoutingStaysLocal):
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams  # without logits processors: see grammars
@@ -29,14 +42,6 @@ class ReplicaWork:
     # In-process only: the ingress's routing state, read by the Ray request router in the same
     # process before the work is sent; never pickled (__getstate__ drops it).
     routing: object | None = field(default=None, compare=False)
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["routing"] = None
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
 
 
 def split_grammars(params: SamplingParams) -> tuple[SamplingParams, tuple[str, ...]]:
@@ -61,7 +66,7 @@ class ReplicaReply:
 
 
 @dataclass(frozen=True)
-class PrecomputeWork:
+class PrecomputeWork(_RoutingStaysLocal):
     """Document KV for one replica to compute into its own store (and its disk directory): the
     router sends it to `replica_id` (replicas/ray_router.py), so the ingress reaches every replica."""
 
@@ -70,11 +75,3 @@ class PrecomputeWork:
     cache_salt: str | None
     # In-process only, as ReplicaWork's: binds the router to the ingress's state (never pickled).
     routing: object | None = field(default=None, compare=False)
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["routing"] = None
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
