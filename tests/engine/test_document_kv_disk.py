@@ -5,13 +5,13 @@ stay apart; a damaged file is a miss; derived (stitched) pages never reach the p
 import os
 import random
 
-from cache import check_tree_invariants
 from cache.document_disk import document_key_hash
 from cache.page_file import SPAN_FILE, page_file_name
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.request_options import RequestOptions
 from engine.sampling_params import SamplingParams
+from tests.engine.test_document_reuse import _assert_drained
 
 TEST_DEVICE = os.environ.get("RADIXSERVE_TEST_DEVICE", "cpu")
 DOC_LEN, SYSTEM_LEN, QUESTION_LEN = 50, 12, 10
@@ -54,14 +54,6 @@ def _run(engine: LLMEngine, prompt, options, salt=None):
         engine.step()
     return (list(request.output_token_ids), request.num_cached_tokens, request.num_reused_document_tokens,
             engine.metrics.num_prefill_tokens - num_prefill_before)
-
-
-def _assert_drained(engine: LLMEngine) -> None:
-    stats = engine.stats()
-    assert stats.num_admitted == stats.num_waiting == 0
-    assert stats.num_free_pages + stats.num_cached_pages == stats.num_pages and stats.num_held_pages == 0
-    assert engine.document_store.num_referenced_entries == 0
-    check_tree_invariants(engine.scheduler.tree)
 
 
 def _precompute_and_close(model_dir, kv_disk_dir, names="AB", salt=None, **overrides) -> None:
