@@ -22,6 +22,7 @@ from engine.errors import RequestError
 from engine.generate import stop_token_ids
 from engine.heap import release_free_heap
 from engine.kv_tier_link import open_disk_tier_link
+from engine.engine_stats import engine_stats
 from engine.metrics import EngineMetrics, EngineStats
 from engine.model_runner import ModelRunner
 from engine.prefix_pins import PrefixPins
@@ -290,54 +291,7 @@ class LLMEngine:
     # ---- introspection --------------------------------------------------
 
     def stats(self) -> EngineStats:
-        scheduler = self.scheduler
-        allocator, tree = scheduler.allocator, scheduler.tree
-        in_use = set()
-        for request in scheduler.admitted:
-            in_use.update(request.page_ids)
-        num_free = allocator.num_free_pages
-        return EngineStats(
-            num_admitted=scheduler.num_admitted,
-            num_prefilling=scheduler.num_prefilling,
-            num_waiting=scheduler.num_waiting,
-            num_pages=allocator.num_pages,
-            num_free_pages=num_free,
-            num_cached_pages=tree.num_cached_pages,
-            num_held_pages=allocator.num_pages - num_free - tree.num_cached_pages,
-            num_pages_in_use=len(in_use),
-            num_prefix_query_tokens=scheduler.num_prefix_query_tokens,
-            num_prefix_hit_tokens=scheduler.num_prefix_hit_tokens,
-            num_preemptions=scheduler.num_preemptions,
-            num_evicted_pages=scheduler.num_evicted_pages,
-            num_document_reused_spans=self.documents.num_reused_spans,
-            num_document_reused_tokens=self.documents.num_reused_tokens,
-            num_document_recomputed_tokens=self.documents.num_recomputed_tokens,
-            num_document_selective_recomputed_tokens=self.documents.num_selectively_recomputed_tokens,
-            num_document_probe_tokens=self.selective.num_probe_tokens if self.selective is not None else 0,
-            num_document_store_bytes=self.document_store.num_bytes,
-            num_document_store_entries=self.document_store.num_entries,
-            **self._document_disk_stats(),
-            num_spec_draft_tokens=self.metrics.num_draft_tokens,
-            num_spec_accepted_tokens=self.metrics.num_accepted_draft_tokens,
-            num_spec_verify_chunks=self.metrics.num_verify_chunks,
-            **self._kv_disk_stats(),
-        )
-
-    def _kv_disk_stats(self) -> dict:
-        if self.kv_tier is None:
-            return {}
-        tier_stats = self.kv_tier.tier.stats()
-        return dict(num_kv_disk_query_tokens=self.kv_tier.num_query_tokens,
-                    num_kv_disk_hit_tokens=self.kv_tier.num_hit_tokens,
-                    num_kv_disk_pages=tier_stats.num_pages, num_kv_disk_bytes=tier_stats.num_bytes)
-
-    def _document_disk_stats(self) -> dict:
-        if self.document_disk is None:
-            return {}
-        disk_stats = self.document_disk.stats()
-        return dict(num_document_disk_hits=self.document_store.num_tier_hits,
-                    num_document_disk_misses=self.document_store.num_tier_misses,
-                    num_document_disk_bytes=disk_stats.num_bytes, num_document_disk_entries=disk_stats.num_files)
+        return engine_stats(self)
 
     # ---- offline use (tests, benchmarks) --------------------------------
 
