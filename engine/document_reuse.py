@@ -10,6 +10,7 @@ After the radix tree's exact prefix match (P tokens), for a request with reuse o
    is), except its first k = document_boundary_tokens tokens, which are recomputed (a span computed
    alone learned an attention sink at its start), unless the span directly follows the span it was
    originally computed after (the stored predecessor key): that junction is as it was computed.
+   A span the tree's pages end inside (they hold whole pages) places its rows from there on.
    A precomputed span also keeps the last NUM_LEAD_TOKENS tokens of the context it was computed
    after (DocumentEntry.lead_ids); as many of them as the prompt holds right before the span are
    placed with it, and the k recomputed tokens are then the first of those.
@@ -119,16 +120,22 @@ class DocumentReuse:
             adjacent_key = previous[1] if previous is not None and previous[0] == start else None
             lead_floor = max(prefix_end, previous[0] if previous is not None else 0)  # leads cover gaps only
             previous = (end, key)
-            # in the pages from the tree already: only whether it is stored matters
-            entry = None if start < prefix_end else self.store.lookup(key)  # memory, else its disk copy
+            # wholly in the pages from the tree already: only whether it is stored matters
+            entry = None if end <= prefix_end else self.store.lookup(key)  # memory, else its disk copy
             if entry is None:
                 if start >= store_start and (start >= prefix_end or key not in self.store):
                     num_lead = min(NUM_LEAD_TOKENS, start) if start == store_start else 0
                     plan.to_store.append(SpanToStore(start, end, adjacent_key, num_lead))
                 continue
-            follows_its_predecessor = entry.predecessor is not None and entry.predecessor == adjacent_key
-            span_start = start - _num_matching_lead(entry.lead_ids, prompt, start, lead_floor)
-            run_start = span_start + (0 if follows_its_predecessor else self.boundary_tokens)
+            if start < prefix_end:
+                # The tree's pages end inside the span (they hold whole pages only; the prompt
+                # diverges within its last page): the span's head is in the pages already, as it
+                # was when its rows were computed, so they go on from there with no boundary.
+                span_start = run_start = prefix_end
+            else:
+                follows_its_predecessor = entry.predecessor is not None and entry.predecessor == adjacent_key
+                span_start = start - _num_matching_lead(entry.lead_ids, prompt, start, lead_floor)
+                run_start = span_start + (0 if follows_its_predecessor else self.boundary_tokens)
             run_end = min(end, end_limit)
             if run_start >= run_end:
                 continue

@@ -232,6 +232,26 @@ def test_a_precomputed_span_places_as_much_of_its_context_tail_as_the_prompt_rep
     _assert_drained(engine)
 
 
+def test_a_span_the_tree_ends_inside_places_its_rest_from_the_store(tiny_llama_dir):
+    """The tree holds whole pages only: a prompt that shares a document with an earlier one and
+    diverges right after it matches the tree up to the page before the divergence, inside the span.
+    The span's rest comes from the store (its rows were computed after the same tokens), so only the
+    new question is computed, and the logits are those of ordinary prefill."""
+    engine = _engine(tiny_llama_dir)
+    reference = _engine(tiny_llama_dir, document_reuse=False)
+    prompt, options = _prompt(SYSTEM, "A")
+    _run(engine, prompt, options, max_tokens=1)  # computes A and stores it
+    other_question = _tokens(4, QUESTION_LEN)
+    prompt, options = _prompt(SYSTEM, "A", question=other_question)
+    num_tree_tokens = (SYSTEM_LEN + DOC_LEN) // 16 * 16  # 48: the span runs on to 62
+    num_prefill_before = engine.metrics.num_prefill_tokens
+    logits = engine.prompt_tail_logits(prompt, QUESTION_LEN, options=options)
+    assert engine.metrics.num_prefill_tokens - num_prefill_before == QUESTION_LEN
+    assert engine.stats().num_document_reused_tokens == SYSTEM_LEN + DOC_LEN - num_tree_tokens
+    torch.testing.assert_close(logits, reference.prompt_tail_logits(prompt, QUESTION_LEN), atol=1e-5, rtol=1e-5)
+    _assert_drained(engine)
+
+
 def test_random_mixes_balance_pages_and_store_references(tiny_llama_dir):
     """Many requests at once over a small pool and a small store (eviction, preemption), reuse on
     and off, two salts: after every drain pages and store references balance."""
