@@ -69,6 +69,22 @@ def _forget_tree(engine: LLMEngine) -> None:
     engine.scheduler.tree.evict(engine.scheduler.allocator.num_pages)
 
 
+def run_random_mixes(engine: LLMEngine, rng: random.Random, check_each_step=lambda: True) -> None:
+    """Three rounds of 8 requests at once (1-3 documents in random order, two systems, two salts,
+    reuse on for 70%), each round drained, and pages and store references balanced after it."""
+    for _ in range(3):
+        for _ in range(8):
+            names = "".join(rng.sample("ABCD", rng.randrange(1, 4)))
+            prompt, options = _prompt(rng.choice([SYSTEM, OTHER_SYSTEM]), names, _tokens(rng.random(), 5))
+            engine.add_request(f"mix-{rng.random()}", prompt,
+                               SamplingParams(max_tokens=rng.randrange(1, 12), temperature=0.0, ignore_eos=True),
+                               rng.choice([None, "t"]), options if rng.random() < 0.7 else OFF)
+        while engine.has_unfinished():
+            engine.step()
+            assert check_each_step()
+        _assert_drained(engine)
+
+
 def test_zero_delta_reuse_equals_ordinary_prefill(tiny_llama_dir):
     """Spans stored from a prompt, placed back at the same positions (delta 0, k = 0): the same KV,
     the same logits, and the request computes only the question."""
@@ -260,18 +276,8 @@ def test_random_mixes_balance_pages_and_store_references(tiny_llama_dir):
     entry_bytes = 2 * 2 * DOC_LEN * 2 * 16 * 4  # K and V, 2 layers, 50 tokens, 2 KV heads of 16 floats
     engine = _engine(tiny_llama_dir, kv_cache_bytes=page_bytes * 40, max_num_batched_tokens=64,
                      document_store_bytes=entry_bytes * 3)
-    rng = random.Random(4)
-    for _ in range(3):
-        for i in range(8):
-            names = "".join(rng.sample("ABCD", rng.randrange(1, 4)))
-            prompt, options = _prompt(rng.choice([SYSTEM, OTHER_SYSTEM]), names, _tokens(rng.random(), 5))
-            engine.add_request(f"mix-{rng.random()}", prompt,
-                               SamplingParams(max_tokens=rng.randrange(1, 12), temperature=0.0, ignore_eos=True),
-                               rng.choice([None, "t"]), options if rng.random() < 0.7 else OFF)
-        while engine.has_unfinished():
-            engine.step()
-            assert engine.document_store.num_bytes <= engine.document_store.max_bytes
-        _assert_drained(engine)
+    run_random_mixes(engine, random.Random(4),
+                     lambda: engine.document_store.num_bytes <= engine.document_store.max_bytes)
     assert engine.stats().num_document_reused_tokens > 0
     assert engine.scheduler.num_evicted_pages > 0
 

@@ -13,7 +13,7 @@ from engine.engine_config import EngineConfig
 from engine.sampling_params import SamplingParams
 from engine.selective_recompute import most_deviating, split_runs
 from tests.engine.test_document_reuse import (DOC_LEN, DOCS, OFF, OTHER_SYSTEM, QUESTION_LEN, SYSTEM, _assert_drained,
-                                              _engine, _forget_tree, _prompt, _run, _tokens)
+                                              _engine, _forget_tree, _prompt, _run, _tokens, run_random_mixes)
 
 
 def test_most_deviating_picks_the_rows_whose_k_and_v_moved_most():
@@ -166,17 +166,7 @@ def test_preemption_and_random_mixes_balance_pages_and_references(tiny_llama_dir
     entry_bytes = 2 * 2 * DOC_LEN * 2 * 16 * 4
     engine = _engine(tiny_llama_dir, kv_cache_bytes=page_bytes * 40, max_num_batched_tokens=48,
                      document_store_bytes=entry_bytes * 3, document_recompute_fraction=0.3)
-    rng = random.Random(5)
-    for _ in range(3):
-        for _ in range(8):
-            names = "".join(rng.sample("ABCD", rng.randrange(1, 4)))
-            prompt, options = _prompt(rng.choice([SYSTEM, OTHER_SYSTEM]), names, _tokens(rng.random(), 5))
-            engine.add_request(f"mix-{rng.random()}", prompt,
-                               SamplingParams(max_tokens=rng.randrange(1, 12), temperature=0.0, ignore_eos=True),
-                               rng.choice([None, "t"]), options if rng.random() < 0.7 else OFF)
-        while engine.has_unfinished():
-            engine.step()
-        _assert_drained(engine)
+    run_random_mixes(engine, random.Random(5))
     stats = engine.stats()
     assert stats.num_document_selective_recomputed_tokens > 0 and stats.num_document_reused_tokens > 0
     assert stats.num_preemptions > 0
