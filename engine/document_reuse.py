@@ -75,6 +75,27 @@ class DocumentPlan:
     is_counted: bool = False  # counted by count_admission (a request's first admission only)
 
 
+class SpansInFlight:
+    """Token ids of the spans admitted requests are computing to store, per cache salt. The scheduler
+    builds it once per step, at the first request that could wait, and adds each request it admits
+    after that, so a queue of waiting requests does not gather it once each."""
+
+    def __init__(self):
+        self._spans: set[tuple] = set()  # (cache salt, token ids)
+
+    def add(self, request: Request) -> None:
+        plan = request.document_plan
+        if isinstance(plan, DocumentPlan):
+            prompt = request.prompt_token_ids
+            self._spans.update((request.cache_salt, tuple(prompt[span.start:span.end])) for span in plan.to_store)
+
+    def has(self, cache_salt, token_ids: list[int]) -> bool:
+        return (cache_salt, tuple(token_ids)) in self._spans
+
+    def __bool__(self) -> bool:
+        return bool(self._spans)
+
+
 class DocumentReuse:
     """Plans stitched spans at admission (called by the scheduler); counts what reuse saved."""
 
@@ -154,28 +175,29 @@ class DocumentReuse:
             request.num_exact_tokens = plan.copies[0].start
         request.document_plan = plan
 
-    def waits_for_spans(self, request: Request, admitted: list[Request]) -> bool:
+    def spans_in_flight(self, admitted: list[Request]) -> "SpansInFlight":
+        """The spans admitted requests are computing now and will store (their plans' spans to store)."""
+        spans = SpansInFlight()
+        for other in admitted:
+            spans.add(other)
+        return spans
+
+    def waits_for_spans(self, request: Request, in_flight: "SpansInFlight") -> bool:
         """True when a span of `request` that the store lacks is being computed right now by an
         admitted request still prefilling (same salt; in its plan's spans to store): admitting
         `request` now would compute it twice; once that request has computed it (its prefill goes
         first, and DocumentKVCopier.fill stores each span as soon as it is computed) it is a store
         hit. Bounded: it waits only on admitted requests, which never wait, and only until they have
         computed the span, leave, or are preempted."""
-        if not self.is_on(request):
-            return False
-        in_flight = set()
-        for other in admitted:
-            plan = other.document_plan
-            if other.cache_salt == request.cache_salt and isinstance(plan, DocumentPlan) and plan.to_store:
-                in_flight.update(tuple(other.prompt_token_ids[span.start:span.end]) for span in plan.to_store)
-        if not in_flight:
+        if not self.is_on(request) or not in_flight:
             return False
         if request.found_spans is None:  # the prompt never changes while it waits
             request.found_spans = find_spans(request.prompt_token_ids, request.options.document_spans,
                                              self.min_span_tokens, self.breaks)
         prompt = request.prompt_token_ids
-        return any(tuple(prompt[start:end]) in in_flight and document_key(prompt[start:end], request.cache_salt)
-                   not in self.store for start, end in request.found_spans)
+        return any(in_flight.has(request.cache_salt, prompt[start:end])
+                   and document_key(prompt[start:end], request.cache_salt) not in self.store
+                   for start, end in request.found_spans)
 
     def _take_derived_prefix(self, request: Request, tree: RadixTree, max_num_pages: int,
                              plan: DocumentPlan) -> None:

@@ -146,11 +146,17 @@ class Scheduler:
                 budget -= sum(chunk.num_tokens for chunk in prefill)
 
         # 3. Admissions: only evicting cache, never preempting, to make room.
+        spans_in_flight = None  # gathered at the first request that could wait for a span
         for request in self._admission_order():
             if budget == 0 or len(self.admitted) >= self.max_num_seqs:
                 break
-            if self._waits_for_shared_prefix(request) or self._waits_for_document_spans(request):
+            if self._waits_for_shared_prefix(request):
                 continue
+            if self._can_wait_for_document_spans(request):
+                if spans_in_flight is None:
+                    spans_in_flight = self.documents.spans_in_flight(self.admitted)
+                if self.documents.waits_for_spans(request, spans_in_flight):
+                    continue
             self._admit(request)
             prefill = _prefill_chunks(request, budget)
             pages = self._allocate(self._num_new_pages(request, _num_spanned_tokens(request, prefill)))
@@ -162,6 +168,8 @@ class Scheduler:
             self._count_admission(request)
             self.waiting.remove(request)
             self.admitted.append(request)
+            if spans_in_flight is not None:
+                spans_in_flight.add(request)
             chunks.extend(prefill)
             scheduled.add(id(request))
             budget -= sum(chunk.num_tokens for chunk in prefill)
@@ -311,11 +319,10 @@ class Scheduler:
                 return True
         return False
 
-    def _waits_for_document_spans(self, request: Request) -> bool:
-        """A request still prefilling is computing a document span this one would reuse
-        (DocumentReuse.waits_for_spans): wait for it rather than compute it twice."""
-        return (self.documents is not None and not request.needs_prompt_logprobs
-                and self.documents.waits_for_spans(request, self.admitted))
+    def _can_wait_for_document_spans(self, request: Request) -> bool:
+        """Whether `request` may wait for a document span a request still prefilling is computing
+        (DocumentReuse.waits_for_spans) rather than compute it twice."""
+        return self.documents is not None and not request.needs_prompt_logprobs and self.documents.is_on(request)
 
     def _count_admission(self, request: Request) -> None:
         if request.timings.first_scheduled is not None:
