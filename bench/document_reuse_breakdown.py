@@ -19,9 +19,13 @@ token is given one class:
                 tail       tokens after the last span (template, question, generation prompt)
 
 Token counts are exact (no timing involved); the totals equal the engine's computed tokens.
+Per request, the medians of computed tokens are printed too, with reuse on, with reuse off, and
+the floor no reuse scheme goes under: spans no request computed before (new) and the tail. TTFT
+grows with a request's computed tokens, so TTFT p50 follows the median request's.
 """
 
 import argparse
+import statistics
 import sys
 import tempfile
 from collections import Counter
@@ -53,6 +57,7 @@ from store.model_store import pull
 
 COMPUTED_CLASSES = ("boundary", "concurrent", "new", "recut", "gap", "tail")
 CACHED_CLASSES = ("tree", "derived", "placed")
+FLOOR_CLASSES = ("new", "tail")  # computed by any reuse scheme: what no request saw before, and what is new
 KV_CACHE_BYTES = 1 << 30  # both workloads' prompts fit: nothing is evicted
 
 
@@ -70,6 +75,8 @@ class Breakdown:
     num_prompt_tokens: int = 0
     num_reused_spans: int = 0
     num_waits: int = 0  # admissions deferred by the scheduler (requests that waited a step)
+    computed_per_request: list[int] = field(default_factory=list)
+    floor_per_request: list[int] = field(default_factory=list)  # first-seen spans + tail of each request
 
 
 class PlanObserver:
@@ -121,6 +128,9 @@ class PlanObserver:
                         labels[index] = "recut"
         self.computed_documents.update(name for _, _, name in job.document_ranges)
         self.breakdown.classes.update(labels)
+        counts = Counter(labels)
+        self.breakdown.computed_per_request.append(sum(counts[label] for label in COMPUTED_CLASSES))
+        self.breakdown.floor_per_request.append(sum(counts[label] for label in FLOOR_CLASSES))
         self.breakdown.num_requests += 1
         self.breakdown.num_prompt_tokens += len(prompt)
         self.breakdown.num_reused_spans += plan.num_reused_spans if plan is not None else 0
@@ -135,18 +145,22 @@ class PlanObserver:
         return keys
 
 
-def run_concurrently(engine: LLMEngine, jobs: dict[str, PromptJob], concurrency: int, max_tokens: int) -> None:
-    """The bench client's way: up to `concurrency` requests in flight, the next added as one ends."""
+def run_concurrently(engine: LLMEngine, jobs: dict[str, PromptJob], concurrency: int, max_tokens: int) -> list[int]:
+    """The bench client's way: up to `concurrency` requests in flight, the next added as one ends.
+    Returns each request's computed prompt tokens."""
     pending = list(jobs.items())
     in_flight: list[Request] = []
+    requests: list[Request] = []
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     while pending or in_flight:
         while pending and len(in_flight) < concurrency:
             request_id, job = pending.pop(0)
             in_flight.append(engine.add_request(request_id, job.token_ids, params,
                                                 options=RequestOptions(document_spans=job.exact_spans)))
+            requests.append(in_flight[-1])
         engine.step()
         in_flight = [r for r in in_flight if not r.is_finished]
+    return [len(r.prompt_token_ids) - r.num_cached_tokens for r in requests]
 
 
 def rag_jobs(builder: PromptBuilder, sizes: WorkloadSizes, seed: int) -> dict[str, PromptJob]:
@@ -177,19 +191,29 @@ def collection_jobs(builder: PromptBuilder, collections: Collections, sizes: Wor
     return jobs
 
 
-def report(name: str, breakdown: Breakdown, num_reuse_off_computed: int | None) -> str:
+def report(name: str, breakdown: Breakdown, reuse_off_per_request: list[int] | None) -> str:
     classes = breakdown.classes
     num_computed = sum(classes[c] for c in COMPUTED_CLASSES)
     per = max(1, breakdown.num_requests)
     lines = [f"## {name}: {breakdown.num_requests} requests, {breakdown.num_prompt_tokens} prompt tokens, "
              f"{num_computed} computed ({num_computed / per:.0f} per request), "
              f"{breakdown.num_reused_spans} spans reused"]
-    if num_reuse_off_computed:
+    if reuse_off_per_request:
+        num_reuse_off_computed = sum(reuse_off_per_request)
         lines[0] += f"; reuse off computes {num_reuse_off_computed} ({num_computed / num_reuse_off_computed:.3f}x)"
     lines += ["", "| class | tokens | per request | share of computed |", "|---|---:|---:|---:|"]
     for label in COMPUTED_CLASSES + CACHED_CLASSES:
         share = f"{classes[label] / num_computed:.1%}" if label in COMPUTED_CLASSES and num_computed else "-"
         lines.append(f"| {label} | {classes[label]} | {classes[label] / per:.1f} | {share} |")
+    if breakdown.computed_per_request:
+        median_on = statistics.median(breakdown.computed_per_request)
+        median_floor = statistics.median(breakdown.floor_per_request)
+        line = f"Median computed per request: {median_on:.0f} with reuse on, floor {median_floor:.0f} (first seen + tail)"
+        if reuse_off_per_request:
+            median_off = statistics.median(reuse_off_per_request)
+            line += (f", {median_off:.0f} with reuse off: on / off {median_on / median_off:.3f}x, "
+                     f"floor / off {median_floor / median_off:.3f}x")
+        lines += ["", line + "."]
     return "\n".join(lines)
 
 
@@ -224,9 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.skip_reuse_off:
         engine = engine_for(model_dir, args, False)
         for name, jobs in workloads.items():
-            before = engine.metrics.num_prefill_tokens
-            run_concurrently(engine, jobs, args.concurrency, sizes.max_tokens)
-            reuse_off[name] = engine.metrics.num_prefill_tokens - before
+            reuse_off[name] = run_concurrently(engine, jobs, args.concurrency, sizes.max_tokens)
         del engine
     engine = engine_for(model_dir, args, True)
     observer = PlanObserver(engine, {})
