@@ -6,8 +6,11 @@ One engine, one copy of the weights; the variants differ only in the engine's dr
 (None, prompt lookup, prompt lookup + a suffix index that persists across the run), and every
 request runs under each variant in turn, interleaved, so a noisy neighbour slows all alike.
 Workloads: (a) RAG answers asked to quote their documents (bench/rag_workload.py prompts plus a
-quoting instruction), (b) agent tool-call turns (bench/agent_workload.py sessions, each turn's
-reply fed back), (c) random chat (bench/random_workload.py). Batch 1: each request alone
+quoting instruction), (b) agent turns (bench/agent_workload.py sessions, each turn's reply fed
+back): `agent` with the tools as system-prompt text, where the default model answers in prose and
+never calls one, and `agent_tool_calls` with the tools as OpenAI `tools` under tool_choice
+"required", as the server runs it (its grammar: a forced call, assembly/constrained_output.py), so
+every turn is a tool call, (c) random chat (bench/random_workload.py). Batch 1: each request alone
 (bench.engine_bench.run_alone's timing); batch N: N requests at once. Greedy, so every variant
 emits the same tokens (checked). Decode tok/s counts the tokens of steps that ran no prefill over
 those steps' time: by default the CPU time of the bench's one thread (torch and the C kernels set to
@@ -22,7 +25,11 @@ from dataclasses import replace
 import torch
 
 from assembly.chat_template import ChatTemplate
+from assembly.constrained_output import GrammarCompiler, tool_call_grammar
+from assembly.prompt_builder import PromptBuilder
+from assembly.segment_tokenizer import SegmentTokenizer
 from assembly.tokenizer import Tokenizer
+from bench.agent_tools import TOOLS
 from bench.agent_workload import agent_workload
 from bench.rag_workload import rag_workload
 from bench.random_workload import random_workload
@@ -57,10 +64,15 @@ class Measure:
         return 1 + self.num_accepted / self.num_verify if self.num_verify else 1.0
 
 
-def run_batch(engine: LLMEngine, prompts: list[list[int]], max_tokens: int, measure: Measure) -> list[list[int]]:
-    """Run `prompts` together to completion (greedy); add their decode tokens and time to `measure`."""
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    requests = [engine.add_request(f"spec-{time.perf_counter_ns()}-{i}", p, params) for i, p in enumerate(prompts)]
+def run_batch(engine: LLMEngine, prompts: list[list[int]], max_tokens: int, measure: Measure,
+              grammar_processor=None) -> list[list[int]]:
+    """Run `prompts` together to completion (greedy); add their decode tokens and time to `measure`.
+    `grammar_processor()`: a fresh logits processor for each request (a grammar's mask), or None."""
+    requests = []
+    for i, prompt in enumerate(prompts):
+        processors = (grammar_processor(),) if grammar_processor is not None else ()
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logits_processors=processors)
+        requests.append(engine.add_request(f"spec-{time.perf_counter_ns()}-{i}", prompt, params))
     metrics = engine.metrics
     before = (metrics.num_draft_tokens, metrics.num_accepted_draft_tokens, metrics.num_verify_chunks)
     while engine.has_unfinished():
@@ -79,7 +91,7 @@ def run_batch(engine: LLMEngine, prompts: list[list[int]], max_tokens: int, meas
 
 
 def run_variants(engine: LLMEngine, proposers: dict, prompts: list[list[int]], max_tokens: int, batch: int,
-                 measures: dict[str, Measure]) -> list[list[int]]:
+                 measures: dict[str, Measure], grammar_processor=None) -> list[list[int]]:
     """Every group of `batch` prompts under each variant in turn; the outputs (equal across variants)."""
     outputs = []
     for start in range(0, len(prompts), batch):
@@ -87,7 +99,7 @@ def run_variants(engine: LLMEngine, proposers: dict, prompts: list[list[int]], m
         by_variant = {}
         for name in VARIANTS:
             engine.proposer = proposers[name]
-            by_variant[name] = run_batch(engine, group, max_tokens, measures[name])
+            by_variant[name] = run_batch(engine, group, max_tokens, measures[name], grammar_processor)
         for name in VARIANTS[1:]:
             if by_variant[name] != by_variant["off"]:
                 print(f"  note: {name} output differs from off (greedy should be identical)")
@@ -114,15 +126,27 @@ def random_prompts(template, tokenizer, num: int, seed: int) -> list[list[int]]:
 
 
 def bench_agent(engine, proposers, template, tokenizer, num_sessions: int, num_turns: int, max_tokens: int,
-                batch: int, measures) -> None:
-    """Sessions advance turn by turn, `batch` sessions' turns at once; replies fed back."""
+                batch: int, measures, tool_calls: bool = False) -> None:
+    """Sessions advance turn by turn, `batch` sessions' turns at once; replies fed back.
+    `tool_calls`: the tools go as OpenAI `tools` (laid out by the server's PromptBuilder) and every
+    turn is a forced call (tool_choice "required": the server's grammar for it)."""
+    builder = PromptBuilder(SegmentTokenizer(tokenizer), template)
     sizes = replace(WorkloadSizes(), agent_num_sessions=num_sessions, agent_num_turns=num_turns)
-    sessions = list(agent_workload(sizes, seed=0).sessions)
+    sessions = list(agent_workload(sizes, seed=0, native_tools=tool_calls).sessions)
+    grammar_processor = None
+    if tool_calls:
+        compiler = GrammarCompiler(tokenizer.path, sorted(engine.eos_token_ids), engine.vocab_size)
+        grammar = tool_call_grammar([{"name": t["function"]["name"], "parameters": t["function"].get("parameters")}
+                                     for t in TOOLS], parallel=False)
+
+        def grammar_processor():  # one per request: a processor follows its request's tokens
+            return compiler.processor(grammar)
     requests = [s.first_request() for s in sessions]
     while any(r is not None for r in requests):
         live = [i for i, r in enumerate(requests) if r is not None]
-        prompts = [render(template, tokenizer, requests[i].messages) for i in live]
-        replies = run_variants(engine, proposers, prompts, max_tokens, batch, measures)
+        prompts = [builder.build(requests[i].messages, tools=list(requests[i].tools), use_cache=False) if tool_calls
+                   else render(template, tokenizer, requests[i].messages) for i in live]
+        replies = run_variants(engine, proposers, prompts, max_tokens, batch, measures, grammar_processor)
         for i, reply in zip(live, replies):
             requests[i] = sessions[i].next_request(tokenizer.decode(reply))
 
@@ -146,7 +170,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--batch", type=int, default=8, help="the concurrent batch (besides batch 1)")
     parser.add_argument("--max-draft-tokens", type=int, default=DEFAULT_MAX_DRAFT_TOKENS)
-    parser.add_argument("--workloads", default="rag,agent,random")
+    parser.add_argument("--workloads", default="rag,agent,agent_tool_calls,random")
     parser.add_argument("--threads", type=int, default=1, help="torch / C kernel threads (default 1)")
     parser.add_argument("--wall-clock", action="store_true", help="time steps in wall time, not thread CPU time")
     args = parser.parse_args()
@@ -171,9 +195,9 @@ def main() -> None:
             if workload == "rag":
                 run_variants(engine, proposers, rag_prompts(template, tokenizer, num, 0), args.max_tokens, batch,
                              measures)
-            elif workload == "agent":
+            elif workload in ("agent", "agent_tool_calls"):
                 bench_agent(engine, proposers, template, tokenizer, num, args.turns, args.max_tokens, batch,
-                            measures)
+                            measures, tool_calls=workload == "agent_tool_calls")
             elif workload == "random":
                 run_variants(engine, proposers, random_prompts(template, tokenizer, num, 0), args.max_tokens,
                              batch, measures)
