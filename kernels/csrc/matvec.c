@@ -158,6 +158,9 @@ static void row_dispatch(int format, int64_t m, const uint8_t* row, int64_t nb, 
    tiling, which depends on m, leaves the sums as they are. */
 #define TILE_X_BYTES 16384
 #define MIN_TILE_BLOCKS 24
+/* While a weight row's tile is multiplied, the same tile of the row PREFETCH_ROWS ahead is prefetched:
+   with several x rows the kernel is bound by its multiply-adds, and without it the weight stream from
+   memory stalled them (see docs/performance.md). Only loads are added: the sums are untouched. */
 #ifndef PREFETCH_ROWS
 #define PREFETCH_ROWS 8
 #endif
