@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from engine.draft_index import MAX_MATCH, Continuation, SequenceNgrams, SuffixIndex
 from engine.sampling_params import DraftingLogitsProcessor
 
-DEFAULT_MAX_DRAFT_TOKENS = 4
+# 1 + 7 rows: the cpu backend's few-rows limit (StepPolicy.max_verify_rows_per_step); long copies draft long
+DEFAULT_MAX_DRAFT_TOKENS = 7
 DEFAULT_SUFFIX_INDEX_TOKENS = 200_000  # cross-request tokens kept (~2 MB of ids plus the index)
 COOLDOWN_STEPS = 8  # proposals of a match class without drafts once drafting does not pay for it
 ACCEPTANCE_WEIGHT = 0.3  # of the newest verify in an estimate

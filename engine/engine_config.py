@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from engine.draft_proposer import DEFAULT_MAX_DRAFT_TOKENS
+
 DEFAULT_KV_DISK_BYTES = 4 << 30  # the disk tier's bound when serving (server/serve_command.py)
 DEFAULT_DOCUMENT_STORE_BYTES = 1 << 30
 # The document store's files in the disk tier's directory: a budget of their own beside kv_disk_bytes, so
@@ -107,7 +109,7 @@ class EngineConfig:
     # Draft-model-free speculative decoding (engine/draft_proposer.py): "off", "ngram" (prompt
     # lookup in the request's own tokens) or "suffix" (that and recent requests' prompts and outputs).
     speculative: str = "off"
-    max_draft_tokens: int = 4  # the most drafts a request verifies in one step (the backend's row costs pick k)
+    max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS  # the most drafts a request verifies in one step (the backend's row costs pick k)
     suffix_index_tokens: int = 200_000  # "suffix": recent tokens kept across requests
     # Rows (decodes + drafts) a step may hold and still verify drafts; None: the backend's (model/backends
     # StepPolicy.max_verify_rows_per_step: 8 on the cpu backend, where more rows leave the few-rows kernels)

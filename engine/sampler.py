@@ -75,9 +75,7 @@ class Sampler:
         if len(states) != num_rows:
             raise ValueError(f"{num_rows} logit rows but {len(states)} sampling states")
         params = [s.params for s in states]
-        needs_processing = any(p.logits_processors or p.logit_bias or p.has_penalties
-                               for p in params)
-        if not needs_processing and all(p.is_greedy for p in params):
+        if all(is_plain_greedy(p) for p in params):
             token_ids = logits.max(dim=-1).indices   # (B,); first max, like argmax but faster
         else:
             x = logits.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
@@ -87,6 +85,11 @@ class Sampler:
             token_ids = _choose_tokens(x, states)
         logprobs, top_logprobs = compute_logprobs(logits, token_ids, params)
         return SampleOutput(token_ids.tolist(), logprobs, top_logprobs)
+
+
+def is_plain_greedy(params: SamplingParams) -> bool:
+    """Whether a row of these params is its logits' argmax alone (no processors, bias or penalties)."""
+    return params.is_greedy and not (params.logits_processors or params.logit_bias or params.has_penalties)
 
 
 def apply_logits_processors(x: Tensor, states: Sequence[SamplingState]) -> None:

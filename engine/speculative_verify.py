@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.request import FinishReason, Request
-from engine.sampler import Sampler
+from engine.sampler import Sampler, is_plain_greedy
 
 
 @dataclass
@@ -46,21 +46,30 @@ def sample_and_verify(sampler: Sampler, logits: torch.Tensor, requests: list[Req
     first_rows = [sum(num_rows[:i]) for i in range(len(requests))]
     results = [AcceptedTokens() for _ in requests]
     active = list(range(len(requests)))
+    # Every row its logits' argmax alone: all rows' tokens in one call (what the sampler gives row by row)
+    argmaxes = None
+    if all(is_plain_greedy(r.sampling.params) and r.sampling.params.logprobs is None for r in requests):
+        argmaxes = logits.max(dim=-1).indices.tolist()
     for position in range(max(num_rows)):
         if not active:
             break
-        if len(active) == logits.shape[0]:  # every row: no drafts anywhere (a plain decode step)
-            rows = logits
+        if argmaxes is not None:
+            token_ids = [argmaxes[first_rows[i] + position] for i in active]
+            sample = None
         else:
-            index = torch.tensor([first_rows[i] + position for i in active], device=logits.device)
-            rows = logits.index_select(0, index)
-        sample = sampler(rows, [requests[i].sampling for i in active])
+            if len(active) == logits.shape[0]:  # every row: no drafts anywhere (a plain decode step)
+                rows = logits
+            else:
+                index = torch.tensor([first_rows[i] + position for i in active], device=logits.device)
+                rows = logits.index_select(0, index)
+            sample = sampler(rows, [requests[i].sampling for i in active])
+            token_ids = sample.token_ids
         still_active = []
         for row, i in enumerate(active):
-            request, result, token_id = requests[i], results[i], sample.token_ids[row]
+            request, result, token_id = requests[i], results[i], token_ids[row]
             request.output_token_ids.append(token_id)
             result.token_ids.append(token_id)
-            if request.sampling.params.logprobs is not None and sample.logprobs is not None:
+            if sample is not None and request.sampling.params.logprobs is not None and sample.logprobs is not None:
                 result.logprobs.append(sample.logprobs[row])
                 result.top_logprobs.append(sample.top_logprobs[row])
             is_draft = position < len(drafts[i]) and token_id == drafts[i][position]

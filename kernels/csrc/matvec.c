@@ -158,6 +158,12 @@ static void row_dispatch(int format, int64_t m, const uint8_t* row, int64_t nb, 
    tiling, which depends on m, leaves the sums as they are. */
 #define TILE_X_BYTES 16384
 #define MIN_TILE_BLOCKS 24
+/* While a weight row's tile is multiplied, the same tile of the row PREFETCH_ROWS ahead is prefetched:
+   with several x rows the kernel is bound by its multiply-adds, and without it the weight stream from
+   memory stalled them (see docs/performance.md). Only loads are added: the sums are untouched. */
+#ifndef PREFETCH_ROWS
+#define PREFETCH_ROWS 8
+#endif
 
 /* format: 0 = Q4_1, 1 = Q8_0. W (rows, cols / 32 blocks), x (m, cols), y (m, rows).
    Returns 0, or -1 when the carried accumulators of a tiled call cannot be allocated. */
@@ -182,9 +188,14 @@ int matmul_blocks(int format, const uint8_t* W, const float* x, float* y,
       for (int64_t tile = 0; tile < num_blocks; tile += tile_blocks) {
         int64_t nb = num_blocks - tile < tile_blocks ? num_blocks - tile : tile_blocks;
         int is_first = tile == 0, is_last = tile + nb == num_blocks;
-        for (int64_t r = r0; r < r1; r++)
+        for (int64_t r = r0; r < r1; r++) {
+          if (r + PREFETCH_ROWS < r1) {
+            const char* ahead = (const char*)(W + (r + PREFETCH_ROWS) * row_bytes + tile * block_bytes);
+            for (int64_t byte = 0; byte < nb * block_bytes; byte += 64) _mm_prefetch(ahead + byte, _MM_HINT_T0);
+          }
           row_dispatch(format, group, W + r * row_bytes + tile * block_bytes, nb, xg + tile * BLOCK, cols,
                        yg + r, rows, carry ? carry + r * MAX_GROUP * 8 : NULL, is_first, is_last);
+        }
       }
     }
   }

@@ -38,10 +38,11 @@ MATVEC_F32_MAX_ROWS = 1  # the float32 matvec kernel takes one row
 # attention in the fused decode kernel, one row per token (kernels/attention_plan.py).
 MAX_VERIFY_ROWS_AS_DECODE = 16
 # A step of one sequence's 1..8 rows after a 600-token prefix, relative to 1 row (SmolLM2 over GGUF blocks, one
-# thread, CPU time, `python -m bench.verify_row_costs`, the mean of 3 runs' best of 9, 2026-12-01): the blocks
-# kernels decode each weight block once for all rows, but their multiply-adds grow with the rows, and so does
-# attention (each row scores the whole context; the rows of a chunk read it in one pass).
-CPU_VERIFY_ROW_COSTS = (1.0, 1.22, 1.44, 1.76, 2.11, 2.37, 2.69, 2.89)
+# thread, CPU time, `python -m bench.verify_row_costs --repeats 25`, the mean of 3 runs' best of 25, 2026-12-01,
+# with matmul_blocks prefetching the weight rows ahead): the blocks kernels decode each weight block once for all
+# rows, but their multiply-adds grow with the rows, and so does attention (each row scores the whole context; the
+# rows of a chunk read it in one pass).
+CPU_VERIFY_ROW_COSTS = (1.0, 1.22, 1.47, 1.71, 1.92, 2.14, 2.35, 2.58)
 
 
 class CpuBackend(TorchBackend):
