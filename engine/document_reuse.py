@@ -150,8 +150,9 @@ class DocumentReuse:
                 continue
             if start < prefix_end:
                 # The tree's pages end inside the span (they hold whole pages only; the prompt
-                # diverges within its last page): the span's head is in the pages already, as it
-                # was when its rows were computed, so they go on from there with no boundary.
+                # diverges within its last page): the span's head is in the pages already, computed
+                # in this prompt, so no head of it is placed and there is no boundary to recompute;
+                # its stored rows go on from there (derived KV like any placed run).
                 span_start = run_start = prefix_end
             else:
                 follows_its_predecessor = entry.predecessor is not None and entry.predecessor == adjacent_key
