@@ -50,6 +50,12 @@ class KVPool:
     def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return list(zip(self.k_caches, self.v_caches))
 
+    def slot_rows(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `layer`'s (K, V) as views (num_pages * page_size, num_kv_heads, head_dim): row s is
+        KV slot s (page s // page_size, offset s % page_size), for index_select / index_copy_."""
+        dims = (-1, self.shape.num_kv_heads, self.shape.head_dim)
+        return self.k_caches[layer].view(dims), self.v_caches[layer].view(dims)
+
     @property
     def num_bytes(self) -> int:
         return self.num_pages * self.shape.bytes_per_page

@@ -76,10 +76,9 @@ class DocumentKVCopier:
     def _gather(self, request: Request, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(K, V) (num_layers, T, KVH, D) of positions [start, end), copied out of the pool."""
         slots = self._slots(request, start, end)
-        shape = self.kv_pool.shape
-        ks = [k.view(-1, shape.num_kv_heads, shape.head_dim).index_select(0, slots) for k in self.kv_pool.k_caches]
-        vs = [v.view(-1, shape.num_kv_heads, shape.head_dim).index_select(0, slots) for v in self.kv_pool.v_caches]
-        return torch.stack(ks), torch.stack(vs)
+        rows = [self.kv_pool.slot_rows(layer) for layer in range(self.kv_pool.shape.num_layers)]
+        return (torch.stack([k.index_select(0, slots) for k, _ in rows]),
+                torch.stack([v.index_select(0, slots) for _, v in rows]))
 
     def _slots(self, request: Request, start: int, end: int) -> torch.Tensor:
         page_size = self.kv_pool.page_size

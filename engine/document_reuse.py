@@ -133,10 +133,7 @@ class DocumentReuse:
         prefix_end = request.num_computed_tokens
         previous: tuple[int, DocumentKey] | None = None  # (end, key) of the span before
         store_start = request.document_store_start
-        if request.found_spans is None:
-            request.found_spans = find_spans(prompt, request.options.document_spans, self.min_span_tokens,
-                                             self.breaks)
-        for start, end in request.found_spans:
+        for start, end in self._spans_of(request):
             key = document_key(prompt[start:end], request.cache_salt)
             adjacent_key = previous[1] if previous is not None and previous[0] == start else None
             lead_floor = max(prefix_end, previous[0] if previous is not None else 0)  # leads cover gaps only
@@ -189,16 +186,20 @@ class DocumentReuse:
         `request` now would compute it twice; once that request has computed it (its prefill goes
         first, and DocumentKVCopier.fill stores each span as soon as it is computed) it is a store
         hit. Bounded: it waits only on admitted requests, which never wait, and only until they have
-        computed the span, leave, or are preempted."""
-        if not self.is_on(request) or not in_flight:
+        computed the span, leave, or are preempted. For a request with reuse on (is_on)."""
+        if not in_flight:
             return False
-        if request.found_spans is None:  # the prompt never changes while it waits
-            request.found_spans = find_spans(request.prompt_token_ids, request.options.document_spans,
-                                             self.min_span_tokens, self.breaks)
         prompt = request.prompt_token_ids
         return any(in_flight.has(request.cache_salt, prompt[start:end])
                    and document_key(prompt[start:end], request.cache_salt) not in self.store
-                   for start, end in request.found_spans)
+                   for start, end in self._spans_of(request))
+
+    def _spans_of(self, request: Request) -> list[tuple[int, int]]:
+        """find_spans of the request's prompt, found once (the prompt never changes, waiting or not)."""
+        if request.found_spans is None:
+            request.found_spans = find_spans(request.prompt_token_ids, request.options.document_spans,
+                                             self.min_span_tokens, self.breaks)
+        return request.found_spans
 
     def _take_derived_prefix(self, request: Request, tree: RadixTree, max_num_pages: int,
                              plan: DocumentPlan) -> None:

@@ -152,7 +152,7 @@ class Scheduler:
                 break
             if self._waits_for_shared_prefix(request):
                 continue
-            if self._can_wait_for_document_spans(request):
+            if self.documents is not None and self.documents.is_on(request):  # it may wait for a span
                 if spans_in_flight is None:
                     spans_in_flight = self.documents.spans_in_flight(self.admitted)
                 if self.documents.waits_for_spans(request, spans_in_flight):
@@ -318,11 +318,6 @@ class Scheduler:
             if num_shared_pages - num_cached_pages >= MIN_SHARED_PAGES:
                 return True
         return False
-
-    def _can_wait_for_document_spans(self, request: Request) -> bool:
-        """Whether `request` may wait for a document span a request still prefilling is computing
-        (DocumentReuse.waits_for_spans) rather than compute it twice."""
-        return self.documents is not None and not request.needs_prompt_logprobs and self.documents.is_on(request)
 
     def _count_admission(self, request: Request) -> None:
         if request.timings.first_scheduled is not None:

@@ -82,7 +82,7 @@ class SelectiveRecompute:
         if not probed:
             return chunks
         placed_slots = [self._slots(request) for request in probed]
-        k_cache, v_cache = self._flat(self.layer)
+        k_cache, v_cache = self.kv_pool.slot_rows(self.layer)
         before = [(k_cache.index_select(0, slots), v_cache.index_select(0, slots)) for slots in placed_slots]
         self._probe(probed)
         for request, slots, (k_placed, v_placed) in zip(probed, placed_slots, before):
@@ -105,12 +105,6 @@ class SelectiveRecompute:
             self.num_probe_tokens += end - start
         batch = build_step_batch(sequences, self.kv_pool.page_size, self.device)
         self.model(batch.input_ids, batch.attn.positions, self.kv_pool.layers, batch.attn, num_layers=self.layer + 1)
-
-    def _flat(self, layer: int) -> tuple[Tensor, Tensor]:
-        shape = self.kv_pool.shape
-        k_cache, v_cache = self.kv_pool.layers[layer]
-        return (k_cache.view(-1, shape.num_kv_heads, shape.head_dim),
-                v_cache.view(-1, shape.num_kv_heads, shape.head_dim))
 
     def _slots(self, request: Request) -> Tensor:
         """(placed,) int64: the KV slots of the request's placed positions, in order."""

@@ -69,7 +69,7 @@ def sample_and_verify(sampler: Sampler, logits: torch.Tensor, requests: list[Req
             request, result, token_id = requests[i], results[i], token_ids[row]
             request.output_token_ids.append(token_id)
             result.token_ids.append(token_id)
-            if sample is not None and request.sampling.params.logprobs is not None and sample.logprobs is not None:
+            if request.sampling.params.logprobs is not None and sample.logprobs is not None:  # never argmaxes
                 result.logprobs.append(sample.logprobs[row])
                 result.top_logprobs.append(sample.top_logprobs[row])
             is_draft = position < len(drafts[i]) and token_id == drafts[i][position]
