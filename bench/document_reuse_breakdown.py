@@ -240,7 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         collections.create(COLLECTION)
         collections.add_documents(COLLECTION, [NewDocument(text, id=f"doc-{i + 1}") for i, text in enumerate(passages)])
         chunks = collections.document_chunks(COLLECTION, [f"doc-{i + 1}" for i in range(len(passages))])
-        chunk_documents = [prompt_document(f"{c.document_id}#{c.position}", c.text, c.metadata) for c in chunks]
+        chunk_documents = [prompt_document(c.name, c.text, c.metadata) for c in chunks]
         workloads = {"rag": rag_jobs(builder, sizes, args.seed),
                      "rag_collection": collection_jobs(builder, collections, sizes, args.seed)}
         collections.close()

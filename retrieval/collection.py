@@ -27,7 +27,7 @@ from typing import Protocol
 import numpy as np
 
 from retrieval.chunking import ChunkingConfig, TokenSpans, chunk_text
-from retrieval.document_store import ChunkRow, DocumentRow, DocumentStore, EmbeddedDocument, WriteResult
+from retrieval.document_store import ChunkRow, DocumentRow, DocumentStore, EmbeddedDocument, WriteResult, chunk_name
 from retrieval.errors import CollectionNotFoundError, EmbedderMismatchError, InvalidInputError
 from retrieval.vector_index import IndexFileError, VectorIndex
 
@@ -69,8 +69,7 @@ class SearchHit:
 
     @property
     def chunk_id(self) -> str:
-        """"<document id>#<chunk position>", how the API names a chunk."""
-        return f"{self.id}#{self.position}"
+        return chunk_name(self.id, self.position)
 
 
 class Collection:

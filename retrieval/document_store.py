@@ -68,12 +68,21 @@ class WriteResult(NamedTuple):
     added_vectors: np.ndarray  # (len(added_chunk_ids), dim) float32
 
 
+def chunk_name(document_id: str, position: int) -> str:
+    """"<document id>#<chunk position>", how the API names a chunk."""
+    return f"{document_id}#{position}"
+
+
 class ChunkRow(NamedTuple):
-    chunk_id: int
+    chunk_id: int  # the row's id in the store
     document_id: str
     position: int
     text: str
     metadata: dict  # its document's
+
+    @property
+    def name(self) -> str:
+        return chunk_name(self.document_id, self.position)
 
 
 class DocumentRow(NamedTuple):

@@ -70,7 +70,7 @@ async def add_documents(request: Request, state: State, name: FromPath[str]) -> 
     skipped = precompute_skipped_reason(state.engine, state.settings.engine.document_reuse) if body.precompute else None
     if body.precompute and skipped is None:
         chunks = await state.retrieval.document_chunks(name, ids)
-        documents = [prompt_document(f"{chunk.document_id}#{chunk.position}", chunk.text, chunk.metadata)
+        documents = [prompt_document(chunk.name, chunk.text, chunk.metadata)
                      for chunk in chunks]  # as a retrieval prompt holds them (server/rag_context.py)
         num_precomputed = await precompute_chunks(state.engine, state.service.prompts.builder, documents,
                                                   caller_of(request).cache_salt(body.cache_salt))
