@@ -42,11 +42,9 @@ from bench import corpus
 from bench.rag_collection_workload import COLLECTION, collection_passages, rag_collection_workload
 from bench.workload_sizes import WorkloadSizes
 from bench.workloads import build_workload
-from cache.document_spans import find_spans
-from cache.document_store import document_key
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.request import Request, RequestStatus
+from engine.request import Request
 from engine.request_options import RequestOptions
 from engine.sampling_params import SamplingParams
 from retrieval.collections import Collections, NewDocument
@@ -101,9 +99,9 @@ class PlanObserver:
         for index in range(prefix_end):
             labels[index] = "tree" if index < num_exact else "derived"
         plan = request.document_plan
-        in_flight = self._keys_in_flight(request)
-        spans = find_spans(prompt, request.options.document_spans, self.engine.config.document_min_span_tokens,
-                           self.engine.documents.breaks)
+        in_flight = self.engine.documents.spans_in_flight(
+            [other for other in self.engine.scheduler.admitted if other is not request])
+        spans = request.found_spans  # the plan found them (every request here has reuse on)
         last_span_end = spans[-1][1] if spans else prefix_end
         for index in range(prefix_end, last_span_end):
             labels[index] = "gap"
@@ -112,8 +110,7 @@ class PlanObserver:
             if end <= prefix_end:
                 continue
             if (start, end) in to_store:
-                key = document_key(prompt[start:end], request.cache_salt)
-                label = "concurrent" if key in in_flight else "new"
+                label = "concurrent" if in_flight.has(request.cache_salt, prompt[start:end]) else "new"
             else:
                 label = "boundary"
             for index in range(max(start, prefix_end), end):
@@ -127,22 +124,13 @@ class PlanObserver:
                     if labels[index] == "new":
                         labels[index] = "recut"
         self.computed_documents.update(name for _, _, name in job.document_ranges)
-        self.breakdown.classes.update(labels)
         counts = Counter(labels)
+        self.breakdown.classes.update(counts)
         self.breakdown.computed_per_request.append(sum(counts[label] for label in COMPUTED_CLASSES))
         self.breakdown.floor_per_request.append(sum(counts[label] for label in FLOOR_CLASSES))
         self.breakdown.num_requests += 1
         self.breakdown.num_prompt_tokens += len(prompt)
         self.breakdown.num_reused_spans += plan.num_reused_spans if plan is not None else 0
-
-    def _keys_in_flight(self, request: Request) -> set:
-        keys = set()
-        for other in self.engine.scheduler.admitted:
-            plan = other.document_plan
-            if other is request or other.status is not RequestStatus.PREFILLING or plan is None:
-                continue
-            keys.update(document_key(other.prompt_token_ids[s.start:s.end], other.cache_salt) for s in plan.to_store)
-        return keys
 
 
 def run_concurrently(engine: LLMEngine, jobs: dict[str, PromptJob], concurrency: int, max_tokens: int) -> list[int]:
