@@ -8,7 +8,7 @@ VPY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install install-cluster serve test fuzz bench bench-peers clean-venv
+.PHONY: install install-cluster serve test test-llama llama-tools fuzz bench bench-peers clean-venv
 
 install: $(STAMP)
 
@@ -22,8 +22,19 @@ $(STAMP): pyproject.toml
 serve: install
 	$(VENV)/bin/radixserve serve $(SERVE_ARGS)
 
+# Tests that need llama.cpp-made model files (marker llama_tools) are left out here: `make test-llama`.
 test: install
-	$(VPY) -m pytest $(PYTEST_ARGS)
+	$(VPY) -m pytest -m "not llama_tools" $(PYTEST_ARGS)
+
+# llama.cpp's convert_hf_to_gguf.py, llama-quantize and llama-server, built once outside the
+# repository (bench/build_llama_server.sh; several minutes on 2 cores), then the tests that use them.
+LLAMA_TOOLS_TARGETS := llama-server llama-quantize
+
+llama-tools: install
+	LLAMA_TARGETS="$(LLAMA_TOOLS_TARGETS)" PIP=$(VENV)/bin/pip bash bench/build_llama_server.sh
+
+test-llama: llama-tools
+	$(VPY) -m pytest -m llama_tools $(PYTEST_ARGS)
 
 # Schema-driven fuzzing (schemathesis) of the app from its OpenAPI document, FUZZ_EXAMPLES
 # examples per route and mode (fitting the schema, and not); the suite runs 15. Prints the

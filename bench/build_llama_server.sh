@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's llama-server OUTSIDE the repository, from the llama.cpp sources that
-# llama-cpp-python's sdist carries (fetched with pip from the package index). Nothing of it
-# enters the repository. Prints the binary's path as its last line.
+# Builds llama.cpp's llama-server (and the other tools named in LLAMA_TARGETS, e.g. llama-quantize)
+# OUTSIDE the repository, from the llama.cpp sources that llama-cpp-python's sdist carries (fetched
+# with pip from the package index). Nothing of it enters the repository. Prints llama-server's path
+# as its last line; the other binaries lie beside it, convert_hf_to_gguf.py in the source root.
 #
 #   bench/build_llama_server.sh [PEERS_DIR]     (default: $RADIXSERVE_HOME/peers or ~/.cache/radixserve/peers)
-#   PIP=.venv/bin/pip JOBS=2 LLAMA_CPP_PYTHON_VERSION=0.3.36
+#   PIP=.venv/bin/pip JOBS=2 LLAMA_CPP_PYTHON_VERSION=0.3.36 LLAMA_TARGETS="llama-server llama-quantize"
 set -euo pipefail
 
 PEERS_DIR="${1:-${RADIXSERVE_HOME:-$HOME/.cache/radixserve}/peers}"
 PIP="${PIP:-.venv/bin/pip}"
 JOBS="${JOBS:-$(nproc 2>/dev/null || echo 2)}"
 VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
+TARGETS="${LLAMA_TARGETS:-llama-server}"
 SRC_DIR="$PEERS_DIR/llama_cpp_python-$VERSION/vendor/llama.cpp"
 BIN="$SRC_DIR/build/bin/llama-server"
 
-if [ -x "$BIN" ]; then echo "$BIN"; exit 0; fi
+built() { for t in $TARGETS; do [ -x "$SRC_DIR/build/bin/$t" ] || return 1; done; }
+if built; then echo "$BIN"; exit 0; fi
 
 for tool in cmake c++ make; do
     if ! command -v "$tool" >/dev/null 2>&1; then
@@ -32,11 +35,11 @@ if [ ! -f "$SDIST" ]; then
 fi
 if [ ! -d "$SRC_DIR" ]; then tar -xzf "$SDIST" -C "$PEERS_DIR"; fi
 
-echo "building llama-server in $SRC_DIR/build (several minutes on 2 cores)" >&2
+echo "building $TARGETS in $SRC_DIR/build (several minutes on 2 cores)" >&2
 # No web UI, no network features: the machine may be offline and the bench needs the API only.
 cmake -S "$SRC_DIR" -B "$SRC_DIR/build" -DCMAKE_BUILD_TYPE=Release \
     -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
     -DGGML_NATIVE=ON >&2
-cmake --build "$SRC_DIR/build" --target llama-server -j "$JOBS" >&2
+cmake --build "$SRC_DIR/build" --target $TARGETS -j "$JOBS" >&2
 echo "$BIN"
