@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from engine.engine_config import EngineConfig
+from engine.engine_handle import EngineFacts
 from engine.errors import RequestError
 from engine.llm_engine import LLMEngine
 from engine.metrics import EngineStats
@@ -22,19 +23,6 @@ from engine.request_options import DEFAULT_REQUEST_OPTIONS, RequestOptions
 from engine.sampling_params import SamplingParams
 
 logger = logging.getLogger("radixserve.engine")
-
-
-@dataclass(frozen=True)
-class EngineFacts:
-    """What the server needs to know about the loaded model and engine, fixed at load."""
-
-    vocab_size: int
-    eos_token_ids: frozenset[int]
-    max_model_len: int  # the context length requests get
-    max_num_request_tokens: int  # prompt + output of one request at most: the context, and the whole KV pool
-    backend: str  # the execution backend's name ("cpu", "torch")
-    backend_description: str  # Backend.describe(): what runs, and why each fallback happened
-    page_size: int  # tokens a KV page holds: chained page hashes (routing, tiers) are per page
 
 
 @dataclass(frozen=True)
@@ -70,8 +58,14 @@ class _Pin:
 
 
 class AsyncEngine:
+    """One LLMEngine on its own thread: an engine.engine_handle.EngineHandle."""
+
+    precompute_unavailable = None  # computes document KV into its own store
+    prometheus_collectors = ()  # every series it has is the server's own
+
     def __init__(self, engine: LLMEngine):
         self.engine = engine
+        self.metrics = engine.metrics  # the server's histograms listen to it
         num_pool_tokens = engine.scheduler.allocator.num_pages * engine.config.page_size
         self.facts = EngineFacts(engine.vocab_size, engine.eos_token_ids, engine.max_model_len,
                                  min(engine.max_model_len, num_pool_tokens), engine.backend.name,
@@ -144,10 +138,6 @@ class AsyncEngine:
     def stats(self) -> EngineStats:
         """The snapshot taken after the latest step (never blocks on the engine)."""
         return self._stats
-
-    @property
-    def metrics(self):
-        return self.engine.metrics
 
     def shutdown(self) -> None:
         self._stopping.set()

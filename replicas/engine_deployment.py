@@ -15,7 +15,8 @@ import torch
 from ray import serve
 
 from assembly.constrained_output import GrammarCompiler
-from engine.async_engine import AsyncEngine, EngineFacts
+from engine.async_engine import AsyncEngine
+from engine.engine_handle import EngineFacts
 from engine.engine_config import EngineConfig
 from engine.errors import RequestError
 from replicas.replica_pages import ReplicaPages
@@ -51,7 +52,8 @@ class EngineReplica:
     async def precompute(self, work: PrecomputeWork) -> tuple[int, str | None]:
         """(tokens computed, None) into this replica's document store, or (0, the engine's refusal)."""
         try:
-            return await self.engine.precompute_documents(work.token_id_lists, work.cache_salt), None
+            return await self.engine.precompute_documents(work.token_id_lists, work.cache_salt,
+                                                         work.context_token_id_lists), None
         except RequestError as error:
             return 0, str(error)
 

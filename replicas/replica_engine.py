@@ -1,7 +1,7 @@
-"""The ingress's engine handle: AsyncEngine's interface, served by replicas through Ray Serve.
+"""The ingress's engine handle (engine/engine_handle.py's EngineHandle), served by replicas through Ray Serve.
 
-The server (server/app.py's create_app with this as its engine) uses exactly what it uses of
-AsyncEngine: generate (an async iterator of RequestOutput; leaving it early aborts), abort,
+The server (server/app.py's create_app with this as its engine) uses exactly what the contract
+names: generate (an async iterator of RequestOutput; leaving it early aborts), abort,
 pin, stats(), metrics (latency series the server's histograms listen to) and `facts` (the
 model facts, one replica's). Each request's prompt ids become a ReplicaWork with the prompt's chained page
 hashes, sent through a Ray Serve streaming DeploymentHandle; the prefix router picks the
@@ -24,12 +24,10 @@ import itertools
 import logging
 import time
 from collections.abc import AsyncIterator
-
-from ray.exceptions import ActorUnavailableError, RayActorError
-from ray.serve.handle import DeploymentHandle
+from typing import TYPE_CHECKING
 
 from cache.page_hash import ROOT_PAGE_HASH, hash_pages
-from engine.async_engine import EngineFacts
+from engine.engine_handle import EngineFacts
 from engine.errors import RequestError
 from engine.metrics import EngineMetrics, EngineStats
 from engine.request import RequestOutput
@@ -40,10 +38,20 @@ from replicas.routing_state import RoutingState
 from replicas.session_key import current_session_key
 from replicas.work import PrecomputeWork, ReplicaWork, split_grammars
 
+if TYPE_CHECKING:
+    from ray.serve.handle import DeploymentHandle
+
 logger = logging.getLogger("radixserve.replicas")
 
 NUM_START_ATTEMPTS = 2  # a replica that dies before streaming anything: try once more elsewhere
-_REPLICA_GONE = (RayActorError, ActorUnavailableError)
+
+
+def _replica_gone() -> tuple[type[BaseException], ...]:
+    """Ray's errors for a replica that died. Imported when first needed, so that this module (the
+    EngineHandle conformance test reads it) imports without Ray; a live handle has Ray loaded already."""
+    from ray.exceptions import ActorUnavailableError, RayActorError
+
+    return RayActorError, ActorUnavailableError
 
 
 class ReplicaFailed(RuntimeError):
@@ -51,7 +59,9 @@ class ReplicaFailed(RuntimeError):
 
 
 class ReplicaEngine:
-    def __init__(self, handle: DeploymentHandle, facts: EngineFacts, routing: RoutingState,
+    """N engine replicas behind Ray Serve: an engine.engine_handle.EngineHandle."""
+
+    def __init__(self, handle: "DeploymentHandle", facts: EngineFacts, routing: RoutingState,
                  can_target_replicas: bool = True):
         """`can_target_replicas`: the prefix router routes the handle (a PrecomputeWork reaches its replica)."""
         self.facts = facts
@@ -67,7 +77,7 @@ class ReplicaEngine:
         self._num_pins = itertools.count()
 
     @classmethod
-    def connect(cls, handle: DeploymentHandle, routing: RoutingState,
+    def connect(cls, handle: "DeploymentHandle", routing: RoutingState,
                 can_target_replicas: bool = True) -> "ReplicaEngine":
         """Blocking (call it off the event loop): asks one replica for the model facts, and seeds the
         stats with its report until the router hands over every replica's."""
@@ -118,7 +128,7 @@ class ReplicaEngine:
                         return
                 finished = True  # the stream ended without a last output: the replica was stopped
                 raise ReplicaFailed(f"replica stream for request {request_id} ended early")
-            except _REPLICA_GONE as error:
+            except _replica_gone() as error:
                 finished = True
                 if num_outputs == 0 and attempt + 1 < NUM_START_ATTEMPTS:
                     logger.warning("radixserve: replica died before request %s started; retrying: %s",
@@ -140,27 +150,30 @@ class ReplicaEngine:
         work = self._work(f"pin-{next(self._num_pins)}", token_ids, SamplingParams(), cache_salt, None)
         self._pin_handle.pin.remote(work, seconds)
 
-    async def precompute_documents(self, token_id_lists: list[list[int]], cache_salt: str | None = None) -> int:
-        """Every live replica stores the lists' span KV (LLMEngine.precompute_documents); returns the
+    async def precompute_documents(self, token_id_lists: list[list[int]], cache_salt: str | None = None,
+                                   context_token_id_lists: list[list[int]] | None = None) -> int:
+        """Every live replica stores the lists' span KV, each computed after its context if given
+        (LLMEngine.precompute_documents); returns the
         prompt tokens computed, summed over the replicas. Raises RequestError with a replica's refusal.
         The router learns of every replica when it routes the first share, so shares go out until each
         replica known has had one; a replica that dies meanwhile is skipped."""
         if self.precompute_unavailable is not None:
             raise RequestError(self.precompute_unavailable)
         lists = [list(token_ids) for token_ids in token_id_lists]
+        contexts = None if context_token_id_lists is None else [list(ids) for ids in context_token_id_lists]
         done: set[str] = set()
         num_computed = 0
         while todo := sorted(set(self.routing.stats_by_replica()) - done):
             done.update(todo)
-            shares = [self._pin_handle.precompute.remote(PrecomputeWork(replica_id, lists, cache_salt, self.routing))
-                      for replica_id in todo]
+            shares = [self._pin_handle.precompute.remote(
+                PrecomputeWork(replica_id, lists, cache_salt, self.routing, contexts)) for replica_id in todo]
             for replica_id, result in zip(todo, await asyncio.gather(*shares, return_exceptions=True)):
-                if isinstance(result, _REPLICA_GONE):
+                if isinstance(result, BaseException):
+                    if not isinstance(result, _replica_gone()):
+                        raise result
                     logger.warning("radixserve: replica %s died during a precompute; its replacement computes "
                                    "those documents when a prompt first holds them", replica_id)
                     continue
-                if isinstance(result, BaseException):
-                    raise result
                 num_tokens, refusal = result
                 if refusal is not None:
                     raise RequestError(refusal)

@@ -75,3 +75,4 @@ class PrecomputeWork(_RoutingStaysLocal):
     cache_salt: str | None
     # In-process only, as ReplicaWork's: binds the router to the ingress's state (never pickled).
     routing: object | None = field(default=None, compare=False)
+    context_token_id_lists: list[list[int]] | None = None  # what each list is computed after (None: alone)

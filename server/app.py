@@ -3,7 +3,7 @@
 Resources (engine thread, tokenizer, chat template, metrics) are opened in the
 lifespan and kept on `app.state`:
     settings   ServerSettings
-    engine     AsyncEngine
+    engine     the engine handle (engine/engine_handle.py: AsyncEngine, or replicas' ReplicaEngine)
     service    CompletionService
     metrics    ServerMetrics
     logprobs   LogprobFormatter
@@ -35,6 +35,7 @@ from assembly.prompt_builder import PromptBuilder
 from assembly.segment_tokenizer import SegmentTokenizer
 from assembly.tokenizer import Tokenizer
 from engine.async_engine import AsyncEngine
+from engine.engine_handle import EngineHandle
 from engine.engine_config import EngineConfig
 from server.access_log import AccessLogMiddleware
 from server.api_anthropic.errors import EXCEPTION_HANDLERS_BY_API
@@ -56,7 +57,7 @@ from server.routes_embeddings import embeddings
 from server.routes_misc import get_model, health, list_models, metrics
 from server.settings import ServerSettings
 
-EngineFactory = Callable[[EngineConfig], AsyncEngine]
+EngineFactory = Callable[[EngineConfig], EngineHandle]
 
 
 def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEngine.from_config) -> Litestar:

@@ -30,7 +30,7 @@ from assembly.detokenizer import IncrementalDetokenizer
 from assembly.stop_strings import StopStringMatcher
 from assembly.tool_call_stream import ToolCallDelta, ToolCallStreamParser
 from assembly.tool_calls import ToolCall, message_content
-from engine.async_engine import AsyncEngine
+from engine.engine_handle import EngineHandle
 from engine.request import FinishReason, RequestOutput
 from server.interleave import interleave
 from server.job import GenerationJob
@@ -132,7 +132,7 @@ OnFinish = Callable[[GenerationJob, FinishedChoice], None]
 
 
 class ChoiceRunner:
-    def __init__(self, engine: AsyncEngine, tokenizer, grammars: GrammarCompiler, on_finish: OnFinish):
+    def __init__(self, engine: EngineHandle, tokenizer, grammars: GrammarCompiler, on_finish: OnFinish):
         self.engine = engine
         self.tokenizer = tokenizer  # for decoding
         self.grammars = grammars

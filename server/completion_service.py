@@ -31,7 +31,7 @@ from assembly.constrained_output import (GrammarCompiler, GrammarError, json_gra
 from assembly.generated_turns import GeneratedTurns
 from assembly.schema_finiteness import unsatisfiable_field
 from assembly.tool_calls import message_content
-from engine.async_engine import AsyncEngine
+from engine.engine_handle import EngineHandle
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
 from server.auth import Caller
@@ -49,7 +49,7 @@ RETRY_AFTER_SECONDS = 1
 
 
 class CompletionService:
-    def __init__(self, engine: AsyncEngine, prompts: RequestPrompts, grammars: GrammarCompiler,
+    def __init__(self, engine: EngineHandle, prompts: RequestPrompts, grammars: GrammarCompiler,
                  settings: ServerSettings, turns: GeneratedTurns | None = None):
         self.engine = engine
         self.prompts = prompts

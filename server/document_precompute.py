@@ -20,22 +20,21 @@ from collections.abc import Callable, Sequence
 
 from assembly.document_ranges import document_in_context
 from assembly.prompt_builder import PromptBuilder
+from engine.engine_handle import EngineHandle
 
 PRECOMPUTE_BATCH_CHUNKS = 8
 
 
-def precompute_skipped_reason(engine, document_reuse: bool) -> str | None:
+def precompute_skipped_reason(engine: EngineHandle, document_reuse: bool) -> str | None:
     """Why added chunks get no KV computed, or None when they do: only where prompts can reuse it
-    (document reuse on), and only with an engine handle that computes document KV (the replicas'
-    handle does, into every replica, unless its router cannot reach each one: `precompute_unavailable`)."""
+    (document reuse on), and only where the engine handle can (the replicas' handle computes it into
+    every replica, unless its router cannot reach each one: `precompute_unavailable`)."""
     if not document_reuse:
         return "document reuse is off on this server"
-    if not hasattr(engine, "precompute_documents"):
-        return "this server's engine computes no document KV"
-    return getattr(engine, "precompute_unavailable", None)
+    return engine.precompute_unavailable
 
 
-async def precompute_chunks(engine, builder: PromptBuilder, documents: Sequence[dict], cache_salt: str | None,
+async def precompute_chunks(engine: EngineHandle, builder: PromptBuilder, documents: Sequence[dict], cache_salt: str | None,
                             on_batch: Callable[[int], None] | None = None) -> int:
     """Tokens computed for the chunks' KV (0 for spans already stored); `documents` as the prompt
     builder renders them ({"id", "title"?, "text"}: server/rag_context.prompt_document);

@@ -9,7 +9,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from engine.async_engine import AsyncEngine
+from engine.engine_handle import EngineHandle
 from engine.metrics import EngineStats
 
 PREFIX = "radixserve:"
@@ -110,7 +110,7 @@ _STATS_METRICS = (
 class _EngineStatsCollector(Collector):
     """Gauges and counters read from the engine's latest stats snapshot at scrape time."""
 
-    def __init__(self, engine: AsyncEngine):
+    def __init__(self, engine: EngineHandle):
         self._engine = engine
 
     def describe(self):
@@ -122,13 +122,13 @@ class _EngineStatsCollector(Collector):
 
 
 class ServerMetrics:
-    def __init__(self, engine: AsyncEngine):
+    def __init__(self, engine: EngineHandle):
         self.registry = CollectorRegistry()
         self._engine = engine
         self._histograms = {series: Histogram(PREFIX + name, doc, buckets=buckets, registry=self.registry)
                             for series, (name, doc, buckets) in _HISTOGRAMS.items()}
         self.registry.register(_EngineStatsCollector(engine))
-        for collector in getattr(engine, "prometheus_collectors", ()):  # an engine handle's own series (replicas/)
+        for collector in engine.prometheus_collectors:  # the handle's own series (replicas/)
             self.registry.register(collector)
         engine.metrics.listeners.append(self._observe)
 

@@ -26,7 +26,7 @@ import pytest
 from litestar.testing import TestClient
 
 from assembly.tokenizer import Tokenizer
-from engine.async_engine import EngineFacts
+from engine.engine_handle import EngineFacts
 from engine.engine_config import EngineConfig
 from engine.metrics import EngineMetrics, EngineStats
 from engine.request import FinishReason, RequestOutput
@@ -163,7 +163,11 @@ def wait_until_idle(scrape):
 
 
 class FakeEngine:
-    """AsyncEngine's surface, answering every request with `script` (token ids) and recording closes."""
+    """An EngineHandle (engine/engine_handle.py) answering every request with `script` (token ids) and
+    recording closes."""
+
+    precompute_unavailable = None
+    prometheus_collectors = ()
 
     def __init__(self, config: EngineConfig, script: list[int]):
         self.facts = EngineFacts(vocab_size=49152, eos_token_ids=frozenset({2}), max_model_len=2048,
