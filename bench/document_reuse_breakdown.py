@@ -6,7 +6,7 @@ In-process, on one engine as `serve` configures it: the suite's `rag` workload (
 into the system message), then a collection of the `rag_collection` passages, precomputed as ingest
 does (server/document_precompute.py), then `rag_collection` (documents by search top-k, exact spans).
 Requests run at the bench's concurrency: a new one is added as soon as one finishes, as the bench's
-client does. At each admission the plan is recorded (`DocumentReuse.plan` observed) and every prompt
+client does. At each admission the plan is recorded (`DocumentReuse.admit` observed) and every prompt
 token is given one class:
 
   not computed: tree (exact prefix), derived (derived tree pages), placed (document store)
@@ -84,12 +84,12 @@ class PlanObserver:
         self.engine, self.jobs = engine, jobs
         self.breakdown = Breakdown()
         self.computed_documents: set[str] = set()  # documents an admitted request has computed or placed
-        self._plan = engine.documents.plan
-        engine.documents.plan = self.plan
+        self._admit = engine.documents.admit
+        engine.documents.admit = self.admit
 
-    def plan(self, request: Request, tree, allocate, max_num_pages: int) -> None:
+    def admit(self, request: Request, tree, max_num_pages: int) -> None:
         num_exact = request.num_computed_tokens
-        self._plan(request, tree, allocate, max_num_pages)
+        self._admit(request, tree, max_num_pages)
         if request.timings.first_scheduled is not None or request.request_id not in self.jobs:
             return  # a preempted request coming back, or a precompute
         job = self.jobs[request.request_id]

@@ -34,7 +34,8 @@ from bench.agent_workload import agent_workload
 from bench.rag_workload import rag_workload
 from bench.random_workload import random_workload
 from bench.workload_sizes import WorkloadSizes
-from engine.draft_proposer import DEFAULT_MAX_DRAFT_TOKENS, DraftProposer
+from engine.draft_proposer import DraftProposer
+from engine.speculation_config import DEFAULT_MAX_DRAFT_TOKENS, SpeculationConfig
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.request import RequestStatus
@@ -180,7 +181,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model_dir = pull(args.model, progress=False)
     engine = LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", kv_cache_bytes=KV_CACHE_BYTES,
-                                    speculative="ngram"))  # "ngram" only builds the engine's proposer; swapped below
+                                    speculation=SpeculationConfig("ngram")))  # "ngram" only builds the engine's proposer; swapped below
     print(f"  {engine.backend.describe()}", flush=True)
     template, tokenizer = ChatTemplate.from_model_dir(model_dir), Tokenizer(model_dir)
     for batch in (1, args.batch):

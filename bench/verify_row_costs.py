@@ -18,6 +18,7 @@ from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.request import RequestStatus
 from engine.sampling_params import SamplingParams
+from engine.speculation_config import SpeculationConfig
 from store.model_store import DEFAULT_MODEL, pull
 
 KV_CACHE_BYTES = 256 << 20
@@ -40,6 +41,9 @@ class RejectedDrafts:
     def record_finished(self, request) -> None:
         pass
 
+    def forget(self, request) -> None:
+        pass
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -55,7 +59,7 @@ def main() -> None:
     clock = time.perf_counter if args.wall_clock else time.thread_time
     torch.set_num_threads(args.threads)
     engine = LLMEngine(EngineConfig(model_dir=pull(args.model, progress=False), device="cpu", dtype="float32",
-                                    kv_cache_bytes=KV_CACHE_BYTES, max_verify_rows_per_step=args.max_rows))
+                                    kv_cache_bytes=KV_CACHE_BYTES, speculation=SpeculationConfig(max_verify_rows_per_step=args.max_rows)))
     print(f"  {engine.backend.describe()}", flush=True)
     proposer = engine.proposer = RejectedDrafts()
     prompt = [(i * 7919) % 40000 + 100 for i in range(args.context)]  # fixed, no repeats to copy

@@ -61,6 +61,7 @@ class RadixTree:
         self._allocator = allocator
         self._root = _new_root()
         self._clock = 0  # counts match/insert calls; the "time" of last_access_time
+        self.num_evicted_pages = 0  # pages allocate_pages evicted so far (metrics)
         self._num_locked_pages = 0  # pages in nodes with lock_ref > 0
         self._num_evictable_pages = 0  # pages in nodes with lock_ref == 0
         # Told of every page stored, removed or cleared (cache/page_events.py); the engine's
@@ -103,6 +104,34 @@ class RadixTree:
             last_node, page_ids = self._descend(token_ids, num_pages, derived_salt, last_node, page_ids)
         self._touch(last_node, is_hit=True)
         return MatchResult(page_ids, len(page_ids) * self.page_size, last_node)
+
+    def peek_prefix(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
+        """Tokens of the longest cached exact prefix of ``token_ids`` (full pages), as match_prefix
+        finds it; changes nothing (no access stamp, no split): for ordering and estimates."""
+        _, page_ids = self._descend(token_ids, len(token_ids) // self.page_size, cache_salt, split=False)
+        return len(page_ids) * self.page_size
+
+    def allocate_pages(self, num_pages: int) -> list[int] | None:
+        """``num_pages`` fresh pages (the caller holds one reference on each), evicting unlocked cache
+        for them if the pool's free pages fall short; None when even that leaves too few (whatever
+        was evicted stays evicted)."""
+        if num_pages == 0:
+            return []
+        shortfall = num_pages - self._allocator.num_free_pages
+        if shortfall > 0:
+            self.num_evicted_pages += self.evict(shortfall)
+        if self._allocator.num_free_pages < num_pages:
+            return None
+        return self._allocator.allocate(num_pages)
+
+    @property
+    def num_allocatable_pages(self) -> int:
+        """Pages allocate_pages can hand out now: the pool's free pages and the evictable cache."""
+        return self._allocator.num_free_pages + self._num_evictable_pages
+
+    def release_pages(self, page_ids: Sequence[int]) -> None:
+        """Give back one reference on each of these pages (from allocate_pages)."""
+        self._allocator.release(page_ids)
 
     def insert(
         self, token_ids: Sequence[int], page_ids: Sequence[int], cache_salt: str | None = None,
@@ -213,12 +242,13 @@ class RadixTree:
 
     def _descend(
         self, token_ids: Sequence[int], num_pages: int, cache_salt, node: TreeNode | None = None,
-        matched_page_ids: list[int] | None = None,
+        matched_page_ids: list[int] | None = None, split: bool = True,
     ) -> tuple[TreeNode, list[int]]:
         """Follow the longest cached run of the first ``num_pages`` pages of ``token_ids``, from
         the root, or from ``node`` where the pages ``matched_page_ids`` already led.
 
-        Returns the node where the run ends and its page ids; splits a node the run ends inside.
+        Returns the node where the run ends and its page ids; splits a node the run ends inside
+        (without ``split``: returns the node above it, and the page ids of the whole run).
         """
         page_size = self.page_size
         tokens = tuple(token_ids[: num_pages * page_size])
@@ -239,6 +269,9 @@ class RadixTree:
                     break
                 num_shared_pages += 1
             is_split = num_shared_pages < child.num_pages
+            if is_split and not split:
+                matched_page_ids.extend(child.page_ids[:num_shared_pages])
+                break
             if is_split:
                 child = self._split(child, num_shared_pages)
             matched_page_ids.extend(child.page_ids)

@@ -26,7 +26,8 @@ After the radix tree's exact prefix match (P tokens), for a request with reuse o
    are copied from the request's pages into it once its prefill is done (with their position and
    predecessor key): spans pay once.
 
-The plan is bookkeeping only; the tensor copies happen in the engine before the next forward.
+As a KV source (engine/kv_source.py): steps 1-3 are `admit` (scheduler side), placement and step 5
+`load` and step 6 `save` (runner side, around the forward pass, with engine/document_kv_copy.py).
 """
 
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from cache import DerivedSalt, RadixTree
 from cache.document_spans import SpanBreaks, find_spans
 from cache.document_store import DocumentEntry, DocumentKey, DocumentKVStore, document_key
 from engine.engine_config import EngineConfig
+from engine.kv_source import KVSource
 from engine.request import Request
 
 
@@ -96,11 +98,17 @@ class SpansInFlight:
         return bool(self._spans)
 
 
-class DocumentReuse:
-    """Plans stitched spans at admission (called by the scheduler); counts what reuse saved."""
+class DocumentReuse(KVSource):
+    """The document store as a KV source: plans stitched spans at admission, places and stores them
+    around the forward pass; counts what reuse saved."""
 
-    def __init__(self, config: EngineConfig, store: DocumentKVStore, breaks: SpanBreaks):
-        """`breaks`: the tokenizer's newline and special tokens, where span cuts prefer to fall."""
+    def __init__(self, config: EngineConfig, store: DocumentKVStore, breaks: SpanBreaks, copier=None,
+                 selective=None):
+        """`breaks`: the tokenizer's newline and special tokens, where span cuts prefer to fall.
+        `copier`: engine/document_kv_copy.py's DocumentKVCopier (the runner side's tensor copies; None:
+        plans only). `selective`: engine/selective_recompute.py's SelectiveRecompute, or None (off)."""
+        self.copier = copier
+        self.selective = selective
         self.default_on = config.document_reuse
         self.boundary_tokens = config.document_boundary_tokens
         self.min_span_tokens = config.document_min_span_tokens
@@ -118,10 +126,22 @@ class DocumentReuse:
         wanted = request.options.document_reuse
         return (self.default_on if wanted is None else wanted) and request.sampling.params.prompt_logprobs is None
 
-    def plan(self, request: Request, tree: RadixTree, allocate, max_num_pages: int) -> None:
-        """After the exact match set request.page_ids (tree pages only) and num_computed_tokens:
-        extend it with derived pages, choose the spans to place, allocate their pages (`allocate(n)`:
-        page ids or None) and set request.stitched_runs, num_exact_tokens and document_plan."""
+    def waits_for(self, request: Request, admitted) -> bool:
+        """KVSource: a span of `request` is being computed by an admitted request (waits_for_spans)."""
+        return self.is_on(request) and self.waits_for_spans(request, self.spans_in_flight(admitted))
+
+    def num_suppliable_tokens(self, request: Request, num_matched_tokens: int) -> int:
+        """KVSource: tokens past `num_matched_tokens` in spans the store holds (before boundary recompute)."""
+        if not self.is_on(request):
+            return 0
+        prompt = request.prompt_token_ids
+        return sum(end - max(start, num_matched_tokens) for start, end in self._spans_of(request)
+                   if end > num_matched_tokens and document_key(prompt[start:end], request.cache_salt) in self.store)
+
+    def admit(self, request: Request, tree: RadixTree, max_num_pages: int) -> None:
+        """KVSource: after the exact match set request.page_ids (tree pages only) and num_computed_tokens:
+        extend it with derived pages, choose the spans to place, allocate their pages (tree.allocate_pages)
+        and set request.stitched_runs, num_exact_tokens and document_plan."""
         request.document_plan = None
         if not self.is_on(request):
             return
@@ -164,7 +184,7 @@ class DocumentReuse:
             plan.num_reused_spans += 1
             plan.num_reused_tokens += run_end - run_start
             plan.num_recomputed_tokens += (end - span_start) - (run_end - run_start)
-        if plan.copies and not self._allocate_pages(request, plan, allocate):
+        if plan.copies and not self._allocate_pages(request, plan, tree):
             for copy in plan.copies:
                 self.store.release(copy.entry)
             plan.copies, plan.num_reused_spans, plan.num_reused_tokens, plan.num_recomputed_tokens = [], 0, 0, 0
@@ -221,11 +241,11 @@ class DocumentReuse:
         request.num_exact_tokens = num_exact_pages * self.page_size
         plan.num_derived_prefix_tokens = (num_pages - num_exact_pages) * self.page_size
 
-    def _allocate_pages(self, request: Request, plan: DocumentPlan, allocate) -> bool:
+    def _allocate_pages(self, request: Request, plan: DocumentPlan, tree: RadixTree) -> bool:
         """Pages up to the last placed run's end; False (nothing taken) when the pool has none."""
         last = plan.copies[-1]
         num_pages = -(-(last.start + last.num_tokens) // self.page_size) - len(request.page_ids)
-        pages = allocate(num_pages) if num_pages > 0 else []
+        pages = tree.allocate_pages(num_pages) if num_pages > 0 else []
         if pages is None:
             return False
         request.page_ids.extend(pages)
@@ -252,6 +272,24 @@ class DocumentReuse:
         self.num_reused_tokens += plan.num_reused_tokens
         self.num_recomputed_tokens += plan.num_recomputed_tokens
         plan.is_counted = True
+
+    def load(self, chunks: list) -> list:
+        """KVSource, before the forward pass: stored spans into the pages of requests admitted with them;
+        with selective recompute, those requests' chunks gain the tokens it chooses."""
+        if self.copier is None:
+            return chunks
+        placed = self.copier.place(chunks)
+        if self.selective is None or not placed:
+            return chunks
+        chunks, chosen = self.selective.recompute(chunks, placed)
+        for request, num_tokens in chosen:
+            self.count_selective_recompute(request, num_tokens)
+        return chunks
+
+    def save(self, chunks: list) -> None:
+        """KVSource, after the forward pass: spans that missed the store, from prefills done this step."""
+        if self.copier is not None:
+            self.copier.fill(chunks)
 
     def count_selective_recompute(self, request: Request, num_tokens: int) -> None:
         """`num_tokens` placed tokens are recomputed after all (engine/selective_recompute.py): they

@@ -19,10 +19,9 @@ from dataclasses import dataclass, field
 
 from engine.draft_index import MAX_MATCH, Continuation, SequenceNgrams, SuffixIndex
 from engine.sampling_params import DraftingLogitsProcessor
+from engine.speculation_config import DEFAULT_MAX_DRAFT_TOKENS, DEFAULT_SUFFIX_INDEX_TOKENS
 
 # 1 + 7 rows: the cpu backend's few-rows limit (StepPolicy.max_verify_rows_per_step); long copies draft long
-DEFAULT_MAX_DRAFT_TOKENS = 7
-DEFAULT_SUFFIX_INDEX_TOKENS = 200_000  # cross-request tokens kept (~2 MB of ids plus the index)
 COOLDOWN_STEPS = 8  # proposals of a match class without drafts once drafting does not pay for it
 ACCEPTANCE_WEIGHT = 0.3  # of the newest verify in an estimate
 # A draft continues past a token only while at least this share of the candidates agree on it.
@@ -92,7 +91,7 @@ def best_draft_length(acceptance: float, row_costs: tuple[float, ...], max_token
 
 @dataclass
 class RequestDrafts:
-    """The proposer's state for one request (Request.draft_state)."""
+    """The proposer's state for one request (DraftProposer.states)."""
 
     length: DraftLength
     own: SequenceNgrams = field(default_factory=SequenceNgrams)
@@ -147,14 +146,16 @@ class DraftProposer:
         self.max_draft_tokens = max_draft_tokens
         self.row_costs = row_costs
         self.suffix_index = SuffixIndex(suffix_index_tokens) if mode == "suffix" else None
+        # request_id -> its state, from its first proposal until it finishes (record_finished) or is aborted (forget)
+        self.states: dict[str, RequestDrafts] = {}
 
     def propose(self, request, max_tokens: int) -> list[int]:
         """Draft ids for `request` (an engine Request): at most max_tokens. Under a grammar
         (a DraftingLogitsProcessor), the tokens it forces come first, then n-gram drafts it admits;
         the n-gram part is as long as the request's DraftLength says."""
-        state = request.draft_state
+        state = self.states.get(request.request_id)
         if state is None:
-            state = request.draft_state = RequestDrafts(DraftLength(self.max_draft_tokens, self.row_costs))
+            state = self.states[request.request_id] = RequestDrafts(DraftLength(self.max_draft_tokens, self.row_costs))
         state.num_forced = 0
         if max_tokens <= 0:
             return []
@@ -178,12 +179,17 @@ class DraftProposer:
     def observe(self, request, num_drafted: int, num_accepted: int) -> None:
         """A verify of the last proposal: `num_accepted` of its `num_drafted` drafts were kept. Forced
         drafts are not n-gram guesses: only the n-gram part after them updates the estimates."""
-        state = request.draft_state
+        state = self.states.get(request.request_id)
         if state is None or num_accepted < state.num_forced:
             return  # the model tokenized the forced text otherwise: the n-gram part was not tried
         state.length.observe(num_drafted - state.num_forced, num_accepted - state.num_forced, state.match)
 
     def record_finished(self, request) -> None:
         """A request ended (stop or length): its prompt + output become drafts for later ones."""
+        self.forget(request)
         if self.suffix_index is not None:
             self.suffix_index.add(request.all_token_ids, request.cache_salt)
+
+    def forget(self, request) -> None:
+        """A request left (finished or aborted): drop its state."""
+        self.states.pop(request.request_id, None)

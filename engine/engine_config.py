@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from engine.draft_proposer import DEFAULT_MAX_DRAFT_TOKENS
+from engine.speculation_config import SpeculationConfig
 
 DEFAULT_KV_DISK_BYTES = 4 << 30  # the disk tier's bound when serving (server/serve_command.py)
 DEFAULT_DOCUMENT_STORE_BYTES = 1 << 30
@@ -65,7 +65,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 EVICTION_POLICIES = ("lru", "lfu")
-SPECULATIVE_MODES = ("off", "ngram", "suffix")  # engine/draft_proposer.py
 
 
 @dataclass(frozen=True)
@@ -85,9 +84,8 @@ class EngineConfig:
     enable_prefix_cache: bool = True
     gguf_blocks: bool = True  # decode reads the GGUF blocks a converted model keeps (CPU, float32)
     backend: str = "auto"  # what executes the model: auto, torch or cpu (model/backends)
-    # cpu: few-rows kernel limits from the measured table (docs/performance.md), or "measure" (timed per
-    # weight shape at load: it read a 1-row gate_up product as slower than oneDNN on a quiet machine and
-    # cost batch-1 decode 75 -> 52 tok/s, so it is not the default)
+    # cpu: few-rows kernel limits from the measured table, or "measure" (timed per weight shape at load;
+    # not the default: it misjudged a 1-row product and slowed decode, docs/performance.md)
     few_rows_crossover: str = "fixed"
     # The disk tier of KV pages (engine/kv_tier_link.py): its root (the model's tier is a
     # fingerprint-named directory under it), or None for no tier. `serve` turns it on by default.
@@ -106,14 +104,8 @@ class EngineConfig:
     # tokens whose KV deviates most in the new context (0.0: off)
     document_recompute_fraction: float = 0.0
     document_min_span_tokens: int = 64  # shorter spans are not worth storing
-    # Draft-model-free speculative decoding (engine/draft_proposer.py): "off", "ngram" (prompt
-    # lookup in the request's own tokens) or "suffix" (that and recent requests' prompts and outputs).
-    speculative: str = "off"
-    max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS  # the most drafts a request verifies in one step (the backend's row costs pick k)
-    suffix_index_tokens: int = 200_000  # "suffix": recent tokens kept across requests
-    # Rows (decodes + drafts) a step may hold and still verify drafts; None: the backend's (model/backends
-    # StepPolicy.max_verify_rows_per_step: 8 on the cpu backend, where more rows leave the few-rows kernels)
-    max_verify_rows_per_step: int | None = None
+    # Draft-model-free speculative decoding (engine/speculation_config.py; engine/draft_proposer.py runs it)
+    speculation: SpeculationConfig = SpeculationConfig()
 
     def __post_init__(self):
         if self.page_size <= 0 or self.page_size & (self.page_size - 1):
@@ -131,14 +123,6 @@ class EngineConfig:
                              f"got {self.eviction_policy!r}")
         if self.schedule not in ("fcfs", "lpm"):
             raise ValueError(f"schedule must be 'fcfs' or 'lpm', got {self.schedule!r}")
-        if self.speculative not in SPECULATIVE_MODES:
-            raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE_MODES)}, got {self.speculative!r}")
-        if self.max_draft_tokens < 1:
-            raise ValueError(f"max_draft_tokens must be >= 1, got {self.max_draft_tokens}")
-        if self.max_verify_rows_per_step is not None and self.max_verify_rows_per_step < 1:
-            raise ValueError(f"max_verify_rows_per_step must be >= 1, got {self.max_verify_rows_per_step}")
-        if self.suffix_index_tokens < 1:
-            raise ValueError(f"suffix_index_tokens must be >= 1, got {self.suffix_index_tokens}")
         if self.kv_disk_bytes <= 0:
             raise ValueError(f"kv_disk_bytes must be positive, got {self.kv_disk_bytes}")
         if self.kv_disk_policy not in KV_DISK_POLICIES:

@@ -24,12 +24,12 @@ def engine_stats(engine) -> EngineStats:
         num_prefix_query_tokens=scheduler.num_prefix_query_tokens,
         num_prefix_hit_tokens=scheduler.num_prefix_hit_tokens,
         num_preemptions=scheduler.num_preemptions,
-        num_evicted_pages=scheduler.num_evicted_pages,
+        num_evicted_pages=tree.num_evicted_pages,
         num_document_reused_spans=engine.documents.num_reused_spans,
         num_document_reused_tokens=engine.documents.num_reused_tokens,
         num_document_recomputed_tokens=engine.documents.num_recomputed_tokens,
         num_document_selective_recomputed_tokens=engine.documents.num_selectively_recomputed_tokens,
-        num_document_probe_tokens=engine.selective.num_probe_tokens if engine.selective is not None else 0,
+        num_document_probe_tokens=_num_probe_tokens(engine.documents),
         num_document_store_bytes=engine.document_store.num_bytes,
         num_document_store_entries=engine.document_store.num_entries,
         **_document_disk_stats(engine),
@@ -56,3 +56,7 @@ def _document_disk_stats(engine) -> dict:
     return dict(num_document_disk_hits=engine.document_store.num_tier_hits,
                 num_document_disk_misses=engine.document_store.num_tier_misses,
                 num_document_disk_bytes=disk_stats.num_bytes, num_document_disk_entries=disk_stats.num_files)
+
+
+def _num_probe_tokens(documents) -> int:
+    return documents.selective.num_probe_tokens if documents.selective is not None else 0

@@ -1,4 +1,4 @@
-"""Moves KV pages between the pool and a tier below it; the scheduler's only view of a tier.
+"""Moves KV pages between the pool and a tier below it: the tier as a KV source (engine/kv_source.py).
 
 Payload layout of one page (KV_PAYLOAD_LAYOUT_VERSION 1), contiguous, in the pool's dtype:
 
@@ -17,12 +17,12 @@ so the request locks them like any cached prefix and counts them as cached token
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from cache import MatchResult, PageAllocator, RadixTree
+from cache import MatchResult, RadixTree
 from cache.disk_tier import DiskTier
 from cache.disk_tier_lock import TierDirectoryBusy
 from cache.kv_pool import KVPool
@@ -30,13 +30,18 @@ from cache.kv_tier import KVTier
 from cache.page_events import PageEvent, PageEventKind
 from cache.page_hash import ROOT_PAGE_HASH, hash_pages
 from engine.engine_config import KV_DISK_POLICIES
+from engine.kv_source import KVSource, max_source_pages
 from engine.kv_tier_fingerprint import kv_tier_fingerprint
 from engine.metrics import EngineMetrics
+from engine.request import Request
 
 logger = logging.getLogger("radixserve.kv_tier")
 
 
-class KVTierLink:
+class KVTierLink(KVSource):
+    """The disk tier as a KV source (engine/kv_source.py): it loads at admission (`admit`) and saves
+    on the tree's page events (`on_page_event`), so its runner side does nothing."""
+
     def __init__(self, tier: KVTier, kv_pool: KVPool, policy: str, metrics: EngineMetrics | None = None):
         if policy not in KV_DISK_POLICIES:
             raise ValueError(f"KV tier policy must be one of {', '.join(KV_DISK_POLICIES)}, got {policy!r}")
@@ -89,19 +94,40 @@ class KVTierLink:
 
     # ---- reads ----------------------------------------------------------
 
-    def extend_match(
-        self,
-        tree: RadixTree,
-        allocator: PageAllocator,
-        allocate: Callable[[int], list[int] | None],
-        token_ids: Sequence[int],
-        cache_salt: str | None,
-        match: MatchResult,
-        max_num_pages: int,
-    ) -> MatchResult:
+    def num_suppliable_tokens(self, request: Request, num_matched_tokens: int) -> int:
+        """Full-page tokens past the first `num_matched_tokens` of the prompt the tier holds, up to the
+        prompt's last page before its computed tail. Changes nothing (KVSource)."""
+        tokens = request.all_token_ids
+        max_num_pages = max_source_pages(request, self.page_size)
+        num_matched_pages = num_matched_tokens // self.page_size
+        if num_matched_pages >= max_num_pages:
+            return 0
+        hashes = hash_pages(ROOT_PAGE_HASH, tokens[: max_num_pages * self.page_size], self.page_size,
+                            request.cache_salt)
+        return self.tier.num_leading_hits(hashes[num_matched_pages:]) * self.page_size
+
+    def admit(self, request: Request, tree: RadixTree, max_num_pages: int) -> None:
+        """Continue the request's tree match in the tier (KVSource): the hits are loaded into pages,
+        inserted into the tree, and the request's lock moves to the longer match."""
+        if request.num_tree_pages >= max_num_pages:
+            return
+        match = MatchResult(request.page_ids[: request.num_tree_pages], request.num_tree_pages * self.page_size,
+                            request.tree_node)  # what the scheduler's match locked into the request
+        extended = self.extend_match(tree, request.all_token_ids, request.cache_salt, match, max_num_pages)
+        if extended.num_tokens <= request.num_tree_pages * self.page_size:
+            return
+        tree.lock(extended.last_node)
+        tree.unlock(request.tree_node)
+        request.tree_node = extended.last_node
+        request.page_ids = list(extended.page_ids)
+        request.num_tree_pages = len(extended.page_ids)
+        request.num_computed_tokens = extended.num_tokens
+
+    def extend_match(self, tree: RadixTree, token_ids: Sequence[int], cache_salt: str | None, match: MatchResult,
+                     max_num_pages: int) -> MatchResult:
         """Continue ``match`` (the tree's, of ``token_ids``) in the tier, up to ``max_num_pages``
-        pages in all: load the hits into pages from ``allocate`` (which may evict unlocked cache),
-        insert them into the tree, and return the tree's new match. Takes no lock for the caller."""
+        pages in all: load the hits into pages from ``tree.allocate_pages`` (which may evict unlocked
+        cache), insert them into the tree, and return the tree's new match. Takes no lock for the caller."""
         num_tree_pages = len(match.page_ids)
         if num_tree_pages >= max_num_pages:
             return match
@@ -116,8 +142,7 @@ class KVTierLink:
             return match
         tree.lock(match.last_node)  # eviction to make room must not take the prefix the loads extend
         try:
-            num_room = allocator.num_free_pages + tree.num_evictable_pages
-            page_ids = allocate(min(num_hits, num_room))
+            page_ids = tree.allocate_pages(min(num_hits, tree.num_allocatable_pages))
             if not page_ids:
                 return match
             num_loaded = self._load(rest_hashes[: len(page_ids)], page_ids)
@@ -125,7 +150,7 @@ class KVTierLink:
                 num_pages = num_tree_pages + num_loaded
                 tree.insert(token_ids[: num_pages * page_size], list(match.page_ids) + page_ids[:num_loaded],
                             cache_salt)
-            allocator.release(page_ids)  # the tree holds the loaded pages now; the others are free again
+            tree.release_pages(page_ids)  # the tree holds the loaded pages now; the others are free again
         finally:
             tree.unlock(match.last_node)
         self.num_hit_tokens += num_loaded * page_size
@@ -187,3 +212,4 @@ def _byte_view(page: torch.Tensor):
     if not page.is_contiguous():
         raise ValueError("a page buffer must be contiguous")
     return page.view(torch.uint8).view(-1).numpy()
+

@@ -1,6 +1,9 @@
 """The synchronous engine: add requests, call `step()` until they are done.
 
-One step reads like the loop it is: schedule, run, commit, sample, postprocess.
+One step reads like the loop it is: draft, schedule, load KV, run, save KV, postprocess. The KV
+sources (engine/kv_source.py: the disk tier, the document store) are asked by the scheduler at
+admission and load / save around the forward pass; the drafter (engine/draft_proposer.py) keeps its
+own state and hands the scheduler this step's drafts.
 Not thread-safe: `AsyncEngine` owns it from a single thread.
 """
 
@@ -82,21 +85,23 @@ class LLMEngine:
             self.document_disk = open_document_kv_disk(self.kv_tier.tier, config.document_disk_bytes, shape,
                                                        self.device, self.metrics)
         self.document_store = DocumentKVStore(config.document_store_bytes, self.document_disk)
-        self.documents = DocumentReuse(config, self.document_store, span_breaks(model_dir))
-        self.document_kv = DocumentKVCopier(self.document_store, self.kv_pool, self.backend,
-                                            self.model.rotary.inv_freq, self.device)
-        self.scheduler = Scheduler(config, num_pages, self.max_model_len, kv_tier=self.kv_tier,
-                                   documents=self.documents)
+        copier = DocumentKVCopier(self.document_store, self.kv_pool, self.backend, self.model.rotary.inv_freq,
+                                  self.device)
+        selective = None  # CacheBlend-style recompute of the most deviating placed tokens
+        if config.document_recompute_fraction > 0:
+            selective = SelectiveRecompute(config.document_recompute_fraction, self.model, self.kv_pool, self.device)
+        self.documents = DocumentReuse(config, self.document_store, span_breaks(model_dir), copier, selective)
+        sources = [source for source in (self.kv_tier, self.documents) if source is not None]
+        self.scheduler = Scheduler(config, num_pages, self.max_model_len, sources)
+        if self.kv_tier is not None:
+            self.scheduler.tree.page_listeners.append(self.kv_tier.on_page_event)  # its saves
         self.pins = PrefixPins(self.scheduler.tree)
         self.runner = ModelRunner(self.model, self.kv_pool, self.device)
-        self.selective = None  # CacheBlend-style recompute of the most deviating placed tokens
-        if config.document_recompute_fraction > 0:
-            self.selective = SelectiveRecompute(config.document_recompute_fraction, self.model, self.kv_pool,
-                                                self.documents, self.device)
         self.sampler = Sampler()
         self.proposer = None
-        if config.speculative != "off":
-            self.proposer = DraftProposer(config.speculative, config.max_draft_tokens, config.suffix_index_tokens,
+        speculation = config.speculation
+        if speculation.is_on:
+            self.proposer = DraftProposer(speculation.mode, speculation.max_draft_tokens, speculation.suffix_index_tokens,
                                           self.backend.policy.verify_row_costs)
         self.num_steps = 0
 
@@ -137,6 +142,8 @@ class LLMEngine:
         if request is None:
             return False
         self.scheduler.finish(request, FinishReason.ABORT)
+        if self.proposer is not None:
+            self.proposer.forget(request)
         return True
 
     def has_unfinished(self) -> bool:
@@ -160,37 +167,31 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         self.pins.release_expired()
-        self._propose_drafts()
-        chunks = self.scheduler.schedule()
+        drafts = self._propose_drafts()
+        chunks = self.scheduler.schedule(drafts)
         if not chunks:
             return []
         self.num_steps += 1
         started = time.perf_counter()
-        placed = self.document_kv.place(chunks)  # stored spans into the pages of requests admitted with them
-        if self.selective is not None and placed:  # probe them; their chunks gain the tokens chosen
-            chunks = self.selective.recompute(chunks, placed)
+        chunks = self._load_kv(chunks)
         logits, sampled_chunks, prompt_logits = self.runner.run(chunks)
-        for request, position, rows in prompt_logits:
-            if request.num_tail_logit_rows:
-                record_tail_logits(request, position, rows)
-            else:
-                record_prompt_logprobs(request, position, rows)
+        self._record_prompt_rows(prompt_logits)
         self.scheduler.commit(chunks)
-        self.document_kv.fill(chunks)  # spans that missed the store, from prefills done this step
+        self._save_kv(chunks)
         outputs = self._postprocess(logits, sampled_chunks) if sampled_chunks else []
         self._account_step(chunks, time.perf_counter() - started)
         if not self.has_unfinished() or self.num_steps % HEAP_TRIM_EVERY_STEPS == 0:
             release_free_heap()
         return outputs
 
-    def _propose_drafts(self) -> None:
+    def _propose_drafts(self) -> dict[Request, list[int]]:
         """Drafts for the running requests that speculate; the scheduler fits them in the budget."""
+        drafts: dict[Request, list[int]] = {}
         if self.proposer is None:
-            return
-        max_rows = self.config.max_verify_rows_per_step or self.backend.policy.max_verify_rows_per_step
+            return drafts
+        max_rows = (self.config.speculation.max_verify_rows_per_step
+                    or self.backend.policy.max_verify_rows_per_step)
         running = [r for r in self.scheduler.admitted if r.status is RequestStatus.RUNNING]
-        for request in self.scheduler.admitted:
-            request.draft_token_ids = []
         # drafts only while the step's rows stay where the backend's row costs hold (CPU: the few-rows kernels)
         num_free_rows = max_rows - len(running)
         for request in running:
@@ -201,8 +202,28 @@ class LLMEngine:
             # never past max_tokens: a verify chunk emits up to 1 + len(drafts) tokens
             room = min(num_free_rows, request.sampling.params.max_tokens - len(request.output_token_ids) - 1)
             if room > 0:
-                request.draft_token_ids = self.proposer.propose(request, room)
-                num_free_rows -= len(request.draft_token_ids)
+                drafts[request] = self.proposer.propose(request, room)
+                num_free_rows -= len(drafts[request])
+        return drafts
+
+    def _load_kv(self, chunks: list[ScheduledChunk]) -> list[ScheduledChunk]:
+        """Before the forward pass: each KV source writes what it planned into pages (it may re-cut chunks)."""
+        for source in self.scheduler.sources:
+            chunks = source.load(chunks)
+        return chunks
+
+    def _save_kv(self, chunks: list[ScheduledChunk]) -> None:
+        """After the forward pass and commit: each KV source keeps what it wants of the KV just computed."""
+        for source in self.scheduler.sources:
+            source.save(chunks)
+
+    def _record_prompt_rows(self, prompt_logits) -> None:
+        """Prompt rows' logits the step computed: tail logits, or prompt logprobs."""
+        for request, position, rows in prompt_logits:
+            if request.num_tail_logit_rows:
+                record_tail_logits(request, position, rows)
+            else:
+                record_prompt_logprobs(request, position, rows)
 
     def _postprocess(self, logits: torch.Tensor, chunks: list[ScheduledChunk]) -> list[RequestOutput]:
         requests = [chunk.request for chunk in chunks]
@@ -220,7 +241,6 @@ class LLMEngine:
                 if self.proposer is not None:
                     self.proposer.record_finished(request)
                 self.scheduler.finish(request, reason)
-                request.timings.finished = now
                 self.metrics.observe("e2e_latency", now - request.timings.arrival)
                 self.metrics.num_finished_requests += 1
             wants_logprobs = request.sampling.params.logprobs is not None

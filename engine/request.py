@@ -39,7 +39,6 @@ class Timings:
     first_scheduled: float | None = None
     first_token: float | None = None
     last_token: float | None = None
-    finished: float | None = None
 
 
 @dataclass(eq=False)
@@ -60,7 +59,6 @@ class Request:
     num_computed_tokens: int = 0  # tokens of all_token_ids whose KV is in page_ids
     num_cached_tokens: int = 0  # prompt tokens not computed for it: prefix cache + documents (first admission)
     num_reused_document_tokens: int = 0  # of those, tokens placed from the document store
-    num_preemptions: int = 0
     # The generated tokens, owned here: the engine appends each one; the sampling state reads it.
     output_token_ids: list[int] = field(default_factory=list)
     # With params.prompt_logprobs: entry t scores prompt token t + 1 (the first token has none).
@@ -82,10 +80,6 @@ class Request:
     # prompt positions len - n .. len - 1, recorded as prefill runs; those positions are never cached.
     num_tail_logit_rows: int = 0
     tail_logits: dict = field(default_factory=dict)
-    # Speculation (engine/draft_proposer.py): the drafts proposed for this step's verify chunk
-    # (they are not tokens of the request until verified), and the proposer's state.
-    draft_token_ids: list[int] = field(default_factory=list)
-    draft_state: object | None = None
 
     def __post_init__(self):
         if self.sampling.output_token_ids is not self.output_token_ids:

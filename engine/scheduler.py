@@ -4,8 +4,10 @@ Each step has a token budget. Running decodes go first (one token each, oldest
 first), then chunks of prefills that are under way, then new admissions from
 the waiting queue (FCFS, or longest cached prefix first); a waiting request that
 shares a long uncached prefix with one still prefilling waits until that prefix is
-computed and cached, rather than computing it twice, and one that needs a document
-span another is computing waits until that span is stored. When the pool runs
+computed and cached, rather than computing it twice, and one a KV source says should wait (a
+document span another is computing) waits until that is stored. At admission the tree's exact
+match is locked into the request, then each KV source (engine/kv_source.py: the disk tier, the
+document store) supplies what it can beyond it. When the pool runs
 out of pages: evict unlocked cache, then preempt the newest admitted request
 (its computed pages go into the tree, so recomputing it later is mostly a
 cache hit). A request that cannot fit even alone is refused in `add`.
@@ -15,11 +17,13 @@ Page ownership follows the rule in `engine/request.py`.
 
 import time
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from cache import DerivedSalt, LFUPolicy, LRUPolicy, PageAllocator, RadixTree
 from engine.engine_config import EngineConfig
 from engine.errors import RequestError
+from engine.kv_source import KVSource, max_source_pages
 from engine.request import FinishReason, Request, RequestStatus
 
 # Longest-prefix-first needs a match per waiting request each step; past this
@@ -47,9 +51,9 @@ class ScheduledChunk:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, num_pages: int, max_model_len: int, kv_tier=None, documents=None):
-        """`kv_tier`: an engine.kv_tier_link.KVTierLink to continue matches in and copy pages to, or None.
-        `documents`: an engine.document_reuse.DocumentReuse that plans stitched spans at admission, or None."""
+    def __init__(self, config: EngineConfig, num_pages: int, max_model_len: int, sources: Sequence[KVSource] = ()):
+        """`sources`: KV sources asked in order at admission after the tree's match (engine/kv_source.py);
+        without the prefix cache none is asked."""
         self.page_size = config.page_size
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_num_seqs = config.max_num_seqs
@@ -59,17 +63,13 @@ class Scheduler:
         self.allocator = PageAllocator(num_pages)
         self.tree = RadixTree(self.page_size, self.allocator,
                               LFUPolicy() if config.eviction_policy == "lfu" else LRUPolicy())
-        self.kv_tier = kv_tier if self.enable_prefix_cache else None
-        self.documents = documents if self.enable_prefix_cache else None
-        if self.kv_tier is not None:
-            self.tree.page_listeners.append(self.kv_tier.on_page_event)
+        self.sources = tuple(sources) if self.enable_prefix_cache else ()
         self.waiting: deque[Request] = deque()
         self.admitted: list[Request] = []  # prefilling or running, in admission order
         # Counters for metrics: prompt tokens looked up in / found in the prefix cache.
         self.num_prefix_query_tokens = 0
         self.num_prefix_hit_tokens = 0
         self.num_preemptions = 0
-        self.num_evicted_pages = 0
 
     # ---- queue ----------------------------------------------------------
 
@@ -116,7 +116,10 @@ class Scheduler:
 
     # ---- one step -------------------------------------------------------
 
-    def schedule(self) -> list[ScheduledChunk]:
+    def schedule(self, drafts: Mapping[Request, Sequence[int]] | None = None) -> list[ScheduledChunk]:
+        """`drafts`: the drafter's proposals for running requests (engine/draft_proposer.py), verified in
+        their decode chunks as far as the budget and free pages allow."""
+        drafts = drafts or {}
         budget = self.max_num_batched_tokens
         chunks: list[ScheduledChunk] = []
         scheduled: set[int] = set()  # id() of requests with a chunk this step
@@ -127,11 +130,11 @@ class Scheduler:
                 break
             if request.status is not RequestStatus.RUNNING:  # also skips one preempted just now
                 continue
-            drafts = self._draft_room(request, budget - 1)
+            draft = self._draft_room(request, drafts.get(request, ()), budget - 1)
             if self._grow(request, 1, scheduled):
-                chunks.append(ScheduledChunk(request, request.num_computed_tokens, 1 + len(drafts), drafts))
+                chunks.append(ScheduledChunk(request, request.num_computed_tokens, 1 + len(draft), draft))
                 scheduled.add(id(request))
-                budget -= 1 + len(drafts)
+                budget -= 1 + len(draft)
 
         # 2. Prefills under way, oldest first.
         for request in list(self.admitted):
@@ -146,20 +149,16 @@ class Scheduler:
                 budget -= sum(chunk.num_tokens for chunk in prefill)
 
         # 3. Admissions: only evicting cache, never preempting, to make room.
-        spans_in_flight = None  # gathered at the first request that could wait for a span
         for request in self._admission_order():
             if budget == 0 or len(self.admitted) >= self.max_num_seqs:
                 break
             if self._waits_for_shared_prefix(request):
                 continue
-            if self.documents is not None and self.documents.is_on(request):  # it may wait for a span
-                if spans_in_flight is None:
-                    spans_in_flight = self.documents.spans_in_flight(self.admitted)
-                if self.documents.waits_for_spans(request, spans_in_flight):
-                    continue
+            if any(source.waits_for(request, self.admitted) for source in self.sources):
+                continue
             self._admit(request)
             prefill = _prefill_chunks(request, budget)
-            pages = self._allocate(self._num_new_pages(request, _num_spanned_tokens(request, prefill)))
+            pages = self.tree.allocate_pages(self._num_new_pages(request, _num_spanned_tokens(request, prefill)))
             if pages is None:
                 self._release(request, insert=False)
                 request.status = RequestStatus.WAITING
@@ -168,8 +167,6 @@ class Scheduler:
             self._count_admission(request)
             self.waiting.remove(request)
             self.admitted.append(request)
-            if spans_in_flight is not None:
-                spans_in_flight.add(request)
             chunks.extend(prefill)
             scheduled.add(id(request))
             budget -= sum(chunk.num_tokens for chunk in prefill)
@@ -215,22 +212,12 @@ class Scheduler:
         needed = self._num_pages_for(request.num_computed_tokens + num_tokens)
         return max(0, needed - len(request.page_ids))
 
-    def _allocate(self, num_pages: int) -> list[int] | None:
-        if num_pages == 0:
-            return []
-        shortfall = num_pages - self.allocator.num_free_pages
-        if shortfall > 0:
-            self.num_evicted_pages += self.tree.evict(shortfall)
-        if self.allocator.num_free_pages < num_pages:
-            return None
-        return self.allocator.allocate(num_pages)
-
     def _grow(self, request: Request, num_tokens: int, scheduled: set[int]) -> bool:
         """Give an admitted request pages for `num_tokens` more tokens,
         preempting newer unscheduled requests if need be. False if the request
         itself had to be preempted."""
         num_pages = self._num_new_pages(request, num_tokens)
-        while (pages := self._allocate(num_pages)) is None:
+        while (pages := self.tree.allocate_pages(num_pages)) is None:
             victim = next((r for r in reversed(self.admitted) if id(r) not in scheduled), None)
             if victim is None:
                 return False
@@ -240,10 +227,10 @@ class Scheduler:
         request.page_ids.extend(pages)
         return True
 
-    def _draft_room(self, request: Request, max_drafts: int) -> tuple[int, ...]:
-        """The request's drafts that fit the budget and free pages (drafts never evict cache
+    def _draft_room(self, request: Request, draft: Sequence[int], max_drafts: int) -> tuple[int, ...]:
+        """The draft's tokens that fit the budget and free pages (drafts never evict cache
         or preempt anyone); their pages are allocated here."""
-        drafts = tuple(request.draft_token_ids[:max(0, max_drafts)])
+        drafts = tuple(draft[:max(0, max_drafts)])
         if not drafts:
             return ()
         num_pages = self._num_new_pages(request, 1 + len(drafts))
@@ -256,7 +243,6 @@ class Scheduler:
         self.admitted.remove(request)
         self._release(request, insert=True)
         request.status = RequestStatus.WAITING
-        request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(request)
 
@@ -266,8 +252,15 @@ class Scheduler:
         waiting = list(self.waiting)
         if self.schedule_policy != "lpm" or not self.enable_prefix_cache or len(waiting) > LPM_MAX_WAITING:
             return waiting
-        hits = {id(r): self.tree.match_prefix(r.all_token_ids, r.cache_salt).num_tokens for r in waiting}
+        hits = {id(r): self._num_suppliable_tokens(r) for r in waiting}
         return sorted(waiting, key=lambda r: -hits[id(r)])  # stable: FCFS among equals
+
+    def _num_suppliable_tokens(self, request: Request) -> int:
+        """Prompt tokens the tree and the KV sources could supply now; changes nothing."""
+        num_tokens = self.tree.peek_prefix(request.all_token_ids, request.cache_salt)
+        for source in self.sources:
+            num_tokens += source.num_suppliable_tokens(request, num_tokens)
+        return num_tokens
 
     def _admit(self, request: Request) -> None:
         """Match the cached prefix and lock it. At least one token is left to
@@ -281,19 +274,15 @@ class Scheduler:
         if not self.enable_prefix_cache:
             return
         match = self.tree.match_prefix(tokens, request.cache_salt)
-        # the last token (its logits) and tail-logit rows (engine/prompt_tail_logits.py) are computed
-        max_num_pages = (len(tokens) - max(1, request.num_tail_logit_rows)) // self.page_size
-        if self.kv_tier is not None:
-            match = self.kv_tier.extend_match(self.tree, self.allocator, self._allocate, tokens,
-                                              request.cache_salt, match, max_num_pages)
+        max_num_pages = max_source_pages(request, self.page_size)
         num_pages = min(len(match.page_ids), max_num_pages)
         self.tree.lock(match.last_node)
         request.tree_node = match.last_node
         request.page_ids = list(match.page_ids[:num_pages])
         request.num_tree_pages = num_pages
         request.num_computed_tokens = num_pages * self.page_size
-        if self.documents is not None:
-            self.documents.plan(request, self.tree, self._allocate, max_num_pages)
+        for source in self.sources:
+            source.admit(request, self.tree, max_num_pages)
 
     def _waits_for_shared_prefix(self, request: Request) -> bool:
         """True when a request still prefilling shares at least MIN_SHARED_PAGES more full pages
@@ -314,7 +303,7 @@ class Scheduler:
             if num_shared_pages * self.page_size <= other.num_computed_tokens:
                 continue  # already computed: in the tree
             if num_cached_pages is None:
-                num_cached_pages = self.tree.match_prefix(tokens, request.cache_salt).num_tokens // self.page_size
+                num_cached_pages = self.tree.peek_prefix(tokens, request.cache_salt) // self.page_size
             if num_shared_pages - num_cached_pages >= MIN_SHARED_PAGES:
                 return True
         return False
@@ -326,8 +315,8 @@ class Scheduler:
         request.num_cached_tokens = min(request.num_computed_tokens, len(request.prompt_token_ids))
         self.num_prefix_query_tokens += len(request.prompt_token_ids)
         self.num_prefix_hit_tokens += request.num_cached_tokens
-        if self.documents is not None:  # + the prompt tokens placed from the document store
-            self.documents.count_admission(request)
+        for source in self.sources:  # + the prompt tokens they placed (document store)
+            source.count_admission(request)
 
     def _insert_computed(self, request: Request) -> None:
         num_full_pages = request.num_computed_tokens // self.page_size
@@ -356,8 +345,8 @@ class Scheduler:
         if request.tree_node is not None:
             self.tree.unlock(request.tree_node)
         self.allocator.release(request.page_ids[request.num_tree_pages :])
-        if self.documents is not None:
-            self.documents.release(request)  # store references of copies not placed yet; replanned on return
+        for source in self.sources:
+            source.release(request)  # e.g. store references of copies not placed yet; planned again on return
         request.page_ids = []
         request.stitched_runs = []
         request.num_exact_tokens = None

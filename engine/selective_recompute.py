@@ -64,23 +64,25 @@ def split_runs(runs: list[tuple[int, int]], chosen: list[int]) -> list[tuple[int
 
 class SelectiveRecompute:
     """Probes the requests whose spans were just placed, chooses their tokens to recompute and cuts
-    their chunks of the step again. One per engine; `documents` (engine/document_reuse.py) counts."""
+    their chunks of the step again. One per engine; DocumentReuse (engine/document_reuse.py) runs it and counts."""
 
-    def __init__(self, fraction: float, model, kv_pool: KVPool, documents, device: torch.device):
+    def __init__(self, fraction: float, model, kv_pool: KVPool, device: torch.device):
         self.fraction = fraction
         self.model = model
         self.kv_pool = kv_pool
-        self.documents = documents
         self.device = device
         self.layer = min(DEVIATION_LAYER, len(kv_pool.layers) - 1)
         self.num_probe_tokens = 0  # positions run through the first layer + 1 layers
 
-    def recompute(self, chunks: list[ScheduledChunk], placed: list[Request]) -> list[ScheduledChunk]:
+    def recompute(self, chunks: list[ScheduledChunk],
+                  placed: list[Request]) -> tuple[list[ScheduledChunk], list[tuple[Request, int]]]:
         """`placed`: the step's requests whose stored spans were placed into their pages just now
-        (before any forward over them). Returns the step's chunks, those requests' cut again."""
+        (before any forward over them). Returns the step's chunks, those requests' cut again, and
+        (request, placed tokens chosen for recompute) of each request probed."""
         probed = [request for request in placed if round(self.fraction * _num_placed(request)) > 0]
         if not probed:
-            return chunks
+            return chunks, []
+        chosen = []
         placed_slots = [self._slots(request) for request in probed]
         k_cache, v_cache = self.kv_pool.slot_rows(self.layer)
         before = [(k_cache.index_select(0, slots), v_cache.index_select(0, slots)) for slots in placed_slots]
@@ -91,8 +93,8 @@ class SelectiveRecompute:
             rows = most_deviating(k_placed, v_placed, k_cache.index_select(0, slots), v_cache.index_select(0, slots),
                                   num_chosen)
             request.stitched_runs = split_runs(request.stitched_runs, [positions[row] for row in rows.tolist()])
-            self.documents.count_selective_recompute(request, num_chosen)
-        return _recut(chunks, {id(request) for request in probed})
+            chosen.append((request, num_chosen))
+        return _recut(chunks, {id(request) for request in probed}), chosen
 
     def _probe(self, requests: list[Request]) -> None:
         """The first layer + 1 layers over [num_computed_tokens, end of the last placed run) of each

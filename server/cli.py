@@ -19,10 +19,6 @@ from store.errors import RadixserveError
 
 # model.backends.BACKEND_CHOICES, spelled out so that `--help` does not import torch (a test holds them equal)
 BACKEND_CHOICES = ("auto", "cpu", "torch")
-# engine.engine_config.SPECULATIVE_MODES, spelled out for the same reason (a test holds them equal); the serve
-# default is what bench/speculation_bench.py measured (docs/architecture.md, Speculation)
-SPECULATIVE_MODES = ("off", "ngram", "suffix")
-SERVE_SPECULATIVE_DEFAULT = "ngram"
 # On: at k = 4, 200 RAG prompts keep first-token agreement 0.975 and teacher-forced top-1 0.960 against
 # exact prefill (0.975 / 0.951 with the documents precomputed as ingest does; bench/document_reuse_quality.py,
 # docs/performance.md); EngineConfig stays off.
@@ -137,10 +133,11 @@ def _add_serve_parser(commands, default_model: str) -> None:
                        help="which cached prefix leaves the pool first: least recently used (default), or "
                        "fewest hits (keeps a hot system prompt through bursts of one-off prompts)")
     serve.add_argument("--no-prefix-cache", action="store_true", help="do not reuse KV of shared prefixes")
-    serve.add_argument("--speculative", default=SERVE_SPECULATIVE_DEFAULT, choices=SPECULATIVE_MODES,
-                       help="draft-free speculative decoding: ngram (drafts from the request's own prompt and "
-                       "output), suffix (also from recent requests' prompts and outputs) or off; a request "
-                       f"turns it off for itself with \"speculation\": false (default: {SERVE_SPECULATIVE_DEFAULT})")
+    # --speculative, --max-draft-tokens, ...: from the feature's config fields (pure Python: no torch for --help)
+    from engine.speculation_config import SpeculationConfig
+    from server.config_flags import add_config_flags
+
+    add_config_flags(serve, SpeculationConfig)
     serve.add_argument("--kv-disk-dir", metavar="DIR",
                        help="where KV pages outlive the pool and restarts, one subdirectory per model and KV "
                        "layout (default: $RADIXSERVE_HOME/kv)")

@@ -1,8 +1,8 @@
 """Prometheus metrics of one app, in its own registry (so a process can hold several apps).
 
 Latency histograms are fed by the engine thread through `EngineMetrics.listeners`
-(prometheus-client is thread-safe); gauges and prefix-cache counters are read from
-`engine.stats()` when /metrics is scraped.
+(prometheus-client is thread-safe); gauges and counters are engine/metrics.py's STATS_METRICS, read
+from `engine.stats()` when /metrics is scraped.
 """
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
@@ -10,7 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from engine.engine_handle import EngineHandle
-from engine.metrics import EngineStats
+from engine.metrics import STATS_METRICS
 
 PREFIX = "radixserve:"
 CONTENT_TYPE = CONTENT_TYPE_LATEST  # "text/plain; version=...; charset=utf-8"
@@ -42,69 +42,7 @@ _HISTOGRAMS = {
 }
 
 
-def _kv_cache_usage(stats: EngineStats) -> float:
-    return stats.num_pages_in_use / stats.num_pages if stats.num_pages else 0.0
-
-
-# (family, name, help, value from EngineStats)
-_STATS_METRICS = (
-    (GaugeMetricFamily, "num_requests_running", "Requests admitted (prefilling or decoding), as vLLM counts.",
-     lambda s: s.num_admitted),
-    (GaugeMetricFamily, "num_requests_prefilling", "Admitted requests whose prompt is not all in KV yet.",
-     lambda s: s.num_prefilling),
-    (GaugeMetricFamily, "num_requests_waiting", "Requests queued for admission.", lambda s: s.num_waiting),
-    (GaugeMetricFamily, "kv_cache_usage_perc", "Share of KV pages used by running requests (0..1).",
-     _kv_cache_usage),
-    (GaugeMetricFamily, "kv_cache_cached_pages", "KV pages the prefix tree holds.", lambda s: s.num_cached_pages),
-    (CounterMetricFamily, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-     lambda s: s.num_prefix_query_tokens),
-    (CounterMetricFamily, "prefix_cache_hits", "Prompt tokens found in the prefix cache.",
-     lambda s: s.num_prefix_hit_tokens),
-    (CounterMetricFamily, "num_preemptions", "Requests preempted for lack of KV pages (recomputed later).",
-     lambda s: s.num_preemptions),
-    (CounterMetricFamily, "kv_cache_evicted_pages", "Cached KV pages evicted from the prefix tree.",
-     lambda s: s.num_evicted_pages),
-    (CounterMetricFamily, "kv_disk_hits", "Prompt tokens past the prefix tree's match loaded from the KV disk tier.",
-     lambda s: s.num_kv_disk_hit_tokens),
-    (CounterMetricFamily, "kv_disk_misses", "Prompt tokens past the prefix tree's match the KV disk tier lacked.",
-     lambda s: s.num_kv_disk_query_tokens - s.num_kv_disk_hit_tokens),
-    (GaugeMetricFamily, "kv_disk_bytes", "Bytes of KV page files in the disk tier.", lambda s: s.num_kv_disk_bytes),
-    (GaugeMetricFamily, "kv_disk_pages", "KV pages in the disk tier.", lambda s: s.num_kv_disk_pages),
-    (CounterMetricFamily, "document_reuse_spans", "Document spans whose stored KV was placed into a prompt.",
-     lambda s: s.num_document_reused_spans),
-    (CounterMetricFamily, "document_reuse_tokens", "Prompt tokens whose KV came from the document store, not computed.",
-     lambda s: s.num_document_reused_tokens),
-    (CounterMetricFamily, "document_reuse_recomputed_tokens",
-     "Tokens of reused document spans recomputed (each span's first tokens, and selective recompute).",
-     lambda s: s.num_document_recomputed_tokens),
-    (CounterMetricFamily, "document_reuse_selective_recomputed_tokens",
-     "Placed document tokens recomputed by selective recompute (--document-recompute-fraction).",
-     lambda s: s.num_document_selective_recomputed_tokens),
-    (GaugeMetricFamily, "document_reuse_store_bytes", "Bytes of KV the document store holds.",
-     lambda s: s.num_document_store_bytes),
-    (GaugeMetricFamily, "document_reuse_store_entries", "Spans the document store holds.",
-     lambda s: s.num_document_store_entries),
-    (CounterMetricFamily, "document_reuse_disk_hits",
-     "Document span lookups that missed the store's memory and were loaded from its disk copy.",
-     lambda s: s.num_document_disk_hits),
-    (CounterMetricFamily, "document_reuse_disk_misses",
-     "Document span lookups that missed the store's memory and its disk copy (or found it damaged).",
-     lambda s: s.num_document_disk_misses),
-    (GaugeMetricFamily, "document_reuse_disk_bytes", "Bytes of the document store's span files on disk.",
-     lambda s: s.num_document_disk_bytes),
-    (GaugeMetricFamily, "document_reuse_disk_entries", "Spans the document store holds on disk.",
-     lambda s: s.num_document_disk_entries),
-    # Speculation, as vLLM names it: drafts (a request's draft tokens verified in one step), their tokens, and
-    # the tokens accepted; the mean acceptance length is the tokens a verified draft emits (1 + accepted / drafts).
-    (CounterMetricFamily, "spec_decode_num_drafts", "Drafts verified (one request's draft tokens in one step).",
-     lambda s: s.num_spec_verify_chunks),
-    (CounterMetricFamily, "spec_decode_num_draft_tokens", "Draft tokens verified.", lambda s: s.num_spec_draft_tokens),
-    (CounterMetricFamily, "spec_decode_num_accepted_tokens", "Draft tokens accepted.",
-     lambda s: s.num_spec_accepted_tokens),
-    (GaugeMetricFamily, "spec_decode_mean_acceptance_length",
-     "Tokens a verified draft emitted on average (1 + accepted / drafts; 0 before any draft).",
-     lambda s: s.spec_mean_acceptance_length),
-)
+_FAMILIES = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily}
 
 
 class _EngineStatsCollector(Collector):
@@ -114,11 +52,11 @@ class _EngineStatsCollector(Collector):
         self._engine = engine
 
     def describe(self):
-        return [family(PREFIX + name, doc) for family, name, doc, _ in _STATS_METRICS]
+        return [_FAMILIES[m.kind](PREFIX + m.name, m.help) for m in STATS_METRICS]
 
     def collect(self):
         stats = self._engine.stats()
-        return [family(PREFIX + name, doc, value=value(stats)) for family, name, doc, value in _STATS_METRICS]
+        return [_FAMILIES[m.kind](PREFIX + m.name, m.help, value=m.value(stats)) for m in STATS_METRICS]
 
 
 class ServerMetrics:

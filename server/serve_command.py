@@ -10,6 +10,8 @@ import uvicorn
 from assembly.chat_template import ChatTemplate, TemplateError
 from engine.engine_config import EngineConfig, parse_kv_cache_memory, resolve_device, resolve_dtype
 from model.backends import check_backend_choice
+from engine.speculation_config import SpeculationConfig
+from server.config_flags import config_from_args
 from server.connection_deadline import with_receive_timeout
 from server.settings import ServerSettings, api_key_from_environment, read_api_keys_file
 from store.errors import RadixserveError
@@ -48,7 +50,8 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
         engine_fields.update(_kv_disk_fields(args))
         engine_fields.update(_document_fields(args))
         engine = EngineConfig(model_dir=model_dir, device=args.device, dtype=args.dtype, schedule=args.schedule,
-                              eviction_policy=args.eviction_policy, speculative=args.speculative,
+                              eviction_policy=args.eviction_policy,
+                              speculation=config_from_args(SpeculationConfig, args),
                               enable_prefix_cache=not args.no_prefix_cache, gguf_blocks=not args.no_gguf_blocks, backend=args.backend,
                               **engine_fields)
         return ServerSettings(

@@ -18,7 +18,7 @@ import torch
 from kernels import cpu_decode_ops, cpu_matvec, packed_linear
 from kernels.native_build import FIND_COMPILER, NativeUnavailable
 from model.backends.base import Backend, BackendPlan, LinearPlan, StepPolicy
-from model.backends.cpu_backend import MEASURE, CpuBackend
+from model.backends.cpu_backend import FIXED, CpuBackend
 from model.backends.torch_backend import TorchBackend
 from model.config import ModelConfig
 
@@ -75,7 +75,7 @@ def check_backend_choice(choice: str, device: torch.device | str, dtype: torch.d
 
 
 def select_backend(device: torch.device | str, dtype: torch.dtype, config: ModelConfig, choice: str = "auto", *,
-                   build_dir: Path, compiler: str | None = FIND_COMPILER, crossover: str = MEASURE) -> Backend:
+                   build_dir: Path, compiler: str | None = FIND_COMPILER, crossover: str = FIXED) -> Backend:
     """The backend for a model of `config` on `device` in `dtype`. `build_dir` caches the C
     kernels; `compiler` None runs `cpu` as a machine without a C compiler gets it;
     `crossover` "fixed" (default: the measured table) or "measure" sets how `cpu` picks its few-rows limits."""

@@ -69,8 +69,8 @@ class CpuBackend(TorchBackend):
             self.rms_norm = self._fused_rms_norm
             self.add_rms_norm = self._fused_add_rms_norm
             self.rope_store_kv = self._fused_rope_store_kv
-            # one C call per layer on the calling thread for a span (torch's ops measured 2.6 ms a
-            # 256-token span on one thread, 68 ms on two of a loaded 2-core machine)
+            # one C call per layer on the calling thread for a span (far faster than torch's ops here:
+            # docs/performance.md, Document KV reuse)
             self.store_rerotated_kv = ops.rerotate_store_kv
             self.silu_and_mul = ops.silu_and_mul
 

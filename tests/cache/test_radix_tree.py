@@ -199,3 +199,26 @@ def test_reset_releases_everything_and_refuses_while_locked():
     assert tree.match_prefix([1, 2, 3]).num_tokens == 0
     with pytest.raises(ValueError):
         tree.lock(node)
+
+
+def test_peek_prefix_finds_what_match_finds_and_changes_nothing():
+    tree2, allocator2 = make_tree(policy=LFUPolicy())
+    cache_tokens(tree2, allocator2, [1, 2, 3, 4, 5, 6], "salt")
+    [node2] = tree2.root.children.values()
+    before = (node2.last_access_time, node2.hit_count, node2.num_pages)
+    assert tree2.peek_prefix([1, 2, 3, 4, 9, 9], "salt") == 4  # ends inside the node: no split
+    assert tree2.peek_prefix([1, 2, 3, 4, 5, 6, 7], "salt") == 6 and tree2.peek_prefix([1, 2], None) == 0
+    assert (node2.last_access_time, node2.hit_count, node2.num_pages) == before
+    assert list(tree2.root.children.values()) == [node2]
+    assert tree2.match_prefix([1, 2, 3, 4, 9, 9], "salt").num_tokens == 4  # the match agrees (and splits)
+
+
+def test_allocate_pages_evicts_unlocked_cache_for_what_it_hands_out():
+    tree, allocator = make_tree(num_pages=4)
+    cache_tokens(tree, allocator, [1, 2, 3, 4, 5, 6])  # 3 cached pages, 1 free
+    assert tree.num_allocatable_pages == 4
+    pages = tree.allocate_pages(2)
+    assert len(pages) == 2 and tree.num_evicted_pages >= 1
+    assert tree.allocate_pages(4) is None  # 2 held by the caller: never enough
+    tree.release_pages(pages)
+    assert allocator.num_free_pages + tree.num_cached_pages == 4

@@ -9,6 +9,7 @@ import torch
 
 from cache import check_tree_invariants
 from engine.engine_config import EngineConfig
+from engine.speculation_config import SpeculationConfig
 from engine.errors import RequestError
 from engine.llm_engine import LLMEngine
 from engine.request_options import RequestOptions
@@ -279,7 +280,7 @@ def test_random_mixes_balance_pages_and_store_references(tiny_llama_dir):
     run_random_mixes(engine, random.Random(4),
                      lambda: engine.document_store.num_bytes <= engine.document_store.max_bytes)
     assert engine.stats().num_document_reused_tokens > 0
-    assert engine.scheduler.num_evicted_pages > 0
+    assert engine.scheduler.tree.num_evicted_pages > 0
 
 
 def test_overlapping_document_spans_are_refused(tiny_llama_dir):
@@ -300,7 +301,7 @@ def test_speculation_over_reused_documents_keeps_the_greedy_output(tiny_llama_di
                _prompt(SYSTEM, "CAB", repetitive)]
     outputs = {}
     for mode in ("off", "ngram"):
-        engine = _engine(tiny_llama_dir, speculative=mode)
+        engine = _engine(tiny_llama_dir, speculation=SpeculationConfig(mode))
         outputs[mode] = [_run(engine, prompt, options, max_tokens=24)[0] for prompt, options in prompts]
         assert engine.stats().num_document_reused_tokens > 0
         if mode == "ngram":

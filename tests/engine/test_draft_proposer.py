@@ -1,6 +1,7 @@
 """Draft proposals on plain token lists: prompt lookup, the cross-request suffix index, the choice by
 match length and agreement, and the adaptive draft length."""
 
+import itertools
 from types import SimpleNamespace
 
 import pytest
@@ -10,10 +11,13 @@ from engine.draft_proposer import (COOLDOWN_STEPS, INITIAL_ACCEPTANCE, DraftLeng
                                    best_draft_length, choose_draft, match_class)
 
 
+_REQUEST_IDS = itertools.count()
+
+
 def _request(tokens: list[int], salt=None, processors=(), num_prompt_tokens: int | None = None):
     num_prompt_tokens = len(tokens) if num_prompt_tokens is None else num_prompt_tokens
-    return SimpleNamespace(all_token_ids=tokens, output_token_ids=tokens[num_prompt_tokens:], cache_salt=salt,
-                           draft_state=None, sampling=SimpleNamespace(params=SimpleNamespace(logits_processors=processors)))
+    return SimpleNamespace(request_id=f"r{next(_REQUEST_IDS)}", all_token_ids=tokens,
+                           output_token_ids=tokens[num_prompt_tokens:], cache_salt=salt, sampling=SimpleNamespace(params=SimpleNamespace(logits_processors=processors)))
 
 
 def test_prompt_lookup_drafts_what_followed_the_last_tokens():
@@ -106,9 +110,12 @@ def test_a_proposal_is_judged_by_its_match_class():
     request = _request(long_match)
     assert proposer.propose(request, 4) == [19, 7, 10, 11]
     proposer.observe(request, 4, 1)
-    assert request.draft_state.match == 2
-    assert request.draft_state.length.acceptance[:2] == list(INITIAL_ACCEPTANCE[:2])
-    assert request.draft_state.length.acceptance[2] < INITIAL_ACCEPTANCE[2]
+    state = proposer.states[request.request_id]
+    assert state.match == 2
+    assert state.length.acceptance[:2] == list(INITIAL_ACCEPTANCE[:2])
+    assert state.length.acceptance[2] < INITIAL_ACCEPTANCE[2]
+    proposer.forget(request)
+    assert proposer.states == {}
 
 
 def test_modes_are_checked():

@@ -87,7 +87,7 @@ def test_tiny_small_pool_forces_eviction_and_preemption(tiny_dir, backend):
     prompts = _mixed_prompts(256, seed=1)
     expected = _alone(probe, prompts, 16)
     _run_and_check(engine, prompts, expected, 16)
-    assert engine.scheduler.num_evicted_pages > 0
+    assert engine.scheduler.tree.num_evicted_pages > 0
     assert engine.scheduler.num_preemptions > 0
 
 

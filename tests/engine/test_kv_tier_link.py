@@ -59,9 +59,8 @@ def test_extend_match_loads_the_chain_into_the_tree_and_keeps_pages_balanced(tmp
     link = _link(tmp_path, pool)
     allocator = PageAllocator(pool.num_pages)
     tree = RadixTree(PAGE_SIZE, allocator)
-    assert link.extend_match(tree, allocator, allocator.allocate, tokens, "other salt",
-                             tree.match_prefix(tokens, "other salt"), 4).num_tokens == 0
-    match = link.extend_match(tree, allocator, allocator.allocate, tokens, "salt", tree.match_prefix(tokens, "salt"), 4)
+    assert link.extend_match(tree, tokens, "other salt", tree.match_prefix(tokens, "other salt"), 4).num_tokens == 0
+    match = link.extend_match(tree, tokens, "salt", tree.match_prefix(tokens, "salt"), 4)
     assert match.num_tokens == 4 * PAGE_SIZE and tree.page_hashes(match.last_node) == hashes[:4]
     loaded = [_page(pool, page_id) for page_id in match.page_ids]
     assert all(torch.equal(a, b) for got, want in zip(loaded, expected) for a, b in zip(got, want))

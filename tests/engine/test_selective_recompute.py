@@ -137,7 +137,7 @@ def test_the_recomputed_tokens_are_the_most_deviating(tiny_llama_dir, monkeypatc
 
 def test_zero_fraction_probes_nothing(tiny_llama_dir):
     engine = _engine(tiny_llama_dir)
-    assert engine.selective is None
+    assert engine.documents.selective is None
     _run(engine, *_prompt(SYSTEM, "AB"))
     _run(engine, *_prompt(OTHER_SYSTEM, "BA"))
     assert engine.stats().num_document_probe_tokens == engine.stats().num_document_selective_recomputed_tokens == 0

@@ -15,16 +15,17 @@ from engine.request import FinishReason, Request
 from engine.request_options import RequestOptions
 from engine.sampler import Sampler, make_sampling_state
 from engine.sampling_params import SamplingParams
+from engine.speculation_config import SpeculationConfig
 from engine.speculative_verify import sample_and_verify
 
 TEST_DEVICE = os.environ.get("RADIXSERVE_TEST_DEVICE", "cpu")
 
 
-def _engine(model_dir, speculative: str, **overrides) -> LLMEngine:
+def _engine(model_dir, speculative: str, max_verify_rows_per_step: int = 2048, **overrides) -> LLMEngine:
     # every request may draft however many run (the cpu backend stops drafting past 8 rows a step)
+    speculation = SpeculationConfig(speculative, max_verify_rows_per_step=max_verify_rows_per_step)
     settings = dict(model_dir=model_dir, device=TEST_DEVICE, dtype="float32", page_size=16,
-                    kv_cache_bytes=64 << 20, max_num_batched_tokens=2048, speculative=speculative,
-                    max_verify_rows_per_step=2048)
+                    kv_cache_bytes=64 << 20, max_num_batched_tokens=2048, speculation=speculation)
     settings.update(overrides)
     return LLMEngine(EngineConfig(**settings))
 

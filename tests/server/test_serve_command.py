@@ -160,9 +160,23 @@ def test_bad_document_reuse_flags_are_one_line_errors(smollm2_dir, argv, fragmen
 
 
 def test_speculative_mode_reaches_the_engine(smollm2_dir):
-    from engine.engine_config import SPECULATIVE_MODES
+    from engine.speculation_config import SPECULATIVE_MODES
 
-    assert set(cli.SPECULATIVE_MODES) == set(SPECULATIVE_MODES)
-    assert settings_from_args(_args(), smollm2_dir).engine.speculative == cli.SERVE_SPECULATIVE_DEFAULT
+    assert settings_from_args(_args(), smollm2_dir).engine.speculation.mode == "ngram"  # serve's default
     for mode in SPECULATIVE_MODES:
-        assert settings_from_args(_args("--speculative", mode), smollm2_dir).engine.speculative == mode
+        assert settings_from_args(_args("--speculative", mode), smollm2_dir).engine.speculation.mode == mode
+
+
+def test_speculation_flags_are_derived_from_its_config(smollm2_dir, capsys):
+    """Every SpeculationConfig field is a flag (engine/setting.py), its help the field's, its value validated there."""
+    speculation = settings_from_args(_args("--max-draft-tokens", "3", "--max-verify-rows-per-step", "5"),
+                                     smollm2_dir).engine.speculation
+    assert (speculation.max_draft_tokens, speculation.max_verify_rows_per_step) == (3, 5)
+    assert speculation.suffix_index_tokens == 200_000  # not given: the dataclass's default
+    with pytest.raises(RadixserveError, match="max_draft_tokens must be >= 1"):
+        settings_from_args(_args("--max-draft-tokens", "0"), smollm2_dir)
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--max-draft-tokens MAX_DRAFT_TOKENS the most draft tokens a request verifies" in help_text
+    assert "--speculative {off,ngram,suffix}" in help_text and "(default: ngram)" in help_text

@@ -6,6 +6,7 @@ import random
 import pytest
 
 from engine.engine_config import EngineConfig
+from engine.speculation_config import SpeculationConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from kernels import cpu_matvec
@@ -33,7 +34,8 @@ def _quantized_model(tmp_path, tiny_gguf, tie: bool):
 def _engine(model_dir, gguf_blocks: bool, speculative: str = "off") -> LLMEngine:
     return LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", kv_cache_bytes=16 << 20,
                                   max_num_batched_tokens=2048, gguf_blocks=gguf_blocks, backend="cpu",
-                                  few_rows_crossover="fixed", speculative=speculative))
+                                  few_rows_crossover="fixed",
+                                  speculation=SpeculationConfig(speculative)))
 
 
 def test_the_store_keeps_the_formats_the_kernels_read():
