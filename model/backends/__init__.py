@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from kernels import cpu_decode_ops, cpu_matvec, packed_linear
+from kernels import block_matmul, cpu_decode_ops, cpu_matvec, packed_linear
 from kernels.native_build import FIND_COMPILER, NativeUnavailable
 from model.backends.base import Backend, BackendPlan, LinearPlan, StepPolicy
 from model.backends.cpu_backend import MEASURE, CpuBackend
@@ -49,11 +49,18 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
     except NativeUnavailable as error:
         ops = None
         fallbacks.append(f"fused C ops off ({error}): torch ops")
+    try:
+        block_kernels = block_matmul.load_best(build_dir, compiler)
+        if block_kernels.instruction_set != "avx2":
+            fallbacks.append(f"block kernels: the {block_kernels.instruction_set} build (no AVX2/FMA/F16C here)")
+    except NativeUnavailable as error:
+        block_kernels = None
+        fallbacks.append(f"block kernels off ({error}): GGUF blocks dequantized to float32 at load")
     if ops is not None and not ops.fits(config.hidden_size, config.intermediate_size, config.num_heads,
                                         config.num_kv_heads, config.head_dim):
         ops = None
         fallbacks.append("fused C ops off (the model's sizes are outside their limits): torch ops")
-    return CpuBackend(matvec, ops, tuple(fallbacks), crossover)
+    return CpuBackend(matvec, ops, tuple(fallbacks), crossover, block_kernels)
 
 
 # name -> what it needs to run here (None: runs)
