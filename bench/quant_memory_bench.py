@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> None:
                        stdout=subprocess.DEVNULL)
         port = random.randrange(18000, 19000)
         radixserve = [str(Path(sys.executable).with_name("radixserve")), "serve", "--model", str(path), "--host", "127.0.0.1",
-                      "--port", str(port), "--kv-cache-memory", str(kv), "--no-kv-disk"]
+                      "--port", str(port), "--kv-cache-memory", str(kv), "--no-kv-disk",
+                      "--speculative", "off"]  # plain decode, as llama-server's
         peer = [str(llama_server), "-m", str(path), "--host", "127.0.0.1", "--port", str(port), "--parallel", "1",
                 "--ctx-size", str(args.context), "--threads", str(args.threads), "--no-webui"]
         for name, command in (("llama-server", peer), ("radixserve", radixserve)):

@@ -147,10 +147,12 @@ def dequantize_blocks_into(model: LlamaForCausalLM, model_dir: Path) -> None:
         param.data[start:end].copy_(dequantize_reference(weight))
 
 
-# The modules whose weights may stay blocks: the projections, the LM head and the embedding table.
+# The modules whose weights may stay blocks: the embedding table, the LM head and the projections.
+# The two largest first, while little else is resident: their transient copies (widened scales)
+# then add to nothing, which keeps the load's peak memory near the model's.
 def _block_module_names(config: ModelConfig) -> list[str]:
-    return ([f"layers.{i}.{local}" for i in range(config.num_layers) for local in PROJECTIONS]
-            + ["embed_tokens", "lm_head"])
+    return (["embed_tokens", "lm_head"]
+            + [f"layers.{i}.{local}" for i in range(config.num_layers) for local in PROJECTIONS])
 
 
 def module_blocks(model: LlamaForCausalLM, model_dir: Path) -> dict[str, list[BlockWeight]]:

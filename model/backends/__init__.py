@@ -10,6 +10,7 @@ falls back op by op, each fallback with its reason in describe().
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -49,18 +50,12 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
     except NativeUnavailable as error:
         ops = None
         fallbacks.append(f"fused C ops off ({error}): torch ops")
-    try:
-        block_kernels = block_matmul.load_best(build_dir, compiler)
-        if block_kernels.instruction_set != "avx2":
-            fallbacks.append(f"block kernels: the {block_kernels.instruction_set} build (no AVX2/FMA/F16C here)")
-    except NativeUnavailable as error:
-        block_kernels = None
-        fallbacks.append(f"block kernels off ({error}): GGUF blocks dequantized to float32 at load")
     if ops is not None and not ops.fits(config.hidden_size, config.intermediate_size, config.num_heads,
                                         config.num_kv_heads, config.head_dim):
         ops = None
         fallbacks.append("fused C ops off (the model's sizes are outside their limits): torch ops")
-    return CpuBackend(matvec, ops, tuple(fallbacks), crossover, block_kernels)
+    return CpuBackend(matvec, ops, tuple(fallbacks), crossover,
+                      functools.partial(block_matmul.load_best, build_dir, compiler))
 
 
 # name -> what it needs to run here (None: runs)

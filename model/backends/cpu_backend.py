@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -26,6 +27,7 @@ from kernels.cpu_decode_ops import CpuDecodeOps
 from kernels.block_formats import BlockWeight
 from kernels.block_matmul import BlockKernels
 from kernels.cpu_matvec import BLOCKS_MAX_ROWS, MATVEC_FORMATS, CpuMatvec
+from kernels.native_build import NativeUnavailable
 from kernels.packed_linear import pack_weight, packed_linear
 from kernels.paged_attention import paged_attention
 from model.backends.base import BackendPlan, LinearPlan, StepPolicy
@@ -54,7 +56,7 @@ class CpuBackend(TorchBackend):
     name = "cpu"
 
     def __init__(self, matvec: CpuMatvec | None, ops: CpuDecodeOps | None, fallbacks: tuple[str, ...] = (),
-                 crossover: str = MEASURE, block_kernels: BlockKernels | None = None):
+                 crossover: str = MEASURE, load_block_kernels: Callable[[], BlockKernels] | None = None):
         super().__init__(torch.device("cpu"), torch.float32, fallbacks)
         if crossover not in (MEASURE, FIXED):
             raise ValueError(f"crossover must be {MEASURE!r} or {FIXED!r}, got {crossover!r}")
@@ -62,8 +64,9 @@ class CpuBackend(TorchBackend):
         self.ops = ops
         # Weights kept as blocks need the block kernels (any CPU with a C compiler: the portable
         # build where AVX2 is missing); without them the loader dequantizes the blocks at load.
-        self.block_kernels = block_kernels
-        self.reads_blocks = block_kernels is not None
+        # Built and loaded when a model first has blocks (a float32 model never pays the build).
+        self._load_block_kernels = load_block_kernels
+        self._block_kernels: BlockKernels | None = None
         self._resident: dict[str, int] = {}  # block format -> bytes held as blocks
         self._embedding_table: BlockWeight | None = None  # the embedding's blocks (a tied LM head shares them)
         self._embedding = ""  # what the embedding runs, when it is blocks
@@ -86,6 +89,23 @@ class CpuBackend(TorchBackend):
             self.silu_and_mul = ops.silu_and_mul
 
     # ------------------------------------------------------------ load time
+
+    @property
+    def block_kernels(self) -> BlockKernels | None:
+        if self._load_block_kernels is not None:
+            load, self._load_block_kernels = self._load_block_kernels, None
+            try:
+                self._block_kernels = load()
+                if self._block_kernels.instruction_set != "avx2":
+                    self.fallbacks += (f"block kernels: the {self._block_kernels.instruction_set} build "
+                                       "(no AVX2/FMA/F16C here)",)
+            except NativeUnavailable as error:
+                self.fallbacks += (f"block kernels off ({error}): GGUF blocks dequantized to float32 at load",)
+        return self._block_kernels
+
+    @property
+    def reads_blocks(self) -> bool:
+        return self.block_kernels is not None
 
     def make_embedding(self, layer: nn.Module, blocks: list[BlockWeight]) -> nn.Module:
         (table,) = blocks
