@@ -74,7 +74,8 @@ def stop(process: subprocess.Popen) -> None:
 
 def decode_tokens_per_s(port: int, max_tokens: int) -> tuple[float, int]:
     """One streamed greedy completion at batch 1 -> (tokens/s after the first token, tokens)."""
-    body = {"model": "m", "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+    model = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=30).json()["data"][0]["id"]
+    body = {"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "ignore_eos": True}
     times = []
     with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=600) as response:
