@@ -47,8 +47,10 @@ SETTINGS = {
 }
 
 
-def ask(client: httpx.Client, question: str, fields: dict, cap: int | None, seed: int) -> dict:
-    body = {"messages": [{"role": "user", "content": question}], **fields, "seed": seed}
+def ask(client: httpx.Client, question: str, fields: dict, cap: int | None, seed: int | None) -> dict:
+    body = {"messages": [{"role": "user", "content": question}], **fields}
+    if seed is not None:
+        body["seed"] = seed
     if cap is not None:
         body["max_tokens"] = cap
     start = time.perf_counter()
@@ -69,11 +71,16 @@ def summarize(name: str, rows: list[dict]) -> str:
             f"| {statistics.median(seconds):.1f} | {max(seconds):.1f} |")
 
 
+def _seed(text: str) -> int | None:
+    return None if text == "none" else int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", help="a running server (default: start radixserve on the default model)")
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--seeds", type=_seed, nargs="+", default=[1, 2],
+                        help="one pass of the questions per seed; 'none' sends no seed (as the README's curl)")
     parser.add_argument("--cap", type=int, default=1024,
                         help="max_tokens sent with each request (0: none, the server's default applies)")
     parser.add_argument("--server-args", nargs=argparse.REMAINDER, default=[],
