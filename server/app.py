@@ -45,7 +45,7 @@ from server.auth import require_api_key
 from server.completion_service import CompletionService
 from server.logprobs import LogprobFormatter
 from server.metrics import ServerMetrics
-from server.openapi import openapi_config, openapi_document
+from server.openapi import document_responses, openapi_config, openapi_document
 from server.prompt_ledger import PromptLedger
 from server.prompts import RequestPrompts
 from server.api_anthropic.threads import THREADS_TABLE
@@ -115,6 +115,7 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
         cors_config=_cors_config(settings.allowed_origins),
         logging_config=None,
     )
+    document_responses(app.openapi_schema)  # error responses and media types the generator cannot see
     # Outermost, so the access log sees every request, routed or not.
     app.asgi_handler = AccessLogMiddleware(app.asgi_handler)
     return app
