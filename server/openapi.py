@@ -93,6 +93,7 @@ _DESCRIPTIONS = {400: "invalid request", 401: "missing or wrong API key", 404: "
                  499: "the client closed the connection while sending the body (no body)",
                  503: "overloaded: retry after Retry-After", 529: "overloaded: retry after Retry-After"}
 _GENERATING = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"}
+_NAMING_A_MODEL = _GENERATING | {"/v1/embeddings", "/v1/messages/count_tokens"}
 _CONFLICTING = {("post", "/v1/collections"), ("post", "/v1/collections/{name}/documents")}
 _STREAMING = _GENERATING  # `stream: true` answers with server-sent events
 _METRICS_PATH = "/metrics"
@@ -107,7 +108,7 @@ def _error_statuses(path: str, method: str, operation: Operation) -> list[int]:
         statuses |= {400, 413, 499}
     if operation.parameters:
         statuses |= {400, 404}  # a path names what may not exist; a query may not parse
-    if path in _GENERATING or path.startswith("/v1/messages"):
+    if path in _NAMING_A_MODEL:
         statuses.add(404)  # the model named
     if path in _GENERATING:
         statuses.add(529 if path.startswith("/v1/messages") else 503)

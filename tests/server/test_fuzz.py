@@ -59,8 +59,9 @@ def test_no_request_gets_a_server_error(fuzzed_app):
             try:
                 case.validate_response(response, checks=CONFORMANCE_CHECKS)
             except (Exception, BaseExceptionGroup) as failure:  # counted, not raised: the run goes on and reports them all
-                _off_document.append(f"{case.method} {case.formatted_path} -> {response.status_code}: "
-                                     f"{str(failure).splitlines()[0] if str(failure) else type(failure).__name__}")
+                failures = failure.exceptions if isinstance(failure, BaseExceptionGroup) else (failure,)
+                reasons = "; ".join((str(f).splitlines() or [type(f).__name__])[0] for f in failures)
+                _off_document.append(f"{case.method} {case.formatted_path} -> {response.status_code}: {reasons}")
             assert response.status_code < 500, (f"{case.method} {case.formatted_path} body={case.body!r}: "
                                                 f"{response.status_code} {response.text}")
             content_type = (response.headers.get("content-type") or [""])[0]
