@@ -11,6 +11,7 @@ from safetensors import safe_open
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from engine.speculation_config import SpeculationConfig
 from kernels.block_formats import FORMATS
 from store.block_file import BLOCKS_FILE, read_block_file
 from store.gguf_import import convert_gguf, read_metadata
@@ -85,7 +86,7 @@ def write_block_model(path, tokenizer_source, tie: bool, embedding_format: str) 
 def _engine(model_dir, backend: str, gguf_blocks: bool = True) -> LLMEngine:
     return LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", kv_cache_bytes=16 << 20,
                                   max_num_batched_tokens=2048, gguf_blocks=gguf_blocks, backend=backend,
-                                  few_rows_crossover="fixed", speculative="off"))
+                                  few_rows_crossover="fixed", speculation=SpeculationConfig("off")))
 
 
 @pytest.mark.parametrize("tie, embedding_format", [(True, "Q6_K"), (False, "F16")])

@@ -13,6 +13,7 @@ from bench.random_gguf import random_gguf
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from engine.speculation_config import SpeculationConfig
 from kernels import block_matmul
 from kernels.block_formats import BlockWeight, dequantize_reference
 from store.block_file import read_block_file
@@ -26,7 +27,7 @@ TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5
 
 def _engine(model_dir, backend: str) -> LLMEngine:
     return LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", kv_cache_bytes=16 << 20,
-                                  backend=backend, few_rows_crossover="fixed", speculative="off"))
+                                  backend=backend, few_rows_crossover="fixed", speculation=SpeculationConfig("off")))
 
 
 @pytest.mark.parametrize("type_name", TYPES)
