@@ -89,6 +89,11 @@ class EngineConfig:
     # weight shape at load: it read a 1-row gate_up product as slower than oneDNN on a quiet machine and
     # cost batch-1 decode 75 -> 52 tok/s, so it is not the default)
     few_rows_crossover: str = "fixed"
+    # cpu: the C kernel variant (kernels.cpu_features.VARIANT_CHOICES; "auto": the best this CPU runs)
+    cpu_kernels: str = "auto"
+    # cpu: prefill GEMMs over the GGUF blocks with int8 activations (kernels/cpu_gemm_q8.py), else oneDNN
+    # float32; its quality against float32 is measured in docs/performance.md
+    quantized_prefill: bool = True
     # The disk tier of KV pages (engine/kv_tier_link.py): its root (the model's tier is a
     # fingerprint-named directory under it), or None for no tier. `serve` turns it on by default.
     kv_disk_dir: Path | None = None

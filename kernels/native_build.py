@@ -1,14 +1,18 @@
 """Building and loading the project's small C kernels (kernels/csrc).
 
-Each library is plain C with OpenMP and AVX2/FMA/F16C intrinsics, built from
-the sources LIBRARIES names (plus the shared headers in csrc): no torch
-headers, so a build takes about a second with the system C compiler. The
-library is cached under `build_dir` by the hash of its sources, headers and
-flags and loaded with ctypes. `load_library` raises NativeUnavailable, with the
-reason in one line, where it cannot run (not x86-64, no AVX2/FMA/F16C, no
-compiler, a failed build); callers then keep their torch path, which is also
-the tests' reference. `compiler=None` says "no compiler here": tests use it to
-run the fallback a machine without one gets.
+Each library is plain C with OpenMP and intrinsics, built from the sources
+LIBRARIES names (plus the shared headers in csrc): no torch headers, so a build
+takes about a second with the system C compiler. A library is built per kernel
+variant (kernels/cpu_features.py: "avx512_vnni", "avx2") with that variant's -m
+flags; LIBRARIES says which variants it has (the decode kernels are AVX2 code,
+the int8 GEMM has an AVX-512 VNNI one too), and `load_library` builds the best of
+them at or below the variant asked for. The library is cached under `build_dir`
+by the hash of its sources, headers and flags and loaded with ctypes.
+`load_library` raises NativeUnavailable, with the reason in one line, where it
+cannot run (not x86-64, no AVX2/FMA/F16C, no compiler, a failed build); callers
+then keep their torch path, which is also the tests' reference. `compiler=None`
+says "no compiler here": tests use it to run the fallback a machine without one
+gets.
 """
 
 import ctypes
@@ -21,14 +25,19 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from kernels.cpu_features import PORTABLE, VARIANTS, this_cpu
+
 SOURCE_DIR = Path(__file__).parent / "csrc"
-COMPILE_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
-REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
+COMPILE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")  # and the variant's -m flags (cpu_features.VARIANTS)
+REQUIRED_CPU_FLAGS = VARIANTS["avx2"][0]  # the least any library needs
 # library name -> its C sources in SOURCE_DIR
 LIBRARIES = {
     "matvec": ("matvec.c",),
     "decode_ops": ("row_ops.c", "decode_attention.c"),
+    "gemm_q8": ("gemm_q8.c",),
 }
+# library name -> the variants it is written for, best first (default: avx2 only)
+LIBRARY_VARIANTS = {"gemm_q8": ("avx512_vnni", "avx2")}
 
 logger = logging.getLogger("radixserve.kernels")
 
@@ -44,11 +53,28 @@ def find_compiler() -> str | None:
     return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
 
 
-def load_library(name: str, build_dir: Path, compiler: str | None = FIND_COMPILER) -> ctypes.CDLL:
-    """Library `name` (LIBRARIES) built (once, cached by content) into build_dir and loaded.
-    `compiler`: a path, FIND_COMPILER, or None (no compiler: raises NativeUnavailable)."""
-    if platform.machine() not in ("x86_64", "AMD64") or not cpu_has_flags(REQUIRED_CPU_FLAGS):
-        raise _unavailable(f"{name}: this CPU lacks {'/'.join(REQUIRED_CPU_FLAGS)}")
+def library_variant(name: str, variant: str) -> str | None:
+    """The variant `name` is built as when `variant` is asked for: the best it has that is not
+    above `variant` (VARIANTS' order); None for the portable variant or when it has none."""
+    if variant == PORTABLE:
+        return None
+    order = list(VARIANTS)
+    return next((own for own in LIBRARY_VARIANTS.get(name, ("avx2",)) if order.index(own) >= order.index(variant)),
+                None)
+
+
+def load_library(name: str, build_dir: Path, compiler: str | None = FIND_COMPILER,
+                 variant: str = "avx2") -> ctypes.CDLL:
+    """Library `name` (LIBRARIES) built (once, cached by content) into build_dir for the best of
+    its variants at or below `variant` (library_variant), and loaded. `compiler`: a path,
+    FIND_COMPILER, or None (no compiler: raises NativeUnavailable)."""
+    built_as = library_variant(name, variant)
+    if built_as is None:
+        raise _unavailable(f"{name}: the portable path was asked for" if variant == PORTABLE
+                           else f"{name}: no {variant} variant")
+    needs = VARIANTS[built_as][0]
+    if platform.machine() not in ("x86_64", "AMD64") or not cpu_has_flags(needs):
+        raise _unavailable(f"{name}: this CPU lacks {'/'.join(needs)}")
     if compiler == FIND_COMPILER:
         compiler = find_compiler()
     if compiler is None:
@@ -57,10 +83,11 @@ def load_library(name: str, build_dir: Path, compiler: str | None = FIND_COMPILE
     digest = hashlib.sha256()
     for path in [*sources, *sorted(SOURCE_DIR.glob("*.h"))]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    digest.update(" ".join(COMPILE_FLAGS).encode())
+    flags = (*COMPILE_FLAGS, *VARIANTS[built_as][1])
+    digest.update(" ".join(flags).encode())
     library_path = Path(build_dir) / f"{name}-{digest.hexdigest()[:16]}.so"
     if not library_path.is_file():
-        _build(compiler, name, sources, library_path)
+        _build(compiler, name, flags, sources, library_path)
     try:
         return ctypes.CDLL(str(library_path))
     except OSError as error:
@@ -72,11 +99,11 @@ def _unavailable(reason: str) -> NativeUnavailable:
     return NativeUnavailable(reason)
 
 
-def _build(compiler: str, name: str, sources: list[Path], library_path: Path) -> None:
+def _build(compiler: str, name: str, flags: tuple[str, ...], sources: list[Path], library_path: Path) -> None:
     library_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=library_path.parent) as scratch:
         partial = Path(scratch) / library_path.name
-        command = [compiler, *COMPILE_FLAGS, f"-I{SOURCE_DIR}", *map(str, sources), "-o", str(partial)]
+        command = [compiler, *flags, f"-I{SOURCE_DIR}", *map(str, sources), "-o", str(partial)]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             logger.warning("building %s failed:\n%s", name, result.stderr[-2000:])
@@ -86,8 +113,4 @@ def _build(compiler: str, name: str, sources: list[Path], library_path: Path) ->
 
 
 def cpu_has_flags(flags: tuple[str, ...]) -> bool:
-    try:
-        words = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return False
-    return all(flag in words for flag in flags)
+    return this_cpu().has(*flags)

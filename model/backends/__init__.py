@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from kernels import cpu_decode_ops, cpu_matvec, packed_linear
+from kernels import cpu_decode_ops, cpu_gemm_q8, cpu_matvec, packed_linear
+from kernels.cpu_features import resolve_variant, this_cpu
 from kernels.native_build import FIND_COMPILER, NativeUnavailable
 from model.backends.base import Backend, BackendPlan, LinearPlan, StepPolicy
 from model.backends.cpu_backend import MEASURE, CpuBackend
@@ -37,15 +38,24 @@ def _cpu_unfit(device: torch.device, dtype: torch.dtype) -> str | None:
     return None
 
 
-def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crossover: str) -> Backend:
-    fallbacks = []
+def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crossover: str, variant_choice: str,
+              quantized_prefill: bool) -> Backend:
+    features = this_cpu()
+    variant, skipped = resolve_variant(variant_choice, features)
+    fallbacks = list(skipped)
+    gemm_q8 = None
+    if quantized_prefill:
+        try:
+            gemm_q8 = cpu_gemm_q8.load(build_dir, compiler, variant)
+        except NativeUnavailable as error:
+            fallbacks.append(f"int8 GEMM over blocks off ({error}): oneDNN float32 for prefill")
     try:
-        matvec = cpu_matvec.load(build_dir, compiler)
+        matvec = cpu_matvec.load(build_dir, compiler, variant)
     except NativeUnavailable as error:
         matvec = None
         fallbacks.append(f"few-rows C kernels off ({error}): oneDNN for every row count")
     try:
-        ops = cpu_decode_ops.load(build_dir, compiler)
+        ops = cpu_decode_ops.load(build_dir, compiler, variant)
     except NativeUnavailable as error:
         ops = None
         fallbacks.append(f"fused C ops off ({error}): torch ops")
@@ -53,7 +63,8 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
                                         config.num_kv_heads, config.head_dim):
         ops = None
         fallbacks.append("fused C ops off (the model's sizes are outside their limits): torch ops")
-    return CpuBackend(matvec, ops, tuple(fallbacks), crossover)
+    return CpuBackend(matvec, ops, tuple(fallbacks), crossover, gemm_q8=gemm_q8,
+                      instruction_sets=f"{features.describe()}; kernels: {variant}")
 
 
 # name -> what it needs to run here (None: runs)
@@ -75,10 +86,14 @@ def check_backend_choice(choice: str, device: torch.device | str, dtype: torch.d
 
 
 def select_backend(device: torch.device | str, dtype: torch.dtype, config: ModelConfig, choice: str = "auto", *,
-                   build_dir: Path, compiler: str | None = FIND_COMPILER, crossover: str = MEASURE) -> Backend:
+                   build_dir: Path, compiler: str | None = FIND_COMPILER, crossover: str = MEASURE,
+                   cpu_kernels: str = "auto", quantized_prefill: bool = True) -> Backend:
     """The backend for a model of `config` on `device` in `dtype`. `build_dir` caches the C
     kernels; `compiler` None runs `cpu` as a machine without a C compiler gets it;
-    `crossover` "fixed" (default: the measured table) or "measure" sets how `cpu` picks its few-rows limits."""
+    `crossover` "fixed" (default: the measured table) or "measure" sets how `cpu` picks its few-rows limits;
+    `cpu_kernels` the kernel variant (kernels.cpu_features.VARIANT_CHOICES: "auto" is the best this CPU
+    runs, "avx2" or "portable" force a lower one); `quantized_prefill` whether `cpu` runs prefill GEMMs
+    over GGUF blocks with int8 activations (kernels/cpu_gemm_q8.py) instead of oneDNN float32."""
     device = torch.device(device)
     check_backend_choice(choice, device, dtype)
     skipped = []
@@ -88,6 +103,6 @@ def select_backend(device: torch.device | str, dtype: torch.dtype, config: Model
             skipped.append(f"{name} not chosen ({reason})")
             continue
         if name == "cpu":
-            return _make_cpu(config, build_dir, compiler, crossover)
+            return _make_cpu(config, build_dir, compiler, crossover, cpu_kernels, quantized_prefill)
         return TorchBackend(device, dtype, tuple(skipped))
     raise AssertionError("torch runs everywhere")

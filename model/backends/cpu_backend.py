@@ -1,8 +1,11 @@
 """`cpu`: CPU float32 on oneDNN's prepacked GEMMs, C kernels for few-row products
 (float32 or GGUF blocks) and fused C ops for the small ops of a step.
 
-What a machine gets depends on what loaded, and describe() says which and why:
-- oneDNN prepacked linear layers always (kernels/packed_linear.py);
+What a machine gets depends on what loaded, and describe() says which and why (and which
+instruction sets the CPU has, and which kernel variant was built: kernels/cpu_features.py):
+- prefill products over a weight's GGUF blocks (Q4_1, Q8_0) as int8 GEMMs with activations
+  quantized per block of 32 (kernels/cpu_gemm_q8.py: AVX-512 VNNI or AVX2), no float32 copy;
+- oneDNN prepacked linear layers for the other weights (kernels/packed_linear.py);
 - with the C kernels built (kernels/native_build.py: a C compiler, AVX2/FMA/F16C):
   few-row products read the GGUF blocks of a converted model (or, without blocks, a kept
   row-major float32 copy for single rows: twice the weight memory), up to a row count
@@ -23,6 +26,7 @@ from torch import Tensor, nn
 from kernels.attention_inputs import AttentionInputs
 from kernels.attention_plan import AttentionPolicy
 from kernels.cpu_decode_ops import CpuDecodeOps
+from kernels.cpu_gemm_q8 import CpuGemmQ8
 from kernels.cpu_matvec import BLOCKS_MAX_ROWS, BlockWeight, CpuMatvec
 from kernels.packed_linear import pack_weight, packed_linear
 from kernels.paged_attention import paged_attention
@@ -49,13 +53,15 @@ class CpuBackend(TorchBackend):
     name = "cpu"
 
     def __init__(self, matvec: CpuMatvec | None, ops: CpuDecodeOps | None, fallbacks: tuple[str, ...] = (),
-                 crossover: str = MEASURE):
+                 crossover: str = MEASURE, gemm_q8: CpuGemmQ8 | None = None, instruction_sets: str = ""):
         super().__init__(torch.device("cpu"), torch.float32, fallbacks)
         if crossover not in (MEASURE, FIXED):
             raise ValueError(f"crossover must be {MEASURE!r} or {FIXED!r}, got {crossover!r}")
         self.matvec = matvec
         self.ops = ops
-        self.reads_blocks = matvec is not None
+        self.gemm_q8 = gemm_q8  # prefill over blocks with int8 activations; None: oneDNN float32
+        self.instruction_sets = instruction_sets  # the CPU's, and the kernel variant chosen
+        self.reads_blocks = matvec is not None or gemm_q8 is not None
         self.crossover = crossover
         self._crossovers: dict[tuple, int] = {}  # (weight kind, out, in) -> measured few_rows_max
         self.policy = StepPolicy(self.policy.max_num_batched_tokens,
@@ -79,12 +85,18 @@ class CpuBackend(TorchBackend):
     def make_linear(self, name: str, layer: nn.Module, blocks: BlockWeight | None) -> nn.Module:
         weight, bias = layer.weight, layer.bias
         out_features, in_features = weight.shape
-        packed = pack_weight(weight)
+        if blocks is not None and (blocks.rows, blocks.cols) != (out_features, in_features):
+            raise ValueError(f"{name}: block weight ({blocks.rows}, {blocks.cols}) does not fit a "
+                             f"({out_features}, {in_features}) projection")
+        if self.gemm_q8 is not None and blocks is not None and self.gemm_q8.fits(blocks):
+            # the blocks, repacked, serve every row count above the few-rows kernel's: no float32 copy
+            large = functools.partial(self.gemm_q8, weight=self.gemm_q8.repack(blocks))
+            large_name = f"int8 GEMM over {blocks.format} blocks ({self.gemm_q8.variant})"
+        else:
+            large = functools.partial(packed_linear, packed_weight=pack_weight(weight), bias=None)
+            large_name = "oneDNN prepacked"
         few_rows, limit, kind = None, 0, ""
         if self.matvec is not None and blocks is not None:
-            if (blocks.rows, blocks.cols) != (out_features, in_features):
-                raise ValueError(f"{name}: block weight ({blocks.rows}, {blocks.cols}) does not fit a "
-                                 f"({out_features}, {in_features}) projection")
             few_rows = functools.partial(self.matvec.matmul_blocks, weight=blocks)
             kind, limit = f"{blocks.format} blocks", BLOCKS_MAX_ROWS[blocks.format]
             if self.crossover == MEASURE:
@@ -95,21 +107,20 @@ class CpuBackend(TorchBackend):
         if few_rows is not None and self.crossover == MEASURE:
             key = (kind, out_features, in_features)
             if key not in self._crossovers:
-                self._crossovers[key] = measure_crossover(
-                    few_rows, functools.partial(packed_linear, packed_weight=packed, bias=None), in_features, limit)
+                self._crossovers[key] = measure_crossover(few_rows, large, in_features, limit)
             limit = self._crossovers[key]
-        self._linears[name] = LinearPlan("oneDNN prepacked", f"C matvec over {kind}" if limit else "", limit)
+        self._linears[name] = LinearPlan(large_name, f"C matvec over {kind}" if limit else "", limit)
         if blocks is not None and limit and limit < self.policy.max_verify_rows_per_step:
             # drafts never take a step past a projection's blocks kernel: the row-cost table holds there, and
             # a row's logits are those of a plain decode (the kernel's rows do not depend on m). (The float32
             # path's matvec takes one row: its verify chunks run on oneDNN, and keep the default limit.)
             self.policy = dataclasses.replace(self.policy, max_verify_rows_per_step=limit)
-        return CpuLinear(packed, bias, out_features, few_rows if limit else None, limit)
+        return CpuLinear(large, bias, out_features, few_rows if limit else None, limit)
 
     def plan(self) -> BackendPlan:
-        notes = ()
+        notes = (f"cpu: {self.instruction_sets}",) if self.instruction_sets else ()
         if self._crossovers:
-            notes = ("measured few-rows limits " + ", ".join(
+            notes += ("measured few-rows limits " + ", ".join(
                 f"{kind} ({rows}x{cols}): {limit}" for (kind, rows, cols), limit in sorted(self._crossovers.items())),)
         return BackendPlan(
             self.name, "cpu", "float32", dict(self._linears),
