@@ -91,9 +91,9 @@ class EngineConfig:
     few_rows_crossover: str = "fixed"
     # cpu: the C kernel variant (kernels.cpu_features.VARIANT_CHOICES; "auto": the best this CPU runs)
     cpu_kernels: str = "auto"
-    # cpu: prefill GEMMs over the GGUF blocks with int8 activations (kernels/cpu_gemm_q8.py), else oneDNN
-    # float32; its quality against float32 is measured in docs/performance.md
-    quantized_prefill: bool = True
+    # cpu: products over the GGUF blocks with int8 activations (kernels/cpu_gemm_q8.py), prefill and decode;
+    # else float32 activations (oneDNN, the float blocks kernel). Quality against float32: docs/performance.md
+    int8_activations: bool = True
     # The disk tier of KV pages (engine/kv_tier_link.py): its root (the model's tier is a
     # fingerprint-named directory under it), or None for no tier. `serve` turns it on by default.
     kv_disk_dir: Path | None = None

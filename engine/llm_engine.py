@@ -53,7 +53,7 @@ class LLMEngine:
         model_dir = Path(config.model_dir)
         self.backend = select_backend(self.device, self.dtype, ModelConfig.from_model_dir(model_dir), config.backend,
                                       build_dir=radixserve_home() / "kernels", crossover=config.few_rows_crossover,
-                                      cpu_kernels=config.cpu_kernels, quantized_prefill=config.quantized_prefill)
+                                      cpu_kernels=config.cpu_kernels, int8_activations=config.int8_activations)
         self.model = load_model(model_dir, self.device, self.dtype, self.backend, gguf_blocks=config.gguf_blocks)
         if config.max_num_batched_tokens is None:
             config = dataclasses.replace(config, max_num_batched_tokens=self.backend.policy.max_num_batched_tokens)

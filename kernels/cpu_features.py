@@ -2,8 +2,8 @@
 
 The C kernels are built per variant (kernels/native_build.py) with the -m flags of
 the instruction sets it uses; the backend takes the best variant this CPU runs
-(`best_variant`) unless told to take a lower one (`RADIXSERVE_CPU_ISA` is read by the
-server's config, not here; tests pass the variant). Below every variant there is the
+(`best_variant`) unless told to take a lower one (`serve --cpu-kernels`,
+EngineConfig.cpu_kernels: for comparison, and for tests of what other machines get). Below every variant there is the
 portable path: torch's own ops, which need no compiler and no particular CPU.
 
 Variants, best first:

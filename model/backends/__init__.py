@@ -39,16 +39,16 @@ def _cpu_unfit(device: torch.device, dtype: torch.dtype) -> str | None:
 
 
 def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crossover: str, variant_choice: str,
-              quantized_prefill: bool) -> Backend:
+              int8_activations: bool) -> Backend:
     features = this_cpu()
     variant, skipped = resolve_variant(variant_choice, features)
     fallbacks = list(skipped)
     gemm_q8 = None
-    if quantized_prefill:
+    if int8_activations:
         try:
             gemm_q8 = cpu_gemm_q8.load(build_dir, compiler, variant)
         except NativeUnavailable as error:
-            fallbacks.append(f"int8 GEMM over blocks off ({error}): oneDNN float32 for prefill")
+            fallbacks.append(f"int8 GEMM over blocks off ({error}): oneDNN float32 and the float blocks kernel")
     try:
         matvec = cpu_matvec.load(build_dir, compiler, variant)
     except NativeUnavailable as error:
@@ -87,13 +87,14 @@ def check_backend_choice(choice: str, device: torch.device | str, dtype: torch.d
 
 def select_backend(device: torch.device | str, dtype: torch.dtype, config: ModelConfig, choice: str = "auto", *,
                    build_dir: Path, compiler: str | None = FIND_COMPILER, crossover: str = MEASURE,
-                   cpu_kernels: str = "auto", quantized_prefill: bool = True) -> Backend:
+                   cpu_kernels: str = "auto", int8_activations: bool = True) -> Backend:
     """The backend for a model of `config` on `device` in `dtype`. `build_dir` caches the C
     kernels; `compiler` None runs `cpu` as a machine without a C compiler gets it;
     `crossover` "fixed" (default: the measured table) or "measure" sets how `cpu` picks its few-rows limits;
     `cpu_kernels` the kernel variant (kernels.cpu_features.VARIANT_CHOICES: "auto" is the best this CPU
-    runs, "avx2" or "portable" force a lower one); `quantized_prefill` whether `cpu` runs prefill GEMMs
-    over GGUF blocks with int8 activations (kernels/cpu_gemm_q8.py) instead of oneDNN float32."""
+    runs, "avx2" or "portable" force a lower one); `int8_activations` whether `cpu` runs the products over
+    GGUF blocks with int8 activations (kernels/cpu_gemm_q8.py), prefill and decode, instead of oneDNN float32
+    for prefill and the float-activation blocks kernel for decode."""
     device = torch.device(device)
     check_backend_choice(choice, device, dtype)
     skipped = []
@@ -103,6 +104,6 @@ def select_backend(device: torch.device | str, dtype: torch.dtype, config: Model
             skipped.append(f"{name} not chosen ({reason})")
             continue
         if name == "cpu":
-            return _make_cpu(config, build_dir, compiler, crossover, cpu_kernels, quantized_prefill)
+            return _make_cpu(config, build_dir, compiler, crossover, cpu_kernels, int8_activations)
         return TorchBackend(device, dtype, tuple(skipped))
     raise AssertionError("torch runs everywhere")

@@ -171,9 +171,9 @@ def test_each_kernel_variant_runs_here_and_is_named(build_dir, variant):
         assert plan.row_ops == "fused C kernels"
 
 
-def test_quantized_prefill_can_be_turned_off(build_dir):
+def test_int8_activations_can_be_turned_off(build_dir):
     ops = select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, crossover="fixed",
-                         quantized_prefill=False)
+                         int8_activations=False)
     layer, blocks = _blocks_layer("Q4_1", 96, 64, seed=8)
     linear = ops.make_linear("layers.0.mlp.down_proj", layer, blocks)
     x = torch.randn(40, 64, generator=_gen(3))

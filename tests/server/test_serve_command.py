@@ -38,8 +38,8 @@ def test_cpu_kernel_choice_reaches_the_engine(smollm2_dir):
     from kernels.cpu_features import VARIANT_CHOICES
 
     assert cli.CPU_KERNEL_CHOICES == VARIANT_CHOICES
-    engine = settings_from_args(_args("--cpu-kernels", "portable", "--no-quantized-prefill"), smollm2_dir).engine
-    assert (engine.cpu_kernels, engine.quantized_prefill) == ("portable", False)
+    engine = settings_from_args(_args("--cpu-kernels", "portable", "--no-int8-activations"), smollm2_dir).engine
+    assert (engine.cpu_kernels, engine.int8_activations) == ("portable", False)
     assert settings_from_args(_args(), smollm2_dir).engine.cpu_kernels == "auto"
 
 
