@@ -1,4 +1,4 @@
-"""Prefill GEMM over GGUF blocks with int8 activations (kernels/csrc/gemm_q8.c).
+"""Products over GGUF blocks with int8 activations, prefill and decode (kernels/csrc/gemm_q8.c).
 
 A prefill chunk of m rows times a weight kept in its GGUF blocks: x is quantized per
 block of 32 to int8 (llama.cpp's Q8 activations, scale max|x| / 127, in float32), and
@@ -21,17 +21,21 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from kernels.cpu_matvec import BlockWeight
+from kernels.block_formats import FORMATS, BlockWeight
 from kernels.native_build import FIND_COMPILER, library_variant, load_library
 
-FORMAT_CODES = {"Q4_1": 0, "Q8_0": 1}  # the block formats the kernels read (BlockWeight's layout)
+# The block formats (kernels/block_formats.py) the kernels repack: Q4_1 and Q4_K into 32-weight groups
+# with a float32 scale and min each (Q4_K's d * sc and -dmin * m are exact in float32: 24 bytes per 32
+# weights against Q4_K's 18), Q4_0 and Q8_0 into groups with a float32 scale (20 and 36 bytes).
+GEMM_FORMATS = ("Q4_0", "Q4_1", "Q8_0", "Q4_K")
 
 
 @dataclass(frozen=True)
 class PackedBlocks:
     """A (rows, cols) weight repacked for one kernel variant: `packed` is opaque uint8."""
 
-    format: str
+    format: str  # the source format (kernels/block_formats.py)
+    layout: int  # the C kernels' layout code for it
     packed: Tensor
     rows: int
     cols: int
@@ -45,11 +49,15 @@ class CpuGemmQ8:
         variant_name = library.gemm_q8_variant
         variant_name.restype = ctypes.c_char_p
         self.variant = variant_name().decode()
+        self._layout = library.gemm_q8_layout
+        self._layout.argtypes = [ctypes.c_int]
+        self._layout.restype = ctypes.c_int
         self._packed_bytes = library.gemm_q8_packed_bytes
         self._packed_bytes.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
         self._packed_bytes.restype = ctypes.c_int64
         self._repack = library.gemm_q8_repack
-        self._repack.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+        self._repack.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                                 ctypes.c_int64]
         self._repack.restype = None
         self._gemm = library.gemm_q8
         self._gemm.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
@@ -57,15 +65,18 @@ class CpuGemmQ8:
 
     @staticmethod
     def fits(weight: BlockWeight) -> bool:
-        return weight.format in FORMAT_CODES
+        return weight.format in GEMM_FORMATS
 
     def repack(self, weight: BlockWeight) -> PackedBlocks:
+        """The weight's values in the kernels' interleaved layout (a new tensor; `weight` unchanged)."""
         if not self.fits(weight):
-            raise ValueError(f"gemm_q8 reads {', '.join(FORMAT_CODES)} blocks, not {weight.format}")
-        code = FORMAT_CODES[weight.format]
-        packed = torch.empty(self._packed_bytes(code, weight.rows, weight.cols), dtype=torch.uint8)
-        self._repack(code, weight.blocks.data_ptr(), packed.data_ptr(), weight.rows, weight.cols)
-        return PackedBlocks(weight.format, packed, weight.rows, weight.cols, self.variant)
+            raise ValueError(f"gemm_q8 reads {', '.join(GEMM_FORMATS)} blocks, not {weight.format}")
+        code = FORMATS[weight.format].code
+        layout = self._layout(code)
+        packed = torch.empty(self._packed_bytes(layout, weight.rows, weight.cols), dtype=torch.uint8)
+        self._repack(code, weight.blocks.data_ptr(), weight.blocks.shape[1], packed.data_ptr(), weight.rows,
+                     weight.cols)
+        return PackedBlocks(weight.format, layout, packed, weight.rows, weight.cols, self.variant)
 
     def __call__(self, x: Tensor, weight: PackedBlocks) -> Tensor:
         """x (m, in) float32 @ weight^T -> (m, out) float32."""
@@ -75,7 +86,7 @@ class CpuGemmQ8:
         if weight.variant != self.variant:
             raise ValueError(f"weight packed for {weight.variant}, kernels are {self.variant}")
         out = torch.empty((x.shape[0], weight.rows), dtype=torch.float32)
-        status = self._gemm(FORMAT_CODES[weight.format], weight.packed.data_ptr(), x.data_ptr(), out.data_ptr(),
+        status = self._gemm(weight.layout, weight.packed.data_ptr(), x.data_ptr(), out.data_ptr(),
                             x.shape[0], weight.rows, weight.cols, torch.get_num_threads())
         if status:
             raise MemoryError("gemm_q8: no memory for the quantized activations")

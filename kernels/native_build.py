@@ -1,18 +1,18 @@
 """Building and loading the project's small C kernels (kernels/csrc).
 
-Each library is plain C with OpenMP and intrinsics, built from the sources
-LIBRARIES names (plus the shared headers in csrc): no torch headers, so a build
-takes about a second with the system C compiler. A library is built per kernel
+Each library is plain C with OpenMP and intrinsics (or, the PORTABLE_LIBRARIES,
+plain C built without instruction-set flags), built from the sources LIBRARIES
+names (plus the shared headers in csrc): no torch headers, so a build takes
+about a second with the system C compiler. A library is built per kernel
 variant (kernels/cpu_features.py: "avx512_vnni", "avx2") with that variant's -m
-flags; LIBRARIES says which variants it has (the decode kernels are AVX2 code,
-the int8 GEMM has an AVX-512 VNNI one too), and `load_library` builds the best of
-them at or below the variant asked for. The library is cached under `build_dir`
-by the hash of its sources, headers and flags and loaded with ctypes.
-`load_library` raises NativeUnavailable, with the reason in one line, where it
-cannot run (not x86-64, no AVX2/FMA/F16C, no compiler, a failed build); callers
-then keep their torch path, which is also the tests' reference. `compiler=None`
-says "no compiler here": tests use it to run the fallback a machine without one
-gets.
+flags; LIBRARY_VARIANTS says which variants it has (most are AVX2 code, the int8
+GEMM has an AVX-512 VNNI one too), and `load_library` builds the best of them at
+or below the variant asked for. The library is cached under `build_dir` by the hash of its sources, headers and
+flags and loaded with ctypes. `load_library` raises NativeUnavailable, with the
+reason in one line, where it cannot run (not x86-64, no AVX2/FMA/F16C, no
+compiler, a failed build); callers then keep their torch path, which is also
+the tests' reference. `compiler=None` says "no compiler here": tests use it to
+run the fallback a machine without one gets.
 """
 
 import ctypes
@@ -29,15 +29,23 @@ from kernels.cpu_features import PORTABLE, VARIANTS, this_cpu
 
 SOURCE_DIR = Path(__file__).parent / "csrc"
 COMPILE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")  # and the variant's -m flags (cpu_features.VARIANTS)
-REQUIRED_CPU_FLAGS = VARIANTS["avx2"][0]  # the least any library needs
+REQUIRED_CPU_FLAGS = VARIANTS["avx2"][0]  # the least any library of LIBRARIES needs
+# The portable build: no instruction-set flags (plain C, what the compiler vectorizes for the
+# machine's baseline); its sources test __AVX2__ to choose their plain-C paths.
+PORTABLE_COMPILE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")
 # library name -> its C sources in SOURCE_DIR
 LIBRARIES = {
     "matvec": ("matvec.c",),
     "decode_ops": ("row_ops.c", "decode_attention.c"),
+    "blocks": ("block_matmul.c",),
     "gemm_q8": ("gemm_q8.c",),
 }
 # library name -> the variants it is written for, best first (default: avx2 only)
 LIBRARY_VARIANTS = {"gemm_q8": ("avx512_vnni", "avx2")}
+# library name -> its C sources, built with PORTABLE_COMPILE_FLAGS: runs on any CPU with a compiler
+PORTABLE_LIBRARIES = {
+    "blocks_portable": ("block_matmul.c",),
+}
 
 logger = logging.getLogger("radixserve.kernels")
 
@@ -54,8 +62,9 @@ def find_compiler() -> str | None:
 
 
 def library_variant(name: str, variant: str) -> str | None:
-    """The variant `name` is built as when `variant` is asked for: the best it has that is not
-    above `variant` (VARIANTS' order); None for the portable variant or when it has none."""
+    """The variant library `name` (LIBRARIES) is built as when `variant` is asked for: the best
+    it has that is not above `variant` (VARIANTS' order); None for the portable variant or when
+    it has none."""
     if variant == PORTABLE:
         return None
     order = list(VARIANTS)
@@ -65,29 +74,34 @@ def library_variant(name: str, variant: str) -> str | None:
 
 def load_library(name: str, build_dir: Path, compiler: str | None = FIND_COMPILER,
                  variant: str = "avx2") -> ctypes.CDLL:
-    """Library `name` (LIBRARIES) built (once, cached by content) into build_dir for the best of
-    its variants at or below `variant` (library_variant), and loaded. `compiler`: a path,
-    FIND_COMPILER, or None (no compiler: raises NativeUnavailable)."""
-    built_as = library_variant(name, variant)
-    if built_as is None:
-        raise _unavailable(f"{name}: the portable path was asked for" if variant == PORTABLE
-                           else f"{name}: no {variant} variant")
-    needs = VARIANTS[built_as][0]
-    if platform.machine() not in ("x86_64", "AMD64") or not cpu_has_flags(needs):
-        raise _unavailable(f"{name}: this CPU lacks {'/'.join(needs)}")
+    """Library `name` built (once, cached by content) into build_dir and loaded: one of
+    PORTABLE_LIBRARIES as plain C, one of LIBRARIES as the best of its variants at or below
+    `variant` (library_variant). `compiler`: a path, FIND_COMPILER, or None (no compiler:
+    raises NativeUnavailable)."""
+    portable = name in PORTABLE_LIBRARIES
+    if portable:
+        flags = PORTABLE_COMPILE_FLAGS
+    else:
+        built_as = library_variant(name, variant)
+        if built_as is None:
+            raise _unavailable(f"{name}: the portable path was asked for" if variant == PORTABLE
+                               else f"{name}: no {variant} variant")
+        needs = VARIANTS[built_as][0]
+        if platform.machine() not in ("x86_64", "AMD64") or not cpu_has_flags(needs):
+            raise _unavailable(f"{name}: this CPU lacks {'/'.join(needs)}")
+        flags = (*COMPILE_FLAGS, *VARIANTS[built_as][1])
     if compiler == FIND_COMPILER:
         compiler = find_compiler()
     if compiler is None:
         raise _unavailable(f"{name}: no C compiler (cc or gcc, or $CC)")
-    sources = [SOURCE_DIR / file_name for file_name in LIBRARIES[name]]
+    sources = [SOURCE_DIR / file_name for file_name in (PORTABLE_LIBRARIES if portable else LIBRARIES)[name]]
     digest = hashlib.sha256()
     for path in [*sources, *sorted(SOURCE_DIR.glob("*.h"))]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    flags = (*COMPILE_FLAGS, *VARIANTS[built_as][1])
     digest.update(" ".join(flags).encode())
     library_path = Path(build_dir) / f"{name}-{digest.hexdigest()[:16]}.so"
     if not library_path.is_file():
-        _build(compiler, name, flags, sources, library_path)
+        _build(compiler, name, sources, library_path, flags)
     try:
         return ctypes.CDLL(str(library_path))
     except OSError as error:
@@ -99,7 +113,7 @@ def _unavailable(reason: str) -> NativeUnavailable:
     return NativeUnavailable(reason)
 
 
-def _build(compiler: str, name: str, flags: tuple[str, ...], sources: list[Path], library_path: Path) -> None:
+def _build(compiler: str, name: str, sources: list[Path], library_path: Path, flags: tuple[str, ...]) -> None:
     library_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=library_path.parent) as scratch:
         partial = Path(scratch) / library_path.name

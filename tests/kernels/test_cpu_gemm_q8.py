@@ -15,7 +15,7 @@ from gguf.quants import dequantize, quantize
 
 from kernels import cpu_gemm_q8
 from kernels.cpu_features import VARIANTS, this_cpu
-from kernels.cpu_matvec import BlockWeight
+from kernels.block_formats import FORMATS, BlockWeight
 from kernels.native_build import find_compiler
 
 RUNNABLE = [name for name, (needs, _) in VARIANTS.items() if this_cpu().has(*needs)]
@@ -31,9 +31,17 @@ def gemm(request, tmp_path_factory):
 
 
 def _block_weight(block_format: str, rows: int, cols: int, seed: int) -> tuple[BlockWeight, np.ndarray]:
-    values = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
-    blocks = quantize(values, GGMLQuantizationType[block_format])
-    dequantized = dequantize(blocks, GGMLQuantizationType[block_format]).astype(np.float64)
+    """Blocks and their values (gguf's dequantization): gguf's quantization of normal values, or for
+    the K-quants, which gguf cannot quantize, random bytes with small finite fp16 d and dmin."""
+    rng = np.random.default_rng(seed)
+    if block_format.endswith("_K"):
+        spec = FORMATS[block_format]
+        blocks = rng.integers(0, 256, (rows, cols // spec.block_size, spec.gguf_bytes), dtype=np.uint8)
+        blocks[:, :, :4] = rng.uniform(0.001, 0.05, (rows, cols // spec.block_size, 2)).astype(np.float16).view(np.uint8)
+        blocks = blocks.reshape(rows, -1)
+    else:
+        blocks = quantize(rng.standard_normal((rows, cols)).astype(np.float32), GGMLQuantizationType[block_format])
+    dequantized = dequantize(blocks, GGMLQuantizationType[block_format]).reshape(rows, cols).astype(np.float64)
     return BlockWeight.from_gguf(block_format, blocks, cols), dequantized
 
 
@@ -46,9 +54,9 @@ def _quantized_x(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return values.reshape(x.shape).astype(np.float64), scale[..., 0]
 
 
-@pytest.mark.parametrize("block_format", ["Q4_1", "Q8_0"])
-@pytest.mark.parametrize("rows, cols", [(1, 32), (40, 64), (96, 576)])
-@pytest.mark.parametrize("m", [1, 7, 19])
+@pytest.mark.parametrize("block_format", ["Q4_0", "Q4_1", "Q8_0", "Q4_K"])
+@pytest.mark.parametrize("rows, cols", [(1, 256), (40, 768)])
+@pytest.mark.parametrize("m", [1, 19])
 def test_matches_float64_over_dequantized_weights(gemm, block_format, rows, cols, m):
     weight, values = _block_weight(block_format, rows, cols, seed=rows + cols)
     x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m)) * 3
@@ -64,11 +72,11 @@ def test_matches_float64_over_dequantized_weights(gemm, block_format, rows, cols
     assert np.all(np.abs(got - x.double().numpy() @ values.T) <= bound)
 
 
-@pytest.mark.parametrize("block_format", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("block_format", ["Q4_0", "Q4_1", "Q8_0", "Q4_K"])
 def test_a_row_does_not_depend_on_the_rows_beside_it(gemm, block_format):
-    weight, _ = _block_weight(block_format, 33, 128, seed=3)
+    weight, _ = _block_weight(block_format, 33, 256, seed=3)
     packed = gemm.repack(weight)
-    x = torch.randn(21, 128, generator=torch.Generator().manual_seed(5))
+    x = torch.randn(21, 256, generator=torch.Generator().manual_seed(5))
     together = gemm(x, packed)
     for i in (0, 8, 20):
         assert torch.equal(gemm(x[i : i + 1], packed), together[i : i + 1])
@@ -81,3 +89,7 @@ def test_refuses_what_it_cannot_run(gemm):
         gemm(torch.randn(2, 32), packed)
     with pytest.raises(ValueError, match="wants x"):
         gemm(torch.randn(2, 64, dtype=torch.float64), packed)
+    q6, _ = _block_weight("Q6_K", 4, 256, seed=2)
+    assert not gemm.fits(q6)
+    with pytest.raises(ValueError, match="gemm_q8 reads"):
+        gemm.repack(q6)

@@ -133,7 +133,7 @@ def _blocks_layer(block_format, rows, cols, seed):
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize, quantize
 
-    from kernels.cpu_matvec import BlockWeight
+    from kernels.block_formats import BlockWeight
 
     values = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
     blocks = quantize(values, GGMLQuantizationType[block_format])
