@@ -17,7 +17,7 @@ import torch
 
 from kernels import cpu_decode_ops, cpu_gemm_q8, cpu_matvec, packed_linear
 from kernels.cpu_features import resolve_variant, this_cpu
-from kernels.native_build import FIND_COMPILER, NativeUnavailable
+from kernels.native_build import FIND_COMPILER, NativeUnavailable, library_variant
 from model.backends.base import Backend, BackendPlan, LinearPlan, StepPolicy
 from model.backends.cpu_backend import MEASURE, CpuBackend
 from model.backends.torch_backend import TorchBackend
@@ -63,8 +63,12 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
                                         config.num_kv_heads, config.head_dim):
         ops = None
         fallbacks.append("fused C ops off (the model's sizes are outside their limits): torch ops")
-    return CpuBackend(matvec, ops, tuple(fallbacks), crossover, gemm_q8=gemm_q8,
-                      instruction_sets=f"{features.describe()}; kernels: {variant}")
+    # what each loaded library was built as (the decode kernels are AVX2 code on an AVX-512 machine too)
+    loaded = (("int8 GEMM", "gemm_q8", gemm_q8), ("matvec", "matvec", matvec), ("decode ops", "decode_ops", ops))
+    builds = ", ".join(f"{label} {library_variant(library, variant)}" for label, library, kernels in loaded
+                       if kernels is not None)
+    instruction_sets = f"{features.describe()}; kernels: {variant}" + (f" ({builds})" if builds else "")
+    return CpuBackend(matvec, ops, tuple(fallbacks), crossover, gemm_q8=gemm_q8, instruction_sets=instruction_sets)
 
 
 # name -> what it needs to run here (None: runs)

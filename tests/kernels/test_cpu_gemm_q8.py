@@ -37,7 +37,8 @@ def _block_weight(block_format: str, rows: int, cols: int, seed: int) -> tuple[B
     if block_format.endswith("_K"):
         spec = FORMATS[block_format]
         blocks = rng.integers(0, 256, (rows, cols // spec.block_size, spec.gguf_bytes), dtype=np.uint8)
-        blocks[:, :, :4] = rng.uniform(0.001, 0.05, (rows, cols // spec.block_size, 2)).astype(np.float16).view(np.uint8)
+        scales = rng.uniform(0.001, 0.05, (rows, cols // spec.block_size, 2)).astype(np.float16)
+        blocks[:, :, :4] = scales.view(np.uint8)  # d and dmin
         blocks = blocks.reshape(rows, -1)
     else:
         blocks = quantize(rng.standard_normal((rows, cols)).astype(np.float32), GGMLQuantizationType[block_format])
