@@ -158,7 +158,9 @@ def llama_server_rates(binary: Path, gguf_path: Path, lengths: list[int], vocab:
 
     rng = random.Random(1)
     results = {}
-    with llama_server(binary, gguf_path, num_slots=8, model_name="bench") as url:
+    # 8 slots of 4352 tokens: a 4096-token prompt and its answer fit one
+    with llama_server(binary, gguf_path, num_slots=8, model_name="bench",
+                      extra_args=("--ctx-size", str(8 * 4352), "--threads", str(torch.get_num_threads()))) as url:
         def complete(tokens: list[int], n_predict: int) -> dict:
             body = json.dumps({"prompt": tokens, "n_predict": n_predict, "cache_prompt": False,
                                "ignore_eos": True, "temperature": 0}).encode()
