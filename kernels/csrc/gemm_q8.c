@@ -310,7 +310,8 @@ int gemm_q8(int layout, const uint8_t* packed, const float* x, float* y, int64_t
     return -1;
   }
   quantize_rows(layout, x, xq, xd, xc, m, cols, num_threads);
-  #pragma omp parallel for schedule(static) num_threads(num_threads)
+  /* dynamic: on a shared machine a thread that loses its core leaves its groups to the others */
+  #pragma omp parallel for schedule(dynamic, 2) num_threads(num_threads)
   for (int64_t g = 0; g < groups; g++) {
     const uint8_t* group = packed + g * nb * gbb;
     int valid = rows - g * R < R ? (int)(rows - g * R) : R;
