@@ -3,7 +3,7 @@
 
 What a machine gets depends on what loaded, and describe() says which and why (and which
 instruction sets the CPU has, and which kernel variant was built: kernels/cpu_features.py):
-- products over a weight's GGUF blocks (Q4_1, Q8_0), prefill and decode alike, as int8 GEMMs with
+- products over a weight's GGUF blocks (Q4_0, Q4_1, Q8_0, Q4_K), prefill and decode alike, as int8 GEMMs with
   activations quantized per block of 32 (kernels/cpu_gemm_q8.py: AVX-512 VNNI or AVX2): no float32
   copy is read (turned off by int8_activations=False: then the float-activation kernels below);
 - oneDNN prepacked linear layers for the other weights (kernels/packed_linear.py);
@@ -60,7 +60,7 @@ class CpuBackend(TorchBackend):
             raise ValueError(f"crossover must be {MEASURE!r} or {FIXED!r}, got {crossover!r}")
         self.matvec = matvec
         self.ops = ops
-        self.gemm_q8 = gemm_q8  # prefill over blocks with int8 activations; None: oneDNN float32
+        self.gemm_q8 = gemm_q8  # products over blocks with int8 activations (every row count); None: off
         self.instruction_sets = instruction_sets  # the CPU's, and the kernel variant chosen
         self.reads_blocks = matvec is not None or gemm_q8 is not None
         self.crossover = crossover
