@@ -53,7 +53,26 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
                                         config.num_kv_heads, config.head_dim):
         ops = None
         fallbacks.append("fused C ops off (the model's sizes are outside their limits): torch ops")
-    return CpuBackend(matvec, ops, tuple(fallbacks), crossover)
+    if ops is not None:
+        fallbacks.extend(_fused_op_gaps(config))
+    return CpuBackend(matvec, ops, tuple(fallbacks), crossover, rotates_part=config.rotary_dim < config.head_dim)
+
+
+def _fused_op_gaps(config: ModelConfig) -> list[str]:
+    """What the fused C ops lack for this model's family, each fallback one line (the torch op runs)."""
+    gaps = []
+    if config.rotary_dim < config.head_dim:
+        gaps.append(f"RoPE + KV store and document re-rotation: torch ops (the C kernels rotate whole heads; "
+                    f"this model rotates {config.rotary_dim} of {config.head_dim} dimensions)")
+    if config.hidden_act != "silu":
+        gaps.append(f"{config.hidden_act} gated MLP: torch ops (the C kernel is SwiGLU)")
+    if config.layer_windows or config.attn_logit_softcap is not None:
+        what = " and ".join(name for name, present in (("sliding-window", bool(config.layer_windows)),
+                                                        ("soft-capped", config.attn_logit_softcap is not None))
+                            if present)
+        gaps.append(f"decode attention of {what} layers: SDPA in length-sorted chunks (the fused C kernel has "
+                    f"no window or soft cap)")
+    return gaps
 
 
 # name -> what it needs to run here (None: runs)

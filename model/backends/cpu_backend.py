@@ -49,7 +49,9 @@ class CpuBackend(TorchBackend):
     name = "cpu"
 
     def __init__(self, matvec: CpuMatvec | None, ops: CpuDecodeOps | None, fallbacks: tuple[str, ...] = (),
-                 crossover: str = MEASURE):
+                 crossover: str = MEASURE, rotates_part: bool = False):
+        """`rotates_part`: the model rotates only part of each head (partial rotary dimensions),
+        which the C RoPE kernels do not: its RoPE ops stay torch's (the reason is in `fallbacks`)."""
         super().__init__(torch.device("cpu"), torch.float32, fallbacks)
         if crossover not in (MEASURE, FIXED):
             raise ValueError(f"crossover must be {MEASURE!r} or {FIXED!r}, got {crossover!r}")
@@ -65,13 +67,17 @@ class CpuBackend(TorchBackend):
                                                  max_rows_as_decode=MAX_VERIFY_ROWS_AS_DECODE),
                                  verify_row_costs=CPU_VERIFY_ROW_COSTS,
                                  max_verify_rows_per_step=BLOCKS_MAX_ROWS["Q4_1"])
+        # sliding-window and soft-capped layers: the same cuts, decodes in SDPA chunks (no fused kernel)
+        self._unfused_attention = dataclasses.replace(self.policy.attention, fused_decode=False,
+                                                      max_rows_as_decode=1)
         if ops is not None:  # chosen once: the fused kernels replace the torch ops
             self.rms_norm = self._fused_rms_norm
             self.add_rms_norm = self._fused_add_rms_norm
-            self.rope_store_kv = self._fused_rope_store_kv
-            # one C call per layer on the calling thread for a span (torch's ops measured 2.6 ms a
-            # 256-token span on one thread, 68 ms on two of a loaded 2-core machine)
-            self.store_rerotated_kv = ops.rerotate_store_kv
+            if not rotates_part:
+                self.rope_store_kv = self._fused_rope_store_kv
+                # one C call per layer on the calling thread for a span (torch's ops measured 2.6 ms a
+                # 256-token span on one thread, 68 ms on two of a loaded 2-core machine)
+                self.store_rerotated_kv = ops.rerotate_store_kv
             self.silu_and_mul = ops.silu_and_mul
 
     # ------------------------------------------------------------ load time
@@ -133,5 +139,8 @@ class CpuBackend(TorchBackend):
         return qkv[:, :num_heads]  # (N, H, D), a strided view
 
     def attention(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, attn: AttentionInputs,
-                  scale: float) -> Tensor:
-        return paged_attention(q, k_cache, v_cache, attn, scale, self.policy.attention, self.ops)
+                  scale: float, *, window: int | None = None, softcap: float | None = None) -> Tensor:
+        if window is None and softcap is None:
+            return paged_attention(q, k_cache, v_cache, attn, scale, self.policy.attention, self.ops)
+        return paged_attention(q, k_cache, v_cache, attn, scale, self._unfused_attention, window=window,
+                               softcap=softcap)
