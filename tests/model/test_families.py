@@ -160,3 +160,41 @@ def test_the_cpu_backend_names_what_its_fused_kernels_lack_for_a_family():
     phi3_backend = select_backend("cpu", torch.float32, phi3, "cpu", build_dir=build_dir)
     assert any("rotates 8 of 16 dimensions" in line for line in phi3_backend.plan().fallbacks)
     assert phi3_backend.rope_store_kv.__func__ is not type(phi3_backend)._fused_rope_store_kv
+
+
+@pytest.mark.parametrize("name", ["gemma3", "phi3", "llama3"])
+def test_document_reuse_re_rotates_each_layer_by_its_own_rope(name, tmp_path, backend):
+    """A stored span placed at a new position: layer 0's K depends only on token and position, so the
+    re-rotated K equals the K a plain prefill computes there, with Gemma 3's local RoPE (its layer 0
+    slides) and Phi-3's partial rotary dimensions alike."""
+    from engine.request_options import RequestOptions
+    from kernels.attention_inputs import slot_ids_of
+
+    make_tiny(name, tmp_path)
+    doc, question = _tokens(10, 24), _tokens(11, 4)
+
+    def prompt(system_len: int):
+        system = _tokens(12 + system_len, system_len)
+        return system + doc + question, RequestOptions(document_reuse=True,
+                                                       document_spans=((system_len, system_len + len(doc)),))
+
+    def layer0_k_after_prefill(engine, tokens, options):
+        request = engine.add_request(f"r{engine.num_steps}", tokens, SamplingParams(max_tokens=2, temperature=0.0),
+                                     None, options)
+        while request.num_computed_tokens < len(tokens):
+            engine.step()
+        slots = torch.tensor(slot_ids_of(request.page_ids, 0, len(tokens), 4))
+        k = engine.kv_pool.slot_rows(0)[0].index_select(0, slots).clone()
+        while engine.has_unfinished():
+            engine.step()
+        return k
+
+    settings = dict(max_num_batched_tokens=256, document_min_span_tokens=8, document_boundary_tokens=2,
+                    max_model_len=_max_model_len(name))
+    engine = _engine(tmp_path, backend, document_reuse=True, **settings)
+    layer0_k_after_prefill(engine, *prompt(5))  # stores the span at positions 5..28
+    moved, options = prompt(11)  # the span at 11..34
+    placed = layer0_k_after_prefill(engine, moved, options)
+    assert engine.stats().num_document_reused_tokens > 0
+    plain = layer0_k_after_prefill(_engine(tmp_path, backend, **settings), moved, RequestOptions(document_reuse=False))
+    torch.testing.assert_close(placed, plain, atol=1e-4, rtol=1e-4)
