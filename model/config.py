@@ -166,7 +166,7 @@ class ModelConfig:
             query_pre_attn_scalar=float(raw.get("query_pre_attn_scalar", head_dim)) if is_gemma else None,
             attn_logit_softcap=_optional_float(raw.get("attn_logit_softcapping")) if is_gemma else None,
             final_logit_softcap=_optional_float(raw.get("final_logit_softcapping")) if is_gemma else None,
-            layer_windows=_layer_windows(raw, family, num_layers),
+            layer_windows=_layer_windows(raw, family, num_layers, max_positions),
             sliding_rope_theta=sliding_theta,
             sliding_rope_scaling=sliding_scaling,
             partial_rotary_factor=partial,
@@ -216,13 +216,15 @@ def _rope(raw: dict, layer_type: str | None, max_positions: int) -> tuple[float,
     return theta, rope, partial
 
 
-def _layer_windows(raw: dict, family: str, num_layers: int) -> tuple[int | None, ...]:
+def _layer_windows(raw: dict, family: str, num_layers: int, max_positions: int) -> tuple[int | None, ...]:
     """Each layer's sliding window, as transformers applies it: `layer_types` when the config has
     them, else the family's rule (Gemma 2: even layers slide; Gemma 3: all but every
     `sliding_window_pattern`-th; Qwen2/3: layers from `max_window_layers` on, with
-    `use_sliding_window`; Mistral and Phi-3: every layer, whenever `sliding_window` is set)."""
+    `use_sliding_window`; Mistral and Phi-3: every layer, whenever `sliding_window` is set).
+    A window of at least max_position_embeddings hides nothing (Phi-4-mini's 262144 of 131072):
+    no window then, so those layers keep the plain causal paths."""
     window = raw.get("sliding_window")
-    if family == "llama" or window is None:
+    if family == "llama" or window is None or int(window) >= max_positions:
         return ()
     window = int(window)
     layer_types = raw.get("layer_types")

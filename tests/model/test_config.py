@@ -28,10 +28,10 @@ def test_gemma3_text_in_the_4x_dialect():
 
 
 def test_gemma2_alternates_and_caps():
-    config = ModelConfig.from_dict({**BASE, "architectures": ["Gemma2ForCausalLM"], "sliding_window": 4096,
+    config = ModelConfig.from_dict({**BASE, "architectures": ["Gemma2ForCausalLM"], "sliding_window": 1024,
                                     "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
                                     "hidden_activation": "gelu_pytorch_tanh"})
-    assert config.layer_windows == (4096, None) * 3
+    assert config.layer_windows == (1024, None) * 3
     assert (config.attn_logit_softcap, config.final_logit_softcap) == (50.0, 30.0)
     assert config.sliding_rope_theta is None and not config.has_qk_norm
 
@@ -40,18 +40,24 @@ def test_phi3_su_rope_with_the_original_context_at_the_top():
     factors = [1.0] * 12
     config = ModelConfig.from_dict({**BASE, "architectures": ["Phi3ForCausalLM"], "hidden_size": 96,
                                     "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
-                                    "partial_rotary_factor": 0.75, "sliding_window": 262144,
+                                    "partial_rotary_factor": 0.75, "sliding_window": 2047,
                                     "rope_scaling": {"type": "su", "short_factor": factors, "long_factor": factors}})
     assert config.rotary_dim == 18 and config.head_dim == 24
     assert config.rope_scaling["original_max_position_embeddings"] == 4096
     assert config.rope_scaling["factor"] == 32.0
-    assert config.layer_windows == (262144,) * 6
+    assert config.layer_windows == (2047,) * 6
+
+
+def test_a_window_no_sequence_can_exceed_is_no_window():
+    phi4_mini = {**BASE, "architectures": ["Phi3ForCausalLM"], "max_position_embeddings": 131072,
+                 "sliding_window": 262144}
+    assert ModelConfig.from_dict(phi4_mini).layer_windows == ()
 
 
 def test_qwen_windows_only_when_asked():
-    qwen = {**BASE, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 4096, "max_window_layers": 4}
+    qwen = {**BASE, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 1024, "max_window_layers": 4}
     assert ModelConfig.from_dict({**qwen, "use_sliding_window": False}).layer_windows == ()
-    assert ModelConfig.from_dict({**qwen, "use_sliding_window": True}).layer_windows == (None,) * 4 + (4096,) * 2
+    assert ModelConfig.from_dict({**qwen, "use_sliding_window": True}).layer_windows == (None,) * 4 + (1024,) * 2
     assert ModelConfig.from_dict({**qwen, "architectures": ["Qwen3ForCausalLM"]}).has_qk_norm
 
 
