@@ -97,9 +97,8 @@ class AttentionPlan:
 
 def make_plan(inputs: AttentionInputs, page_size: int, policy: AttentionPolicy,
               window: int | None = None) -> AttentionPlan:
-    """`window`: a sliding-window layer's W (a query at position p sees keys in (p - W, p]), or None."""
-    if window is not None and policy.fused_decode:
-        raise ValueError("the fused decode kernel has no sliding window: plan window layers unfused")
+    """`window`: a sliding-window layer's W (a query at position p sees keys in (p - W, p]), or None.
+    A fused decode batch carries no mask: its kernel applies the window itself."""
     max_decode_rows = policy.max_rows_as_decode if policy.fused_decode else 1
     is_decode = [query_len == 1 or (query_len <= max_decode_rows and inputs.context_lens[b] > query_len)
                  for b, query_len in enumerate(inputs.query_lens)]

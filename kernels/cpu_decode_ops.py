@@ -48,7 +48,7 @@ _ADD_RMS_NORM_ARGS = struct.Struct("<6qdq").pack
 _SILU_AND_MUL_ARGS = struct.Struct("<5q").pack
 _ROPE_STORE_KV_ARGS = struct.Struct("<12q").pack
 _REROTATE_STORE_KV_ARGS = struct.Struct("<12q").pack
-_ATTENTION_ARGS = struct.Struct("<13qd4q").pack
+_ATTENTION_ARGS = struct.Struct("<13qd5qd").pack
 _ATTENTION_ERRORS = {
     1: "rows[{b}] is not a row of q/out",
     2: "context_lens[{b}] is outside [1, max_pages * page_size]",
@@ -210,13 +210,17 @@ class CpuDecodeOps:
         rows: Tensor,
         scale: float,
         out: Tensor,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> None:
         """Decode attention, one query token per sequence, written into out.
 
         Sequence b's query is q[rows[b]] (H, D); it attends to its positions
         0..context_lens[b]-1, position p in slot page_table[b, p // page_size] *
         page_size + p % page_size; query head h reads KV head h // (H // KVH).
-        The result goes to out[rows[b]]; other rows of out are left as they are.
+        The result goes to out[rows[b]]; other rows of out are left as they are. With a
+        sliding `window` W the row sees only its last W positions; with a `softcap` its
+        scores become softcap * tanh(score / softcap) before the softmax (Gemma 2).
         Softmax in float32 with the running max subtracted (online, per block of
         64 positions).
 
@@ -248,12 +252,14 @@ class CpuDecodeOps:
             raise ValueError(f"page_table must be a contiguous (B, max_pages) int64 CPU tensor, got "
                              f"{tuple(page_table.shape)} {page_table.dtype}")
         num_seqs, max_pages = page_table.shape
+        if (window is not None and window < 1) or (softcap is not None and softcap <= 0):
+            raise ValueError(f"window must be >= 1 and softcap > 0 (or None), got {window}, {softcap}")
         _check_index("context_lens", context_lens, num_seqs)
         _check_index("rows", rows, num_seqs)
         status = self._attention(_ATTENTION_ARGS(
             q.data_ptr(), q_strides[0], k_cache.data_ptr(), v_cache.data_ptr(), page_table.data_ptr(), max_pages,
             context_lens.data_ptr(), rows.data_ptr(), num_seqs, num_heads, num_kv_heads, dim, page_size, scale,
-            out.data_ptr(), num_rows, num_pages, torch.get_num_threads()))
+            out.data_ptr(), num_rows, num_pages, torch.get_num_threads(), window or 0, softcap or 0.0))
         if status:
             if status < 0:
                 raise ValueError("paged_decode_attention: sizes outside the kernel's limits, or out of memory")

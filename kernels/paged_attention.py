@@ -53,12 +53,10 @@ def paged_attention(
     length-sorted chunks, or, when the policy says fused_decode, all in one call of
     `decode_ops`' kernel, which reads the pages itself; prefills one by one; results land
     in their rows of the output. `window`, `softcap`: the layer's sliding window and score
-    cap (None: none); the fused kernel has neither (the caller plans such layers unfused).
+    cap (None: none).
     """
     if policy.fused_decode and decode_ops is None:
         raise ValueError("a fused-decode attention policy needs the decode kernel")
-    if policy.fused_decode and (window is not None or softcap is not None):
-        raise ValueError("the fused decode kernel has no sliding window or soft cap")
     _, page_size, num_kv_heads, head_dim = k_cache.shape
     if q.shape[0] != inputs.num_tokens or q.shape[1] % num_kv_heads:
         raise ValueError(f"q {tuple(q.shape)} does not fit {inputs.num_tokens} tokens, {num_kv_heads} KV heads")
@@ -69,7 +67,7 @@ def paged_attention(
     if plan.decode_batch is not None:
         batch = plan.decode_batch
         decode_ops.paged_decode_attention(q, k_cache, v_cache, batch.page_table, batch.context_lens, batch.rows,
-                                          scale, out)
+                                          scale, out, window, softcap)
     for chunk in plan.decode_chunks:
         _attend_decode(out, q, k_slots, v_slots, chunk, scale, softcap)
     for seq in plan.prefills:

@@ -66,12 +66,6 @@ def _fused_op_gaps(config: ModelConfig) -> list[str]:
                     f"this model rotates {config.rotary_dim} of {config.head_dim} dimensions)")
     if config.hidden_act != "silu":
         gaps.append(f"{config.hidden_act} gated MLP: torch ops (the C kernel is SwiGLU)")
-    if config.layer_windows or config.attn_logit_softcap is not None:
-        what = " and ".join(name for name, present in (("sliding-window", bool(config.layer_windows)),
-                                                        ("soft-capped", config.attn_logit_softcap is not None))
-                            if present)
-        gaps.append(f"decode attention of {what} layers: SDPA in length-sorted chunks (the fused C kernel has "
-                    f"no window or soft cap)")
     return gaps
 
 

@@ -67,9 +67,6 @@ class CpuBackend(TorchBackend):
                                                  max_rows_as_decode=MAX_VERIFY_ROWS_AS_DECODE),
                                  verify_row_costs=CPU_VERIFY_ROW_COSTS,
                                  max_verify_rows_per_step=BLOCKS_MAX_ROWS["Q4_1"])
-        # sliding-window and soft-capped layers: the same cuts, decodes in SDPA chunks (no fused kernel)
-        self._unfused_attention = dataclasses.replace(self.policy.attention, fused_decode=False,
-                                                      max_rows_as_decode=1)
         if ops is not None:  # chosen once: the fused kernels replace the torch ops
             self.rms_norm = self._fused_rms_norm
             self.add_rms_norm = self._fused_add_rms_norm
@@ -140,7 +137,5 @@ class CpuBackend(TorchBackend):
 
     def attention(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, attn: AttentionInputs,
                   scale: float, *, window: int | None = None, softcap: float | None = None) -> Tensor:
-        if window is None and softcap is None:
-            return paged_attention(q, k_cache, v_cache, attn, scale, self.policy.attention, self.ops)
-        return paged_attention(q, k_cache, v_cache, attn, scale, self._unfused_attention, window=window,
+        return paged_attention(q, k_cache, v_cache, attn, scale, self.policy.attention, self.ops, window=window,
                                softcap=softcap)

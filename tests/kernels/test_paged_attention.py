@@ -205,8 +205,13 @@ def test_a_window_hides_exactly_the_keys_it_should():
         torch.testing.assert_close(out, expected)
 
 
-def test_the_fused_decode_kernel_refuses_a_window():
-    case = make_case(BATCHES["decode"], 4, 2, 1, torch.float32, "cpu")
-    with pytest.raises(ValueError, match="window"):
-        paged_attention(case.q, case.k_cache, case.v_cache, case.inputs, case.scale,
-                        AttentionPolicy(64, 64, fused_decode=True), object(), window=4)
+@pytest.mark.parametrize("window, softcap", [(5, None), (None, 2.0), (24, 2.0)])
+def test_the_fused_decode_kernel_applies_windows_and_soft_caps(ops, window, softcap):
+    """Decodes and short verify chunks (rows as decode) through the C kernel, prefills through SDPA."""
+    seqs = BATCHES["mixed"] + [(60, 23), (41, 4), (100, 1)]
+    case = make_case(seqs, page_size=4, num_kv_heads=2, group=3, dtype=torch.float32, device="cpu", seed=3)
+    args = (case.q, case.k_cache, case.v_cache, case.inputs, case.scale)
+    policy = AttentionPolicy(64, 16, fused_decode=True, max_rows_as_decode=4)
+    got = paged_attention(*args, policy, ops, window=window, softcap=softcap)
+    torch.testing.assert_close(got, paged_attention_reference(*args, window=window, softcap=softcap),
+                               atol=1e-5, rtol=1e-5)
