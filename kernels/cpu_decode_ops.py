@@ -69,6 +69,7 @@ class CpuDecodeOps:
         self._rms_norm = _bind(library.rms_norm_f32_packed)
         self._add_rms_norm = _bind(library.add_rms_norm_f32_packed)
         self._silu_and_mul = _bind(library.silu_and_mul_f32_packed)
+        self._gelu_tanh_and_mul = _bind(library.gelu_tanh_and_mul_f32_packed)
         self._rope_store_kv = _bind(library.rope_store_kv_f32_packed)
         self._rerotate_store_kv = _bind(library.rerotate_store_kv_f32_packed)
         self._attention = _bind(library.paged_decode_attention_f32_packed)
@@ -131,6 +132,10 @@ class CpuDecodeOps:
         """gate_up (..., 2*I) contiguous, I % 8 == 0 -> (..., I): silu(gate) * up, gate
         the first half of the last dimension. Into `out` (contiguous (..., I), not
         overlapping gate_up) when given, else a new tensor."""
+        return self._gated(self._silu_and_mul, gate_up, out)
+
+    @staticmethod
+    def _gated(kernel, gate_up: Tensor, out: Tensor | None) -> Tensor:
         width = _check_rows("gate_up", gate_up, multiple=16)
         inter, rows = width // 2, gate_up.numel() // width
         if out is None:
@@ -139,9 +144,12 @@ class CpuDecodeOps:
                 out = out.view(*gate_up.shape[:-1], inter)
         else:
             _check_out(out, (*gate_up.shape[:-1], inter))
-        self._silu_and_mul(_SILU_AND_MUL_ARGS(gate_up.data_ptr(), out.data_ptr(), rows, inter,
-                                              torch.get_num_threads()))
+        kernel(_SILU_AND_MUL_ARGS(gate_up.data_ptr(), out.data_ptr(), rows, inter, torch.get_num_threads()))
         return out
+
+    def gelu_tanh_and_mul(self, gate_up: Tensor, out: Tensor | None = None) -> Tensor:
+        """GeGLU: as silu_and_mul, with gelu (tanh approximation) for silu."""
+        return self._gated(self._gelu_tanh_and_mul, gate_up, out)
 
     def rope_store_kv(
         self, qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor, slot_ids: Tensor

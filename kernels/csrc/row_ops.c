@@ -111,6 +111,37 @@ void silu_and_mul_f32(const float* gate_up, float* out, int64_t rows, int64_t in
   }
 }
 
+/* -------------------------------------------------- GeGLU (gelu tanh) */
+
+/* gelu_tanh(g) = 0.5 g (1 + tanh(u)), u = sqrt(2/pi) (g + 0.044715 g^3), which is g * sigmoid(2u):
+   the SiLU form with 2u in place of g. */
+static void gelu_tanh_and_mul_row(const float* g, float* o, int64_t inter) {
+  const float* u = g + inter;
+  const float k2 = 2.0f * 0.7978845608028654f, c = 0.044715f;
+  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+  const __m256 vk2 = _mm256_set1_ps(k2), vc = _mm256_set1_ps(c);
+  int64_t i = 0;
+  for (; i + 8 <= inter; i += 8) {
+    __m256 gv = _mm256_loadu_ps(g + i);
+    __m256 inner = _mm256_mul_ps(vk2, _mm256_fmadd_ps(_mm256_mul_ps(vc, gv), _mm256_mul_ps(gv, gv), gv));
+    __m256 gelu = _mm256_div_ps(gv, _mm256_add_ps(one, exp256(_mm256_xor_ps(inner, sign))));
+    _mm256_storeu_ps(o + i, _mm256_mul_ps(gelu, _mm256_loadu_ps(u + i)));
+  }
+  for (; i < inter; i++) {
+    const float x = g[i], inner = k2 * (x + c * x * x * x);
+    o[i] = (x / (1.0f + expf(-inner))) * u[i];
+  }
+}
+
+void gelu_tanh_and_mul_f32(const float* gate_up, float* out, int64_t rows, int64_t inter, int num_threads) {
+  if (num_threads > 1 && rows > 1 && rows * inter >= SILU_PARALLEL_MIN) {
+    #pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t r = 0; r < rows; r++) gelu_tanh_and_mul_row(gate_up + r * 2 * inter, out + r * inter, inter);
+  } else {
+    for (int64_t r = 0; r < rows; r++) gelu_tanh_and_mul_row(gate_up + r * 2 * inter, out + r * inter, inter);
+  }
+}
+
 /* ------------------------------------------------------- RoPE + KV store */
 
 /* x (D,) rotated in place: x * cos + (-x2, x1) * sin, halves x1 = x[:D/2], x2 = x[D/2:].
@@ -196,6 +227,11 @@ int64_t add_rms_norm_f32_packed(const int64_t* a) {
 
 int64_t silu_and_mul_f32_packed(const int64_t* a) {
   silu_and_mul_f32(P(const float*, 0), P(float*, 1), a[2], a[3], (int)a[4]);
+  return 0;
+}
+
+int64_t gelu_tanh_and_mul_f32_packed(const int64_t* a) {
+  gelu_tanh_and_mul_f32(P(const float*, 0), P(float*, 1), a[2], a[3], (int)a[4]);
   return 0;
 }
 
