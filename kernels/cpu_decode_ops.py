@@ -46,8 +46,8 @@ _I64 = torch.int64
 _RMS_NORM_ARGS = struct.Struct("<5qdq").pack
 _ADD_RMS_NORM_ARGS = struct.Struct("<6qdq").pack
 _SILU_AND_MUL_ARGS = struct.Struct("<5q").pack
-_ROPE_STORE_KV_ARGS = struct.Struct("<12q").pack
-_REROTATE_STORE_KV_ARGS = struct.Struct("<12q").pack
+_ROPE_STORE_KV_ARGS = struct.Struct("<13q").pack
+_REROTATE_STORE_KV_ARGS = struct.Struct("<13q").pack
 _ATTENTION_ARGS = struct.Struct("<13qd5qd").pack
 _ATTENTION_ERRORS = {
     1: "rows[{b}] is not a row of q/out",
@@ -158,7 +158,8 @@ class CpuDecodeOps:
         into its slot of the caches.
 
         qkv (N, H + 2*KVH, D) contiguous: q heads, then k heads, then v heads.
-        cos, sin (N, D) or (N, 1, D) contiguous (RotaryEmbedding.cos_sin's rows).
+        cos, sin (N, R) or (N, 1, R) contiguous (RotaryEmbedding.cos_sin's rows): the leading R <= D
+        dimensions of each head rotate (R even), the rest stay.
         k_cache, v_cache (num_pages, page_size, KVH, D) contiguous, one shape.
         slot_ids (N,) int64 contiguous, each in [0, num_pages * page_size).
         D % 8 == 0. Out-of-range slot ids raise ValueError with nothing modified.
@@ -171,13 +172,14 @@ class CpuDecodeOps:
         num_heads = heads - 2 * num_kv_heads
         if dim != head_dim or num_heads < 1:
             raise ValueError(f"qkv {tuple(qkv.shape)} does not fit caches with KVH={num_kv_heads}, D={head_dim}")
-        _check_table("cos", cos, rows, dim)
-        _check_table("sin", sin, rows, dim)
+        rotary_dim = _rotary_dim(cos, dim)
+        _check_table("cos", cos, rows, rotary_dim)
+        _check_table("sin", sin, rows, rotary_dim)
         _check_index("slot_ids", slot_ids, rows)
         bad = self._rope_store_kv(_ROPE_STORE_KV_ARGS(
             qkv.data_ptr(), rows, num_heads, num_kv_heads, dim, cos.data_ptr(), sin.data_ptr(),
             k_cache.data_ptr(), v_cache.data_ptr(), slot_ids.data_ptr(), num_pages * page_size,
-            torch.get_num_threads()))
+            torch.get_num_threads(), rotary_dim))
         if bad:
             raise ValueError(f"slot_ids[{bad - 1}] is outside the cache's {num_pages * page_size} slots")
 
@@ -186,7 +188,7 @@ class CpuDecodeOps:
         """Writes k rotated by one position delta and v as is into slots slot_ids of the caches
         (stored document KV placed at a new position); k and v are not modified.
 
-        k, v (T, KVH, D) contiguous; cos, sin (D,) or (1, 1, D) contiguous (rotary.rerotation_cos_sin);
+        k, v (T, KVH, D) contiguous; cos, sin (R,) or (1, 1, R) contiguous (rotary.rerotation_cos_sin; R <= D);
         caches (num_pages, page_size, KVH, D); slot_ids (T,) int64. Bad slot ids raise ValueError,
         nothing written.
         """
@@ -198,13 +200,14 @@ class CpuDecodeOps:
         if v.shape != k.shape:
             raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} differ in shape")
         rows = k.shape[0]
-        _check_table("cos", cos.view(1, head_dim), 1, head_dim)
-        _check_table("sin", sin.view(1, head_dim), 1, head_dim)
+        rotary_dim = _rotary_dim(cos, head_dim)
+        _check_table("cos", cos.view(1, rotary_dim), 1, rotary_dim)
+        _check_table("sin", sin.view(1, rotary_dim), 1, rotary_dim)
         _check_index("slot_ids", slot_ids, rows)
         bad = self._rerotate_store_kv(_REROTATE_STORE_KV_ARGS(
             k.data_ptr(), v.data_ptr(), rows, num_kv_heads, head_dim, cos.data_ptr(), sin.data_ptr(),
             k_cache.data_ptr(), v_cache.data_ptr(), slot_ids.data_ptr(), num_pages * page_size,
-            torch.get_num_threads()))
+            torch.get_num_threads(), rotary_dim))
         if bad:
             raise ValueError(f"slot_ids[{bad - 1}] is outside the cache's {num_pages * page_size} slots")
 
@@ -312,6 +315,14 @@ def _check_vector(name: str, t: Tensor, dim: int) -> None:
 def _check_index(name: str, t: Tensor, length: int) -> None:
     if t.dtype != _I64 or not t.is_cpu or t.shape != (length,) or not t.is_contiguous():
         raise ValueError(f"{name} must be a contiguous ({length},) int64 CPU tensor, got {tuple(t.shape)} {t.dtype}")
+
+
+def _rotary_dim(cos: Tensor, head_dim: int) -> int:
+    """The rotary dimensions R of a cos table (its last dimension): even, 0 < R <= head_dim."""
+    rotary_dim = cos.shape[-1] if cos.dim() else 0
+    if not 0 < rotary_dim <= head_dim or rotary_dim % 2:
+        raise ValueError(f"a rotary table must be an even 1..{head_dim} wide, got {tuple(cos.shape)}")
+    return rotary_dim
 
 
 def _check_table(name: str, t: Tensor, rows: int, dim: int) -> None:

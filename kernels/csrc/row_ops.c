@@ -144,7 +144,8 @@ void gelu_tanh_and_mul_f32(const float* gate_up, float* out, int64_t rows, int64
 
 /* ------------------------------------------------------- RoPE + KV store */
 
-/* x (D,) rotated in place: x * cos + (-x2, x1) * sin, halves x1 = x[:D/2], x2 = x[D/2:].
+/* x (R,) rotated in place: x * cos + (-x2, x1) * sin, halves x1 = x[:R/2], x2 = x[R/2:] (R: the
+   rotary dimensions, the leading R of a head; the rest of the head is left as it is).
    Products rounded before the sum (no FMA contraction), as torch computes it, so
    the result agrees with RotaryEmbedding.apply to the bit. */
 __attribute__((optimize("fp-contract=off")))
@@ -166,29 +167,31 @@ static void rotate_half_inplace(float* x, const float* cos, const float* sin, in
 }
 
 static void rope_store_kv_row(float* row, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                              const float* cos, const float* sin, float* k_slot, float* v_slot) {
-  for (int64_t h = 0; h < num_heads + num_kv_heads; h++) rotate_half_inplace(row + h * head_dim, cos, sin, head_dim);
+                              int64_t rotary_dim, const float* cos, const float* sin, float* k_slot, float* v_slot) {
+  for (int64_t h = 0; h < num_heads + num_kv_heads; h++)
+    rotate_half_inplace(row + h * head_dim, cos, sin, rotary_dim);
   const size_t kv_bytes = (size_t)(num_kv_heads * head_dim) * sizeof(float);
   memcpy(k_slot, row + num_heads * head_dim, kv_bytes);
   memcpy(v_slot, row + (num_heads + num_kv_heads) * head_dim, kv_bytes);
 }
 
-/* Returns 0, or 1 + the first row whose slot id is outside [0, num_slots) (nothing written then). */
+/* cos, sin: (rows, rotary_dim). Returns 0, or 1 + the first row whose slot id is outside [0, num_slots)
+   (nothing written then). */
 int64_t rope_store_kv_f32(float* qkv, int64_t rows, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                           const float* cos, const float* sin, float* k_cache, float* v_cache,
-                          const int64_t* slot_ids, int64_t num_slots, int num_threads) {
+                          const int64_t* slot_ids, int64_t num_slots, int num_threads, int64_t rotary_dim) {
   for (int64_t r = 0; r < rows; r++)
     if (slot_ids[r] < 0 || slot_ids[r] >= num_slots) return r + 1;
   const int64_t row_size = (num_heads + 2 * num_kv_heads) * head_dim, kv_size = num_kv_heads * head_dim;
   if (num_threads > 1 && rows > 1 && rows * row_size >= ROPE_PARALLEL_MIN) {
     #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t r = 0; r < rows; r++)
-      rope_store_kv_row(qkv + r * row_size, num_heads, num_kv_heads, head_dim, cos + r * head_dim,
-                        sin + r * head_dim, k_cache + slot_ids[r] * kv_size, v_cache + slot_ids[r] * kv_size);
+      rope_store_kv_row(qkv + r * row_size, num_heads, num_kv_heads, head_dim, rotary_dim, cos + r * rotary_dim,
+                        sin + r * rotary_dim, k_cache + slot_ids[r] * kv_size, v_cache + slot_ids[r] * kv_size);
   } else {
     for (int64_t r = 0; r < rows; r++)
-      rope_store_kv_row(qkv + r * row_size, num_heads, num_kv_heads, head_dim, cos + r * head_dim,
-                        sin + r * head_dim, k_cache + slot_ids[r] * kv_size, v_cache + slot_ids[r] * kv_size);
+      rope_store_kv_row(qkv + r * row_size, num_heads, num_kv_heads, head_dim, rotary_dim, cos + r * rotary_dim,
+                        sin + r * rotary_dim, k_cache + slot_ids[r] * kv_size, v_cache + slot_ids[r] * kv_size);
   }
   return 0;
 }
@@ -198,7 +201,7 @@ int64_t rope_store_kv_f32(float* qkv, int64_t rows, int64_t num_heads, int64_t n
    its slot. The source is left unchanged. Returns 0, or 1 + the first bad row (nothing written). */
 int64_t rerotate_store_kv_f32(const float* k, const float* v, int64_t rows, int64_t num_kv_heads, int64_t head_dim,
                               const float* cos, const float* sin, float* k_cache, float* v_cache,
-                              const int64_t* slot_ids, int64_t num_slots, int num_threads) {
+                              const int64_t* slot_ids, int64_t num_slots, int num_threads, int64_t rotary_dim) {
   for (int64_t r = 0; r < rows; r++)
     if (slot_ids[r] < 0 || slot_ids[r] >= num_slots) return r + 1;
   const int64_t kv_size = num_kv_heads * head_dim;
@@ -207,7 +210,7 @@ int64_t rerotate_store_kv_f32(const float* k, const float* v, int64_t rows, int6
   for (int64_t r = 0; r < rows; r++) {
     float* k_slot = k_cache + slot_ids[r] * kv_size;
     memcpy(k_slot, k + r * kv_size, kv_bytes);
-    for (int64_t h = 0; h < num_kv_heads; h++) rotate_half_inplace(k_slot + h * head_dim, cos, sin, head_dim);
+    for (int64_t h = 0; h < num_kv_heads; h++) rotate_half_inplace(k_slot + h * head_dim, cos, sin, rotary_dim);
     memcpy(v_cache + slot_ids[r] * kv_size, v + r * kv_size, kv_bytes);
   }
   return 0;
@@ -237,10 +240,11 @@ int64_t gelu_tanh_and_mul_f32_packed(const int64_t* a) {
 
 int64_t rope_store_kv_f32_packed(const int64_t* a) {
   return rope_store_kv_f32(P(float*, 0), a[1], a[2], a[3], a[4], P(const float*, 5), P(const float*, 6),
-                           P(float*, 7), P(float*, 8), P(const int64_t*, 9), a[10], (int)a[11]);
+                           P(float*, 7), P(float*, 8), P(const int64_t*, 9), a[10], (int)a[11], a[12]);
 }
 
 int64_t rerotate_store_kv_f32_packed(const int64_t* a) {
   return rerotate_store_kv_f32(P(const float*, 0), P(const float*, 1), a[2], a[3], a[4], P(const float*, 5),
-                               P(const float*, 6), P(float*, 7), P(float*, 8), P(const int64_t*, 9), a[10], (int)a[11]);
+                               P(const float*, 6), P(float*, 7), P(float*, 8), P(const int64_t*, 9), a[10], (int)a[11],
+                               a[12]);
 }

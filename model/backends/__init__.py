@@ -53,18 +53,7 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
                                         config.num_kv_heads, config.head_dim):
         ops = None
         fallbacks.append("fused C ops off (the model's sizes are outside their limits): torch ops")
-    if ops is not None:
-        fallbacks.extend(_fused_op_gaps(config))
-    return CpuBackend(matvec, ops, tuple(fallbacks), crossover, rotates_part=config.rotary_dim < config.head_dim)
-
-
-def _fused_op_gaps(config: ModelConfig) -> list[str]:
-    """What the fused C ops lack for this model's family, each fallback one line (the torch op runs)."""
-    gaps = []
-    if config.rotary_dim < config.head_dim:
-        gaps.append(f"RoPE + KV store and document re-rotation: torch ops (the C kernels rotate whole heads; "
-                    f"this model rotates {config.rotary_dim} of {config.head_dim} dimensions)")
-    return gaps
+    return CpuBackend(matvec, ops, tuple(fallbacks), crossover)
 
 
 # name -> what it needs to run here (None: runs)

@@ -49,9 +49,7 @@ class CpuBackend(TorchBackend):
     name = "cpu"
 
     def __init__(self, matvec: CpuMatvec | None, ops: CpuDecodeOps | None, fallbacks: tuple[str, ...] = (),
-                 crossover: str = MEASURE, rotates_part: bool = False):
-        """`rotates_part`: the model rotates only part of each head (partial rotary dimensions),
-        which the C RoPE kernels do not: its RoPE ops stay torch's (the reason is in `fallbacks`)."""
+                 crossover: str = MEASURE):
         super().__init__(torch.device("cpu"), torch.float32, fallbacks)
         if crossover not in (MEASURE, FIXED):
             raise ValueError(f"crossover must be {MEASURE!r} or {FIXED!r}, got {crossover!r}")
@@ -70,11 +68,10 @@ class CpuBackend(TorchBackend):
         if ops is not None:  # chosen once: the fused kernels replace the torch ops
             self.rms_norm = self._fused_rms_norm
             self.add_rms_norm = self._fused_add_rms_norm
-            if not rotates_part:
-                self.rope_store_kv = self._fused_rope_store_kv
-                # one C call per layer on the calling thread for a span (torch's ops measured 2.6 ms a
-                # 256-token span on one thread, 68 ms on two of a loaded 2-core machine)
-                self.store_rerotated_kv = ops.rerotate_store_kv
+            self.rope_store_kv = self._fused_rope_store_kv
+            # one C call per layer on the calling thread for a span (torch's ops measured 2.6 ms a
+            # 256-token span on one thread, 68 ms on two of a loaded 2-core machine)
+            self.store_rerotated_kv = ops.rerotate_store_kv
             self.silu_and_mul = ops.silu_and_mul
             self.gelu_tanh_and_mul = ops.gelu_tanh_and_mul
 

@@ -129,10 +129,12 @@ def test_silu_and_mul_keeps_leading_dims(ops):
 @pytest.mark.parametrize("num_heads, num_kv_heads, head_dim", HEADS)
 @pytest.mark.parametrize("rows", [1, 3, 17])
 @pytest.mark.parametrize("table_rank", [3, 2])
+@pytest.mark.parametrize("rotary_part", [0, 8, 16], ids=["whole", "part-8", "part-16"])
 def test_rope_store_kv_matches_rotary_and_store_kv(ops, num_threads, num_heads, num_kv_heads, head_dim, rows,
-                                                   table_rank):
+                                                   table_rank, rotary_part):
+    """rotary_part: the head's last dimensions that do not rotate (partial rotary, Phi-3/4)."""
     gen = _gen("rope", num_heads, num_kv_heads, head_dim, rows)
-    rotary = RotaryEmbedding(head_dim, 4096, 10000.0, None, "cpu")
+    rotary = RotaryEmbedding(head_dim, 4096, 10000.0, None, "cpu", rotary_dim=head_dim - rotary_part)
     positions = torch.randint(0, 4096, (rows,), generator=gen)
     cos, sin = rotary.cos_sin(positions, torch.float32)  # (N, 1, D)
     if table_rank == 2:
