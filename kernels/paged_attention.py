@@ -71,7 +71,7 @@ def paged_attention(
     for chunk in plan.decode_chunks:
         _attend_decode(out, q, k_slots, v_slots, chunk, scale, softcap)
     for seq in plan.prefills:
-        _attend_prefill(out, q, k_slots, v_slots, seq, scale, plan.prefill_block_rows, softcap)
+        _attend_prefill(out, q, k_slots, v_slots, seq, scale, plan.prefill_block_rows, softcap, window)
     return out
 
 
@@ -104,8 +104,10 @@ def _attend_prefill(
     scale: float,
     block_rows: int,
     softcap: float | None,
+    window: int | None,
 ) -> None:
-    """Rows [start, end) of one sequence against its whole context."""
+    """Rows [start, end) of one sequence against its whole context (with a window, a block of rows
+    reads only the keys from its first row's window on)."""
     q_seq = q[seq.start : seq.end].transpose(0, 1)[None]  # (1, H, T, D)
     k = k_slots.index_select(0, seq.slot_ids).transpose(0, 1)[None]  # (1, KVH, C, D)
     v = v_slots.index_select(0, seq.slot_ids).transpose(0, 1)[None]
@@ -118,11 +120,12 @@ def _attend_prefill(
     for row in range(0, query_len, block_rows):
         row_end = min(row + block_rows, query_len)
         visible = prefix_len + row_end  # no row of this block sees a key beyond this
+        first = 0 if window is None else max(0, prefix_len + row - window + 1)  # ... nor one before this
         o = _sdpa_gqa(
             q_seq[:, :, row:row_end],
-            k[:, :, :visible],
-            v[:, :, :visible],
-            seq.mask[row:row_end, :visible],
+            k[:, :, first:visible],
+            v[:, :, first:visible],
+            seq.mask[row:row_end, first:visible],
             scale,
             softcap,
         )  # (1, H, rows, D)
