@@ -10,12 +10,13 @@ falls back op by op, each fallback with its reason in describe().
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from kernels import cpu_decode_ops, cpu_gemm_q8, cpu_matvec, packed_linear
+from kernels import block_matmul, cpu_decode_ops, cpu_gemm_q8, cpu_matvec, packed_linear
 from kernels.cpu_features import resolve_variant, this_cpu
 from kernels.native_build import FIND_COMPILER, NativeUnavailable, library_variant
 from model.backends.base import Backend, BackendPlan, LinearPlan, StepPolicy
@@ -68,7 +69,9 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
     builds = ", ".join(f"{label} {library_variant(library, variant)}" for label, library, kernels in loaded
                        if kernels is not None)
     instruction_sets = f"{features.describe()}; kernels: {variant}" + (f" ({builds})" if builds else "")
-    return CpuBackend(matvec, ops, tuple(fallbacks), crossover, gemm_q8=gemm_q8, instruction_sets=instruction_sets)
+    return CpuBackend(matvec, ops, tuple(fallbacks), crossover,
+                      functools.partial(block_matmul.load_best, build_dir, compiler), gemm_q8=gemm_q8,
+                      instruction_sets=instruction_sets)
 
 
 # name -> what it needs to run here (None: runs)
