@@ -76,7 +76,7 @@ def test_config_matches_the_source_model(family):
                 "bos_token_id", "eos_token_id", "pad_token_id"):
         assert config[key] == getattr(source, key), key
     assert config["rms_norm_eps"] == pytest.approx(source.rms_norm_eps, rel=1e-6)
-    assert config["hidden_act"] == getattr(source, "hidden_activation", None) or source.hidden_act
+    assert config["hidden_act"] == (getattr(source, "hidden_activation", None) or source.hidden_act)
     assert config["attention_bias"] == getattr(source, "attention_bias", source.model_type == "qwen2")
     rope = source.rope_parameters
     global_rope = rope.get("full_attention", rope)
