@@ -46,6 +46,18 @@ _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# GPT-4o's split (Phi-4-mini), as in its tokenizer.json (llama.cpp "gpt-4o").
+_GPT4O_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# Mistral's Tekken split (Mistral Nemo, Ministral), as in its tokenizer.json (llama.cpp "tekken").
+_TEKKEN_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # None: GPT-2's own regex, built into `pre_tokenizers.ByteLevel(use_regex=True)`.
 _SPLIT_BY_PRE: dict[str, str | None] = {
     "default": None,
@@ -58,6 +70,8 @@ _SPLIT_BY_PRE: dict[str, str | None] = {
     "smaug-bpe": _LLAMA3_SPLIT,
     "qwen2": _QWEN2_SPLIT,
     "deepseek-r1-qwen": _QWEN2_SPLIT,
+    "gpt-4o": _GPT4O_SPLIT,
+    "tekken": _TEKKEN_SPLIT,
 }
 
 
