@@ -100,6 +100,24 @@ def made_model(tools: LlamaTools, family_name: str) -> MadeModel:
     return MadeModel(out / "hf", gguf_paths)
 
 
+def imported_dir(made: MadeModel, family_name: str, gguf_type: str) -> Path:
+    """radixserve's import of the made file (store.gguf_import), redone when the file or the
+    importer changed."""
+    from store.gguf_import import CONVERTER_VERSION, convert_gguf
+
+    source = made.gguf_paths[gguf_type]
+    out = test_models_home() / "imported" / f"{family_name}-{gguf_type}"
+    importer = Path(__file__).parents[1] / "store"
+    stamp_text = json.dumps([str(source), source.stat().st_mtime_ns, CONVERTER_VERSION,
+                             {p.name: p.stat().st_mtime_ns for p in sorted(importer.glob("*.py"))}])
+    stamp = out / "imported-from.json"
+    if not (stamp.is_file() and stamp.read_text() == stamp_text):
+        shutil.rmtree(out, ignore_errors=True)
+        convert_gguf(source, out, progress=False)
+        stamp.write_text(stamp_text)
+    return out
+
+
 def _write_hf_model(family: Family, hf_dir: Path) -> None:
     import torch
 

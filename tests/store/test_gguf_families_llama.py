@@ -16,8 +16,7 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from store.checkpoint_names import GGUF_CONFIG_TENSORS, hf_tensor_name
-from store.gguf_import import convert_gguf
-from tests.llama_made_models import FAMILIES, GGUF_TYPES, made_model, test_models_home
+from tests.llama_made_models import FAMILIES, GGUF_TYPES, imported_dir, made_model
 from tests.llama_tools import llama_cpp_dir, require_llama_tools
 
 transformers = pytest.importorskip("transformers")
@@ -46,13 +45,7 @@ def _made(family: str):
 
 @lru_cache(maxsize=None)
 def _imported(family: str, gguf_type: str) -> Path:
-    out = test_models_home() / "imported" / f"{family}-{gguf_type}"
-    source = _made(family).gguf_paths[gguf_type]
-    stamp = out / "source.txt"
-    if not (stamp.is_file() and stamp.read_text() == f"{source}"):
-        convert_gguf(source, out, progress=False)
-        stamp.write_text(f"{source}")
-    return out
+    return imported_dir(_made(family), family, gguf_type)
 
 
 def _tensors(path: Path) -> dict[str, np.ndarray]:
