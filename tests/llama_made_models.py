@@ -6,7 +6,11 @@ tokenizer llama.cpp's converter accepts, then runs `convert_hf_to_gguf.py --outt
 and `llama-quantize` to Q4_K_M, Q6_K and Q4_0.
 
 Tokenizers: the byte-level BPE families take SmolLM2's tokenizer.json (one llama.cpp's converter
-knows by hash: pre-tokenizer "smollm"); the SentencePiece families (Gemma 2/3, Phi-3) get a
+knows by hash: pre-tokenizer "smollm"), except Qwen's: transformers 5 loads any tokenizer of a
+qwen2/qwen3 model as Qwen2Tokenizer (Qwen's split over the given vocabulary), whose hash
+llama.cpp knows only for Qwen's own vocabulary, so they get Qwen2's real one, rebuilt from
+llama.cpp's models/ggml-vocab-qwen2.gguf (which test_gguf_families_llama holds to Qwen2's HF
+ids); the SentencePiece families (Gemma 2/3, Phi-3) get a
 SentencePiece-BPE model trained here on llama.cpp's README, shaped like the family's own (ids of
 <pad>/<eos>/<bos>/<unk>, the chat markers), and an HF tokenizer as the family ships it.
 """
@@ -22,7 +26,7 @@ from typing import NamedTuple
 
 from tests.llama_tools import LlamaTools
 
-RECIPE_VERSION = 1  # bump when a recipe below changes
+RECIPE_VERSION = 2  # bump when a recipe below changes: the made files are cached by it
 GGUF_TYPES = ("F16", "Q8_0", "Q4_K_M", "Q6_K", "Q4_0")
 _QUANTIZED_BY_TOOL = ("Q4_K_M", "Q6_K", "Q4_0")  # llama-quantize from the F16 file
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -55,8 +59,8 @@ class Family(NamedTuple):
 FAMILIES = {
     "llama3": Family("llama3", "llama", "smollm2"),
     "mistral": Family("mistral", "llama", "smollm2"),
-    "qwen2": Family("qwen2", "qwen2", "smollm2"),
-    "qwen3": Family("qwen3", "qwen3", "smollm2"),
+    "qwen2": Family("qwen2", "qwen2", "qwen2"),
+    "qwen3": Family("qwen3", "qwen3", "qwen2"),
     "gemma2": Family("gemma2", "gemma2", "gemma"),
     "gemma3": Family("gemma3", "gemma3", "gemma"),
     "phi3": Family("phi3", "phi3", "phi3"),
@@ -75,9 +79,8 @@ def test_models_home() -> Path:
 
 def made_model(tools: LlamaTools, family_name: str) -> MadeModel:
     family = FAMILIES[family_name]
-    # the recipe is this file; the tools are named by their source tree (llama-cpp-python's version)
-    key = hashlib.sha256(json.dumps([RECIPE_VERSION, family, Path(__file__).read_text(),
-                                     str(tools.source_dir)]).encode()).hexdigest()[:16]
+    # the tools are named by their source tree (llama-cpp-python's version)
+    key = hashlib.sha256(json.dumps([RECIPE_VERSION, family, str(tools.source_dir)]).encode()).hexdigest()[:16]
     out = test_models_home() / f"{family.name}-{key}"
     gguf_paths = {t: out / f"model-{t}.gguf" for t in GGUF_TYPES}
     if all(p.is_file() for p in gguf_paths.values()):
@@ -158,7 +161,7 @@ def _config(family: Family, vocab_size: int, tokenizer):
         return transformers.MistralConfig(**common, max_position_embeddings=32768, sliding_window=None,
                                           rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
     if family.name == "qwen2":
-        return transformers.Qwen2Config(**common, max_position_embeddings=32768, tie_word_embeddings=False,
+        return transformers.Qwen2Config(**common, max_position_embeddings=32768, tie_word_embeddings=True,
                                         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
     if family.name == "qwen3":
         return transformers.Qwen3Config(**common, max_position_embeddings=40960, tie_word_embeddings=True,
@@ -198,6 +201,9 @@ def _write_tokenizer(family: Family, hf_dir: Path):
         tokenizer_config["chat_template"] = CHATML_TEMPLATE
         (hf_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
         return transformers.AutoTokenizer.from_pretrained(hf_dir)
+    if family.tokenizer == "qwen2":
+        _write_qwen2_tokenizer(hf_dir)
+        return transformers.AutoTokenizer.from_pretrained(hf_dir)
     if family.tokenizer == "gemma":
         _train_spm(hf_dir / "tokenizer.model", pad=0, eos=1, bos=2, unk=3,
                    pieces=("<pad>", "<eos>", "<bos>", "<unk>"),
@@ -222,6 +228,29 @@ def _write_tokenizer(family: Family, hf_dir: Path):
     tokenizer.chat_template = PHI3_TEMPLATE
     _save_tokenizer(tokenizer, hf_dir)
     return transformers.AutoTokenizer.from_pretrained(hf_dir)
+
+
+def _write_qwen2_tokenizer(hf_dir: Path) -> None:
+    from gguf import GGUFReader
+
+    from store.gguf_import import read_metadata
+    from store.gguf_tokenizer import build_tokenizer
+
+    from tests.llama_tools import llama_cpp_dir
+
+    path = llama_cpp_dir() / "models" / "ggml-vocab-qwen2.gguf"
+    metadata = read_metadata(GGUFReader(path))
+    num_real = metadata["tokenizer.ggml.tokens"].index("<|im_end|>") + 1  # then llama.cpp's [PAD] fillers
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type"):
+        metadata[key] = metadata[key][:num_real]
+    build_tokenizer(metadata, path).save(str(hf_dir / "tokenizer.json"))
+    specials = {str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+                         "special": True} for i, t in enumerate(metadata["tokenizer.ggml.tokens"])
+                if metadata["tokenizer.ggml.token_type"][i] == 3}
+    (hf_dir / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "Qwen2Tokenizer", "bos_token": None, "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>", "unk_token": None, "added_tokens_decoder": specials,
+        "chat_template": CHATML_TEMPLATE, "model_max_length": 32768, "clean_up_tokenization_spaces": False}))
 
 
 def _save_tokenizer(tokenizer, hf_dir: Path) -> None:
