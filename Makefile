@@ -8,7 +8,7 @@ VPY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install install-cluster serve test test-llama llama-tools fuzz bench bench-peers clean-venv
+.PHONY: install install-cluster serve test test-llama test-ootb llama-tools fuzz bench bench-peers clean-venv
 
 install: $(STAMP)
 
@@ -22,9 +22,13 @@ $(STAMP): pyproject.toml
 serve: install
 	$(VENV)/bin/radixserve serve $(SERVE_ARGS)
 
-# Tests that need llama.cpp-made model files (marker llama_tools) are left out here: `make test-llama`.
+# Tests that need llama.cpp-made model files (marker llama_tools) are left out here: `make test-llama`;
+# so is the out-of-the-box check (marker ootb, about a minute of generation): `make test-ootb`.
 test: install
-	$(VPY) -m pytest -m "not llama_tools" $(PYTEST_ARGS)
+	$(VPY) -m pytest -m "not llama_tools and not ootb" $(PYTEST_ARGS)
+
+test-ootb: install
+	$(VPY) -m pytest -m ootb $(PYTEST_ARGS)
 
 # llama.cpp's convert_hf_to_gguf.py, llama-quantize and llama-server, built once outside the
 # repository (bench/build_llama_server.sh; several minutes on 2 cores), then the tests that use them.

@@ -3,6 +3,7 @@
 Resources (engine thread, tokenizer, chat template, metrics) are opened in the
 lifespan and kept on `app.state`:
     settings   ServerSettings
+    generation_defaults  ResolvedGenerationDefaults (what a request leaves out, and where each came from)
     engine     AsyncEngine
     service    CompletionService
     metrics    ServerMetrics
@@ -18,6 +19,7 @@ GET /openapi.json is the OpenAPI document of these routes (server/openapi.py); w
 
 import asyncio
 import gc
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -42,6 +44,7 @@ from server.api_anthropic.routes import ANTHROPIC_ROUTES
 from server.api_responses.routes import RESPONSES_ROUTES
 from server.auth import require_api_key
 from server.completion_service import CompletionService
+from server.generation_defaults import resolve_generation_defaults
 from server.logprobs import LogprobFormatter
 from server.metrics import ServerMetrics
 from server.openapi import openapi_config, openapi_document
@@ -58,6 +61,8 @@ from server.settings import ServerSettings
 
 EngineFactory = Callable[[EngineConfig], AsyncEngine]
 
+logger = logging.getLogger("radixserve.server")
+
 
 def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEngine.from_config) -> Litestar:
     """`engine_factory` builds the engine in the lifespan (tests pass a fake one)."""
@@ -65,6 +70,8 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
     @asynccontextmanager
     async def open_resources(app: Litestar) -> AsyncIterator[None]:
         model_dir = settings.engine.model_dir
+        generation_defaults = resolve_generation_defaults(settings.generation_defaults, model_dir)
+        logger.info("radixserve: defaults for what a request leaves out: %s", generation_defaults.describe())
         tokenizer = Tokenizer(model_dir)
         chat_template = ChatTemplate.from_model_dir(model_dir, settings.chat_template_path)
         engine = await asyncio.to_thread(engine_factory, settings.engine)  # loads weights: seconds
@@ -80,7 +87,9 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
             prompts = RequestPrompts(PromptBuilder(SegmentTokenizer(tokenizer), chat_template, turns))
             facts = engine.facts
             grammars = GrammarCompiler(tokenizer.path, sorted(facts.eos_token_ids), facts.vocab_size)
-            app.state.service = CompletionService(engine, prompts, grammars, settings, turns)
+            app.state.generation_defaults = generation_defaults
+            app.state.service = CompletionService(engine, prompts, grammars, settings, generation_defaults.values,
+                                                  turns)
             app.state.logprobs = LogprobFormatter(tokenizer)
             app.state.prompt_ledger = PromptLedger()
             app.state.response_store = responses

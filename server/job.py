@@ -46,7 +46,7 @@ class ChatJob:
     documents: tuple[dict, ...] = ()  # {"text", "id", "title"}
     template_kwargs: dict[str, Any] | None = None
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplingParams fields, max_tokens aside
-    max_new_tokens: int | None = None  # None: up to the end of the context
+    max_new_tokens: int | None = None  # None: the server's default (server/generation_defaults.py)
     stop_strings: tuple[str, ...] = ()
     num_choices: int = 1
     model: str | None = None  # None: the served model

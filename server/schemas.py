@@ -271,8 +271,8 @@ class CompletionRequest(_SamplingFields):
         return value
 
     @property
-    def max_new_tokens(self) -> int:
-        return self.max_tokens if self.max_tokens is not None else 16  # OpenAI's default for completions
+    def max_new_tokens(self) -> int | None:
+        return self.max_tokens  # None: the server's default (not OpenAI's 16: vLLM and llama.cpp do not cut there)
 
     @property
     def num_top_logprobs(self) -> int | None:
