@@ -152,7 +152,7 @@ def test_tokenizer_encodes_as_the_source_and_carries_the_template(family):
 
     made = _made(family)
     source = transformers.AutoTokenizer.from_pretrained(made.hf_dir)
-    for gguf_type in ("F16", "Q4_K_M"):
+    for gguf_type in ("F16",):  # llama-quantize copies the metadata: every type's tokenizer is this one
         out = _imported(family, gguf_type)
         ours = Tokenizer.from_file(str(out / "tokenizer.json"))
         tokenizer_config = json.loads((out / "tokenizer_config.json").read_text())
