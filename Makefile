@@ -8,7 +8,7 @@ VPY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install install-cluster serve test test-llama test-ootb llama-tools fuzz bench bench-peers clean-venv
+.PHONY: install install-cluster serve test test-llama test-ootb llama-tools node-sdk fuzz bench bench-peers clean-venv
 
 install: $(STAMP)
 
@@ -39,6 +39,16 @@ llama-tools: install
 
 test-llama: llama-tools
 	$(VPY) -m pytest -m llama_tools $(PYTEST_ARGS)
+
+# The anthropic Node SDK (@anthropic-ai/sdk), for the test of its toolRunner on message threads
+# (tests/server/test_anthropic_node.py, which skips saying why without node or the package): installed
+# outside the repository, under $RADIXSERVE_HOME (default ~/.cache/radixserve)/peers/node-anthropic.
+NODE_SDK_DIR ?= $(or $(RADIXSERVE_HOME),$(HOME)/.cache/radixserve)/peers/node-anthropic
+
+node-sdk:
+	mkdir -p "$(NODE_SDK_DIR)"
+	cd "$(NODE_SDK_DIR)" && test -f package.json || (cd "$(NODE_SDK_DIR)" && npm init -y >/dev/null)
+	cd "$(NODE_SDK_DIR)" && npm install --no-audit --no-fund @anthropic-ai/sdk
 
 # Schema-driven fuzzing (schemathesis) of the app from its OpenAPI document, FUZZ_EXAMPLES
 # examples per route and mode (fitting the schema, and not); the suite runs 15. Prints the

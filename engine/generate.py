@@ -37,10 +37,10 @@ def greedy_generate(
     """Greedy continuation of `prompt_ids`: new token ids, ending at a stop
     token (included) or after `max_new_tokens`."""
     config = model.config
-    device = model.embed_tokens.weight.device
+    device = model.norm.weight.device
     max_len = len(prompt_ids) + max_new_tokens
     num_pages = -(-max_len // PAGE_SIZE)
-    shape = KVPoolShape(config.num_layers, config.num_kv_heads, config.head_dim, PAGE_SIZE, model.embed_tokens.weight.dtype)
+    shape = KVPoolShape(config.num_layers, config.num_kv_heads, config.head_dim, PAGE_SIZE, model.norm.weight.dtype)
     pool = KVPool(shape, num_pages, device)
     page_ids = list(range(num_pages))
 

@@ -12,6 +12,7 @@ lifespan and kept on `app.state`:
     retrieval  RetrievalService (collections, embeddings; its model loads on first use)
     prompt_ledger  PromptLedger (recent prompts by response id, for cache diagnostics)
     response_store ResponseStore (stored Responses, SQLite)
+    message_threads ResponseStore (Anthropic's message threads, same file, own table)
 
 GET /openapi.json is the OpenAPI document of these routes (server/openapi.py); with
 `allowed_origins` (serve --allowed-origins) browsers on those origins may call the API (CORS).
@@ -47,9 +48,10 @@ from server.completion_service import CompletionService
 from server.generation_defaults import resolve_generation_defaults
 from server.logprobs import LogprobFormatter
 from server.metrics import ServerMetrics
-from server.openapi import openapi_config, openapi_document
+from server.openapi import document_responses, openapi_config, openapi_document
 from server.prompt_ledger import PromptLedger
 from server.prompts import RequestPrompts
+from server.api_anthropic.threads import THREADS_TABLE
 from server.response_store import ResponseStore
 from server.retrieval_service import RetrievalService
 from server.routes_chat import chat_completions
@@ -79,6 +81,9 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
         retrieval = RetrievalService(settings.collections_dir)
         responses = ResponseStore(settings.responses_db, settings.responses_max_count, settings.responses_max_bytes,
                                   settings.responses_max_age_seconds)
+        message_threads = ResponseStore(settings.responses_db, settings.responses_max_count,
+                                        settings.responses_max_bytes, settings.responses_max_age_seconds,
+                                        table=THREADS_TABLE)
         try:
             app.state.retrieval = retrieval
             app.state.engine = engine
@@ -93,6 +98,7 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
             app.state.logprobs = LogprobFormatter(tokenizer)
             app.state.prompt_ledger = PromptLedger()
             app.state.response_store = responses
+            app.state.message_threads = message_threads
             app.state.started_at = int(time.time())
             # What startup built (model, tokenizers, templates) lives as long as the server: kept out of
             # the collector's full passes, which otherwise walk it all and pause every thread.
@@ -101,6 +107,7 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
         finally:
             await retrieval.close()
             responses.close()
+            message_threads.close()
             server_metrics.close()
             await asyncio.to_thread(engine.shutdown)
 
@@ -117,6 +124,7 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
         cors_config=_cors_config(settings.allowed_origins),
         logging_config=None,
     )
+    document_responses(app.openapi_schema)  # error responses and media types the generator cannot see
     # Outermost, so the access log sees every request, routed or not.
     app.asgi_handler = AccessLogMiddleware(app.asgi_handler)
     return app

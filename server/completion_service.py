@@ -89,7 +89,8 @@ class CompletionService:
         prompt_ids = self.prompts.job_prompt_ids(job, max_num_tokens=self.max_num_prompt_tokens)
         params = with_defaults(job.sampling, job.max_new_tokens, self.defaults,
                                self.max_num_request_tokens - len(prompt_ids))
-        pins = tuple(PrefixPin(num_tokens, min(breakpoint.seconds, self.settings.max_pin_seconds))
+        pins = tuple(PrefixPin(num_tokens, min(breakpoint.seconds, self.settings.max_pin_seconds),
+                               breakpoint.seconds)
                      for breakpoint, num_tokens in self.prompts.breakpoint_lengths(job, prompt_ids) if num_tokens)
         options = job.engine_options
         if options.document_reuse is not False and self.settings.engine.document_reuse:
@@ -99,7 +100,8 @@ class CompletionService:
                              stop_strings=job.stop_strings, num_choices=job.num_choices, cache_salt=job.cache_salt,
                              grammar=self._grammar(job), parses_tool_calls=job.parses_tool_calls,
                              is_chat=job.remembers_turn, pins=pins, turn_scope=job.turn_scope,
-                             affinity_key=job.prompt_cache_key, engine_options=options)
+                             affinity_key=job.prompt_cache_key, engine_options=options,
+                             tool_call_id_prefix=job.tool_call_id_prefix)
 
     def _grammar(self, job: ChatJob) -> str | None:
         """The grammar the output runs under: a forced tool call, the calls tool_choice auto lets the

@@ -8,6 +8,7 @@ from litestar.datastructures import State
 from server.auth import caller_of
 from server.cache_diagnostics import diagnose, openai_diagnostics_body, prompt_parts
 from server.chat_translation import chat_job
+from server.choice_stream import Usage
 from server.completion_response import answer
 from server.openapi import json_body
 from server.rag_context import retrieve_context
@@ -35,7 +36,8 @@ async def chat_completions(request: Request, state: State) -> Response:
                                             parts, sources)  # renders the prompt again, per message
         extra_fields["prompt_cache_diagnostics"] = openai_diagnostics_body(diagnosis)
     state.prompt_ledger.record(identity.id, owner, job.prompt_token_ids, parts)
+    usage = Usage()
     shapes = ChatShapes(identity, state.logprobs, include_usage=body.include_usage_chunk,
-                        extra_fields=extra_fields or None)
+                        extra_fields=extra_fields or None, running_usage=usage if body.usage_on_every_chunk else None)
     return await answer(request, state.service, job, shapes, stream=body.stream,
-                        include_usage=body.include_usage_chunk)
+                        include_usage=body.include_usage_chunk, usage=usage)

@@ -107,6 +107,7 @@ class ChatMessage(_Body):
 
 class StreamOptions(_Body):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # extension, as vLLM: with include_usage, the usage so far on every chunk
 
 
 class FunctionSpec(_Body):
@@ -203,6 +204,11 @@ class _SamplingFields(_Body):
     @property
     def include_usage_chunk(self) -> bool:
         return self.stream and self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def usage_on_every_chunk(self) -> bool:
+        """vLLM's `continuous_usage_stats` (with include_usage): each chunk carries the usage so far."""
+        return self.include_usage_chunk and self.stream_options.continuous_usage_stats
 
 
 class ChatCompletionRequest(PromptCacheFields, _SamplingFields):

@@ -102,19 +102,28 @@ class Backend(ABC):
     name: str
     policy: StepPolicy
     reads_blocks: bool = False  # whether make_linear uses a weight's GGUF blocks (the loader reads them then)
+    weight_notes: tuple[str, ...] = ()  # how the loader held the weights, when it had to say (describe() adds them)
 
     # ------------------------------------------------------------ load time
 
     @abstractmethod
-    def make_linear(self, name: str, layer: nn.Module, blocks: object | None) -> nn.Module:
-        """The layer object that runs `layer` (a model.linear.Linear with its weights
-        loaded): `layer` itself, or a faster one of the backend's own with the same
-        contract, x (M, in) -> (M, out). `blocks`: the GGUF blocks of the weight
-        (kernels.cpu_matvec.BlockWeight) when the model has them, else None."""
+    def make_linear(self, name: str, layer: nn.Module, blocks: list | None) -> nn.Module:
+        """The layer object that runs `layer` (a model.linear.Linear): `layer` itself, or a
+        faster one of the backend's own with the same contract, x (M, in) -> (M, out).
+        `blocks`: the weight as blocks (kernels.block_formats.BlockWeight parts, row-wise),
+        its only form, when the loader kept it so (only for a backend that `reads_blocks`;
+        `layer.weight` is then unfilled), else None and `layer` holds the weights."""
 
-    def prepare(self, model: nn.Module, blocks: dict[str, object]) -> None:
-        """Swap every Linear of `model` for make_linear's layer (in place). `blocks`
-        maps module names to their GGUF blocks."""
+    def make_embedding(self, layer: nn.Module, blocks: list) -> nn.Module:
+        """The embedding table as blocks (one BlockWeight): a module ids (...) -> (..., d)."""
+        raise NotImplementedError(f"backend {self.name} reads no blocks")
+
+    def prepare(self, model: nn.Module, blocks: dict[str, list]) -> None:
+        """Swap every Linear of `model` for make_linear's layer (in place), and the embedding
+        table for make_embedding's where it is blocks. `blocks` maps module names to their
+        block weights."""
+        if "embed_tokens" in blocks:
+            model.embed_tokens = self.make_embedding(model.embed_tokens, blocks["embed_tokens"])
         for name, module in list(model.named_modules()):
             for child_name, child in list(module.named_children()):
                 if isinstance(child, Linear):

@@ -47,7 +47,7 @@ class TorchBackend(Backend):
         chunks = "SDPA in length-sorted chunks" if self.policy.attention.decode_token_budget < 2**62 else "SDPA"
         return BackendPlan(self.name, str(self.device), str(self.dtype).removeprefix("torch."), dict(self._linears),
                            row_ops="torch ops", decode_attention=chunks, prefill_attention="SDPA",
-                           fallbacks=self.fallbacks)
+                           fallbacks=self.fallbacks, notes=self.weight_notes)
 
     def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
         return rms_norm(x, weight, eps)
