@@ -12,9 +12,10 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from gguf import GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
+from store.block_file import read_block_file
 from store.checkpoint_names import GGUF_CONFIG_TENSORS, hf_tensor_name
 from tests.llama_made_models import FAMILIES, GGUF_TYPES, imported_dir, made_model
 from tests.llama_tools import llama_cpp_dir, require_llama_tools
@@ -116,7 +117,13 @@ def test_config_matches_the_source_model(family):
 def test_tensors_match_the_source_within_the_type(family, gguf_type):
     made = _made(family)
     source = _tensors(made.hf_dir / "model.safetensors")
-    ours = _tensors(_imported(family, gguf_type) / "model.safetensors")
+    out = _imported(family, gguf_type)
+    # model.safetensors holds the float32 tensors, gguf_blocks.safetensors the rest as the file's blocks
+    ours = _tensors(out / "model.safetensors")
+    for name, blocks in read_block_file(out).items():
+        assert name not in ours, name
+        ours[name] = dequantize(blocks.rows, GGMLQuantizationType[blocks.format]).astype(np.float32).reshape(
+            blocks.rows.shape[0], blocks.cols)
     assert sorted(ours) == sorted(source)
     config = json.loads((_imported(family, gguf_type) / "config.json").read_text())
     architecture = FAMILIES[family].gguf_architecture
