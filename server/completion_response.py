@@ -67,8 +67,10 @@ async def run_job(request: Request, service: Runner, job: Job, usage: Usage, *,
 
 
 async def answer(request: Request, service: Runner, job: Job,
-                 shapes: ChatShapes | CompletionShapes, *, stream: bool, include_usage: bool) -> Response:
-    usage = Usage()
+                 shapes: ChatShapes | CompletionShapes, *, stream: bool, include_usage: bool,
+                 usage: Usage | None = None) -> Response:
+    """`usage`: the one to fill, when the caller keeps it (server/request_records.py)."""
+    usage = usage if usage is not None else Usage()
     outcome = await run_job(request, service, job, usage, stream=stream)
     if isinstance(outcome, Response):
         return outcome

@@ -1,6 +1,7 @@
 """POST /v1/chat/completions"""
 
 import asyncio
+import time
 
 from litestar import Request, Response, post
 from litestar.datastructures import State
@@ -9,6 +10,7 @@ from server.auth import caller_of
 from server.cache_diagnostics import diagnose, openai_diagnostics_body, prompt_parts
 from server.chat_translation import chat_job
 from server.completion_response import answer
+from server.completion_service import Usage
 from server.openapi import json_body
 from server.rag_context import retrieve_context
 from server.request_body import validated_body
@@ -18,6 +20,7 @@ from server.schemas import ChatCompletionRequest
 
 @post("/chat/completions", status_code=200, operation_class=json_body(ChatCompletionRequest))
 async def chat_completions(request: Request, state: State) -> Response:
+    started = time.perf_counter()
     body = await validated_body(request, ChatCompletionRequest)
     identity = ResponseIdentity.new("chatcmpl", state.settings.served_model_name)
     context = await retrieve_context(state.retrieval, body, state.settings.rag_order) if body.retrieval else None
@@ -37,5 +40,9 @@ async def chat_completions(request: Request, state: State) -> Response:
     state.prompt_ledger.record(identity.id, owner, job.prompt_token_ids, parts)
     shapes = ChatShapes(identity, state.logprobs, include_usage=body.include_usage_chunk,
                         extra_fields=extra_fields or None)
+    # GET /v1/requests/{id} reads it (the console's token bar)
+    usage = Usage()
+    state.request_records.record(identity.id, caller.key_id, usage, job.num_choices,
+                                 bool(job.engine_options.document_spans), started)
     return await answer(request, state.service, job, shapes, stream=body.stream,
-                        include_usage=body.include_usage_chunk)
+                        include_usage=body.include_usage_chunk, usage=usage)

@@ -70,6 +70,7 @@ class ServerSettings:
     responses_max_age_seconds: float = DEFAULT_RESPONSES_MAX_AGE_SECONDS
     rag_order: str = "relevance"  # retrieved documents in the prompt: "relevance" or "canonical" (server/rag_context.py)
     allowed_origins: tuple[str, ...] = ()  # CORS: browser origins that may call the API ("*": any); () no CORS
+    ui: bool = True  # the web console at / (server/routes_console.py)
 
     def __post_init__(self):
         if not self.served_model_name:
