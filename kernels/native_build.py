@@ -1,6 +1,7 @@
 """Building and loading the project's small C kernels (kernels/csrc).
 
-Each library is plain C with OpenMP and AVX2/FMA/F16C intrinsics, built from
+Each library is plain C with OpenMP and AVX2/FMA/F16C intrinsics (or, the
+PORTABLE_LIBRARIES, plain C built without instruction-set flags), built from
 the sources LIBRARIES names (plus the shared headers in csrc): no torch
 headers, so a build takes about a second with the system C compiler. The
 library is cached under `build_dir` by the hash of its sources, headers and
@@ -24,10 +25,18 @@ from pathlib import Path
 SOURCE_DIR = Path(__file__).parent / "csrc"
 COMPILE_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
+# The portable build: no instruction-set flags (plain C, what the compiler vectorizes for the
+# machine's baseline); its sources test __AVX2__ to choose their plain-C paths.
+PORTABLE_COMPILE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")
 # library name -> its C sources in SOURCE_DIR
 LIBRARIES = {
     "matvec": ("matvec.c",),
     "decode_ops": ("row_ops.c", "decode_attention.c"),
+    "blocks": ("block_matmul.c",),
+}
+# library name -> its C sources, built with PORTABLE_COMPILE_FLAGS: runs on any CPU with a compiler
+PORTABLE_LIBRARIES = {
+    "blocks_portable": ("block_matmul.c",),
 }
 
 logger = logging.getLogger("radixserve.kernels")
@@ -47,20 +56,22 @@ def find_compiler() -> str | None:
 def load_library(name: str, build_dir: Path, compiler: str | None = FIND_COMPILER) -> ctypes.CDLL:
     """Library `name` (LIBRARIES) built (once, cached by content) into build_dir and loaded.
     `compiler`: a path, FIND_COMPILER, or None (no compiler: raises NativeUnavailable)."""
-    if platform.machine() not in ("x86_64", "AMD64") or not cpu_has_flags(REQUIRED_CPU_FLAGS):
+    portable = name in PORTABLE_LIBRARIES
+    flags = PORTABLE_COMPILE_FLAGS if portable else COMPILE_FLAGS
+    if not portable and (platform.machine() not in ("x86_64", "AMD64") or not cpu_has_flags(REQUIRED_CPU_FLAGS)):
         raise _unavailable(f"{name}: this CPU lacks {'/'.join(REQUIRED_CPU_FLAGS)}")
     if compiler == FIND_COMPILER:
         compiler = find_compiler()
     if compiler is None:
         raise _unavailable(f"{name}: no C compiler (cc or gcc, or $CC)")
-    sources = [SOURCE_DIR / file_name for file_name in LIBRARIES[name]]
+    sources = [SOURCE_DIR / file_name for file_name in (PORTABLE_LIBRARIES if portable else LIBRARIES)[name]]
     digest = hashlib.sha256()
     for path in [*sources, *sorted(SOURCE_DIR.glob("*.h"))]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    digest.update(" ".join(COMPILE_FLAGS).encode())
+    digest.update(" ".join(flags).encode())
     library_path = Path(build_dir) / f"{name}-{digest.hexdigest()[:16]}.so"
     if not library_path.is_file():
-        _build(compiler, name, sources, library_path)
+        _build(compiler, name, sources, library_path, flags)
     try:
         return ctypes.CDLL(str(library_path))
     except OSError as error:
@@ -72,11 +83,11 @@ def _unavailable(reason: str) -> NativeUnavailable:
     return NativeUnavailable(reason)
 
 
-def _build(compiler: str, name: str, sources: list[Path], library_path: Path) -> None:
+def _build(compiler: str, name: str, sources: list[Path], library_path: Path, flags: tuple[str, ...]) -> None:
     library_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=library_path.parent) as scratch:
         partial = Path(scratch) / library_path.name
-        command = [compiler, *COMPILE_FLAGS, f"-I{SOURCE_DIR}", *map(str, sources), "-o", str(partial)]
+        command = [compiler, *flags, f"-I{SOURCE_DIR}", *map(str, sources), "-o", str(partial)]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             logger.warning("building %s failed:\n%s", name, result.stderr[-2000:])

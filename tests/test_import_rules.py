@@ -59,4 +59,5 @@ def test_the_serving_bench_talks_http_only():
     assert engine_users <= {"engine_bench.py", "server_overhead.py", "retrieval_bench.py", "suite.py",
                             "rag_retrieval_bench.py", "agent_tool_loop.py", "local_server.py", "kv_tier_bench.py",
                             "replica_router_cost.py", "speculation_bench.py", "verify_row_costs.py",
-                            "document_reuse_quality.py", "document_disk_bench.py", "document_reuse_breakdown.py"}
+                            "document_reuse_quality.py", "document_disk_bench.py", "document_reuse_breakdown.py",
+                            "random_gguf.py"}

@@ -84,7 +84,7 @@ def test_fused_blocks_are_row_concatenations(matvec):
 
 def test_bad_block_weights_are_refused(matvec):
     with pytest.raises(ValueError, match="unknown block format"):
-        BlockWeight.from_gguf("Q5_K", np.zeros((1, 20), dtype=np.uint8), 32)
+        BlockWeight.from_gguf("IQ2_XS", np.zeros((1, 20), dtype=np.uint8), 32)
     with pytest.raises(ValueError, match="needs uint8 GGUF blocks"):
         BlockWeight.from_gguf("Q4_1", np.zeros((1, 21), dtype=np.uint8), 32)  # not whole blocks
     with pytest.raises(ValueError, match="needs uint8 GGUF blocks"):

@@ -1,0 +1,89 @@
+"""Products and row dequantization over weights in any block format (kernels/csrc/block_matmul.c;
+the formats are kernels/block_formats.py's table).
+
+- `matmul(x, weight)`: x (m, in) @ W^T for a few rows (decode), reading the blocks: each weight
+  decoded to exactly its dequantized float32 value, so results equal a float32 product over
+  `dequantize_reference(weight)` up to summation order; a row's bits do not depend on m.
+- `dequantize_rows(weight, ...)`: float32 rows of the weight (the embedding's looked-up rows; the
+  tiles a prefill GEMM reads: kernels/block_linear.py).
+
+Two builds: "avx2" (AVX2 + FMA + F16C) and "portable" (plain C); `load` takes the AVX2 one where
+the CPU has it, `load(..., portable=True)` the other (tests run both).
+"""
+
+import ctypes
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from kernels.block_formats import BlockWeight
+from kernels.native_build import FIND_COMPILER, NativeUnavailable, load_library
+
+
+class BlockKernels:
+    def __init__(self, library: ctypes.CDLL, instruction_set: str):
+        self.instruction_set = instruction_set  # "avx2" or "portable"
+        self._matmul = library.blocks_matmul
+        self._matmul.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 3 \
+            + [ctypes.c_int64] * 3 + [ctypes.c_int]
+        self._matmul.restype = ctypes.c_int
+        self._dequantize = library.blocks_dequantize_rows
+        self._dequantize.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                                     ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+        self._dequantize.restype = ctypes.c_int
+
+    def matmul(self, x: Tensor, weight: BlockWeight) -> Tensor:
+        """x (m, in) float32 @ weight^T -> (m, out)."""
+        x = x.contiguous()
+        if x.dim() != 2 or x.shape[1] != weight.cols or x.dtype != torch.float32:
+            raise ValueError(f"blocks matmul wants x (m, {weight.cols}) float32, got {tuple(x.shape)} {x.dtype}")
+        spec = weight.spec
+        out = torch.empty((x.shape[0], weight.rows), dtype=torch.float32)
+        status = self._matmul(spec.code, spec.block_size, spec.bytes, weight.blocks.data_ptr(), x.data_ptr(),
+                              out.data_ptr(), x.shape[0], weight.rows, weight.cols, torch.get_num_threads())
+        if status:
+            raise ValueError(f"blocks matmul: format {weight.format} unknown to the C kernels")
+        return out
+
+    def dequantize_rows(self, weight: BlockWeight, row_ids: Tensor | None = None, first: int = 0,
+                        count: int | None = None, out: Tensor | None = None) -> Tensor:
+        """float32 rows of the weight: rows `row_ids` (int64, any shape -> (*shape, cols)), or rows
+        first .. first + count (into `out`, (count, cols), when given)."""
+        spec = weight.spec
+        if row_ids is not None:
+            ids = row_ids.reshape(-1).to(torch.int64).contiguous()
+            if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= weight.rows):
+                raise IndexError(f"row ids out of range for a weight of {weight.rows} rows")
+            result = torch.empty((ids.numel(), weight.cols), dtype=torch.float32)
+            self._dequantize(spec.code, spec.block_size, spec.bytes, weight.blocks.data_ptr(), ids.data_ptr(),
+                             ids.numel(), weight.cols, result.data_ptr(), torch.get_num_threads())
+            return result.reshape(*row_ids.shape, weight.cols)
+        count = weight.rows - first if count is None else count
+        if first < 0 or count < 0 or first + count > weight.rows:
+            raise IndexError(f"rows {first}..{first + count} out of range for a weight of {weight.rows} rows")
+        if out is None:
+            out = torch.empty((count, weight.cols), dtype=torch.float32)
+        elif out.shape != (count, weight.cols) or out.dtype != torch.float32 or not out.is_contiguous():
+            raise ValueError(f"out must be contiguous float32 ({count}, {weight.cols}), got {tuple(out.shape)}")
+        start = weight.blocks.data_ptr() + first * weight.blocks.shape[1]
+        self._dequantize(spec.code, spec.block_size, spec.bytes, start, None, count, weight.cols, out.data_ptr(),
+                         torch.get_num_threads())
+        return out
+
+
+def load(build_dir: Path, compiler: str | None = FIND_COMPILER, portable: bool = False) -> BlockKernels:
+    """The AVX2 build (or, with `portable`, the plain-C one), built once and cached; raises
+    native_build.NativeUnavailable where it cannot run."""
+    if portable:
+        return BlockKernels(load_library("blocks_portable", build_dir, compiler), "portable")
+    return BlockKernels(load_library("blocks", build_dir, compiler), "avx2")
+
+
+def load_best(build_dir: Path, compiler: str | None = FIND_COMPILER) -> BlockKernels:
+    """The AVX2 build where this CPU has AVX2/FMA/F16C, else the portable one (`instruction_set`
+    says which; the cpu backend's describe() names it)."""
+    try:
+        return load(build_dir, compiler)
+    except NativeUnavailable:
+        return load(build_dir, compiler, portable=True)

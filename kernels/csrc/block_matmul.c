@@ -1,0 +1,180 @@
+/* Products and row dequantization over weights held in block formats (block_decode.h; the
+   table of formats is kernels/block_formats.py). Built twice by kernels/native_build.py: with
+   AVX2 + FMA + F16C, and portable (plain C, whatever the compiler vectorizes).
+
+   W is (rows, row_bytes) uint8, each row cols / block_size blocks of block_bytes. Weights decode
+   32 at a time (a "group"), to exactly their dequantized float32 values, then multiply x as
+   float32 weights would: a row's sum runs over the groups in order, one partial a group (in the
+   AVX2 build: a multiply and three FMAs over the group's four 8-lane vectors, added to an 8-lane
+   accumulator, summed horizontally at the end), so a row's result is the same for every m.
+   Rows are split statically between the threads, each streaming its own contiguous share. */
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "block_decode.h"
+
+#define GROUP 32
+#define MAX_M 8
+#ifndef PREFETCH_ROWS
+#define PREFETCH_ROWS 4
+#endif
+
+#ifdef __AVX2__
+static inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+/* One weight row against m x rows (x_stride floats apart) -> out[i * out_stride]. Inlined with
+   constant code and m (row_dispatch), so the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void row_dot(const int code, const int m, const uint8_t* row,
+                                                          int64_t num_blocks, int64_t block_bytes, int groups_per_block,
+                                                          const float* x, int64_t x_stride, float* out, int64_t out_stride) {
+  __m256 acc[MAX_M];
+  for (int i = 0; i < m; i++) acc[i] = _mm256_setzero_ps();
+  for (int64_t blk = 0; blk < num_blocks; blk++) {
+    const uint8_t* block = row + blk * block_bytes;
+    for (int g = 0; g < groups_per_block; g++) {
+      __m256 w[4];
+      decode_group_avx2(code, block, g, w);
+      const float* xg = x + (blk * groups_per_block + g) * GROUP;
+      for (int i = 0; i < m; i++) {
+        const float* xb = xg + i * x_stride;
+        __m256 partial = _mm256_mul_ps(w[0], _mm256_loadu_ps(xb));
+        partial = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xb + 8), partial);
+        partial = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xb + 16), partial);
+        partial = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xb + 24), partial);
+        acc[i] = _mm256_add_ps(acc[i], partial);
+      }
+    }
+  }
+  for (int i = 0; i < m; i++) out[i * out_stride] = hsum8(acc[i]);
+}
+
+static inline void decode_group_any(int code, const uint8_t* block, int g, float* w) {
+  __m256 v[4];
+  switch (code) {
+#define DECODE_CASE(C) case C: decode_group_avx2(C, block, g, v); break;
+    DECODE_CASE(0) DECODE_CASE(1) DECODE_CASE(2) DECODE_CASE(3) DECODE_CASE(4) DECODE_CASE(5) DECODE_CASE(6)
+    DECODE_CASE(7) DECODE_CASE(8) DECODE_CASE(9) DECODE_CASE(10) DECODE_CASE(11) DECODE_CASE(12)
+#undef DECODE_CASE
+  }
+  for (int k = 0; k < 4; k++) _mm256_storeu_ps(w + 8 * k, v[k]);
+}
+
+#else  /* portable */
+
+static inline void row_dot(const int code, const int m, const uint8_t* row, int64_t num_blocks, int64_t block_bytes,
+                           int groups_per_block, const float* x, int64_t x_stride, float* out, int64_t out_stride) {
+  float acc[MAX_M][8] = {{0}};
+  for (int64_t blk = 0; blk < num_blocks; blk++) {
+    const uint8_t* block = row + blk * block_bytes;
+    for (int g = 0; g < groups_per_block; g++) {
+      float w[GROUP];
+      decode_group_scalar(code, block, g, w);
+      const float* xg = x + (blk * groups_per_block + g) * GROUP;
+      for (int i = 0; i < m; i++) {
+        const float* xb = xg + i * x_stride;
+        for (int lane = 0; lane < 8; lane++) {
+          float partial = w[lane] * xb[lane] + w[lane + 8] * xb[lane + 8] + w[lane + 16] * xb[lane + 16]
+                          + w[lane + 24] * xb[lane + 24];
+          acc[i][lane] += partial;
+        }
+      }
+    }
+  }
+  for (int i = 0; i < m; i++) {
+    float sum = 0.0f;
+    for (int lane = 0; lane < 8; lane++) sum += acc[i][lane];
+    out[i * out_stride] = sum;
+  }
+}
+
+static inline void decode_group_any(int code, const uint8_t* block, int g, float* w) {
+  decode_group_scalar(code, block, g, w);
+}
+#endif
+
+#define ROW_CASE(C, M) \
+  case M: row_dot(C, M, row, num_blocks, block_bytes, groups_per_block, x, x_stride, out, out_stride); break;
+#define CODE_CASE(C)                                                                              \
+  case C:                                                                                         \
+    switch (m) { ROW_CASE(C, 1) ROW_CASE(C, 2) ROW_CASE(C, 3) ROW_CASE(C, 4) ROW_CASE(C, 5)       \
+                 ROW_CASE(C, 6) ROW_CASE(C, 7) ROW_CASE(C, 8) }                                    \
+    break;
+
+static void row_dispatch(int code, int m, const uint8_t* row, int64_t num_blocks, int64_t block_bytes,
+                         int groups_per_block, const float* x, int64_t x_stride, float* out, int64_t out_stride) {
+  switch (code) {
+    CODE_CASE(0) CODE_CASE(1) CODE_CASE(2) CODE_CASE(3) CODE_CASE(4) CODE_CASE(5) CODE_CASE(6)
+    CODE_CASE(7) CODE_CASE(8) CODE_CASE(9) CODE_CASE(10) CODE_CASE(11) CODE_CASE(12)
+  }
+}
+
+/* The float formats (F16, BF16, F32) are one value a block in the table; here their "block" is a
+   group of 32 values (block_bytes = 32 * value bytes), one group per block. */
+static void shape_of(int code, int64_t cols, int64_t block_size, int64_t block_bytes, int64_t* num_blocks,
+                     int64_t* bytes, int* groups) {
+  if (code >= FORMAT_F16) {
+    *num_blocks = cols / GROUP;
+    *bytes = block_bytes * GROUP;
+    *groups = 1;
+  } else {
+    *num_blocks = cols / block_size;
+    *bytes = block_bytes;
+    *groups = (int)(block_size / GROUP);
+  }
+}
+
+/* y (m, rows) = x (m, cols) @ W^T. Returns 0, or -1 for a bad format code. */
+int blocks_matmul(int code, int64_t block_size, int64_t block_bytes, const uint8_t* W, const float* x, float* y,
+                  int64_t m, int64_t rows, int64_t cols, int num_threads) {
+  if (code < 0 || code >= NUM_FORMATS) return -1;
+  int64_t num_blocks, bytes;
+  int groups;
+  shape_of(code, cols, block_size, block_bytes, &num_blocks, &bytes, &groups);
+  int64_t row_bytes = num_blocks * bytes;
+  for (int64_t first = 0; first < m; first += MAX_M) {
+    int group_m = (int)(m - first < MAX_M ? m - first : MAX_M);
+    const float* xg = x + first * cols;
+    float* yg = y + first * rows;
+    #pragma omp parallel num_threads(num_threads)
+    {
+      int64_t thread = omp_get_thread_num(), num = omp_get_num_threads();
+      int64_t r0 = rows * thread / num, r1 = rows * (thread + 1) / num;
+      for (int64_t r = r0; r < r1; r++) {
+#ifdef __AVX2__
+        if (r + PREFETCH_ROWS < r1) {
+          const char* ahead = (const char*)(W + (r + PREFETCH_ROWS) * row_bytes);
+          for (int64_t byte = 0; byte < row_bytes; byte += 64) _mm_prefetch(ahead + byte, _MM_HINT_T0);
+        }
+#endif
+        row_dispatch(code, group_m, W + r * row_bytes, num_blocks, bytes, groups, xg, cols, yg + r, rows);
+      }
+    }
+  }
+  return 0;
+}
+
+/* out (num_rows, cols) float32 = the dequantized rows of W: rows row_ids[0..num_rows) when row_ids
+   is given, else rows 0..num_rows. Returns 0, or -1 for a bad format code. */
+int blocks_dequantize_rows(int code, int64_t block_size, int64_t block_bytes, const uint8_t* W,
+                           const int64_t* row_ids, int64_t num_rows, int64_t cols, float* out, int num_threads) {
+  if (code < 0 || code >= NUM_FORMATS) return -1;
+  int64_t num_blocks, bytes;
+  int groups;
+  shape_of(code, cols, block_size, block_bytes, &num_blocks, &bytes, &groups);
+  int64_t row_bytes = num_blocks * bytes;
+  #pragma omp parallel for schedule(static) num_threads(num_threads)
+  for (int64_t i = 0; i < num_rows; i++) {
+    const uint8_t* row = W + (row_ids ? row_ids[i] : i) * row_bytes;
+    float* dst = out + i * cols;
+    for (int64_t blk = 0; blk < num_blocks; blk++)
+      for (int g = 0; g < groups; g++)
+        decode_group_any(code, row + blk * bytes, g, dst + (blk * groups + g) * GROUP);
+  }
+  return 0;
+}

@@ -1,0 +1,100 @@
+"""The block-format kernels (kernels/block_matmul.py) against gguf's own `dequantize` and a float64
+product, for every format of the table, in the AVX2 build and the portable one."""
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+from kernels import block_matmul
+from kernels.block_formats import FORMATS, BlockWeight, dequantize_reference
+from kernels.native_build import NativeUnavailable
+from store.model_store import radixserve_home
+
+# Byte offsets of each format's fp16 scales in GGUF's block struct: random bytes make valid blocks
+# once these hold small finite halves.
+FP16_SCALE_OFFSETS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
+                      "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+@pytest.fixture(scope="module", params=["avx2", "portable"])
+def kernels(request):
+    try:
+        return block_matmul.load(radixserve_home() / "kernels", portable=request.param == "portable")
+    except NativeUnavailable as error:
+        pytest.skip(str(error))
+
+
+def random_gguf_rows(format_name: str, rows: int, cols: int, seed: int) -> np.ndarray:
+    """(rows, bytes) uint8 GGUF blocks of `format_name`: random bits, finite scales."""
+    rng = np.random.default_rng(seed)
+    spec = FORMATS[format_name]
+    if format_name in ("F16", "BF16", "F32"):
+        values = rng.standard_normal((rows, cols), dtype=np.float32)
+        if format_name == "F32":
+            return values.view(np.uint8)
+        return quantize(values, GGMLQuantizationType[format_name]).view(np.uint8).reshape(rows, -1)
+    blocks = rng.integers(0, 256, (rows, cols // spec.block_size, spec.gguf_bytes), dtype=np.uint8)
+    for offset in FP16_SCALE_OFFSETS[format_name]:
+        scales = (rng.uniform(0.001, 0.05, blocks.shape[:2]) * rng.choice([-1, 1], blocks.shape[:2])).astype(np.float16)
+        blocks[:, :, offset:offset + 2] = scales.view(np.uint8).reshape(*blocks.shape[:2], 2)
+    return blocks.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("format_name", sorted(FORMATS))
+def test_dequantized_rows_equal_gguf_dequantize(kernels, format_name):
+    rows, cols = 6, 512
+    gguf_rows = random_gguf_rows(format_name, rows, cols, seed=1)
+    weight = BlockWeight.from_gguf(format_name, gguf_rows, cols)
+    expected = dequantize(gguf_rows, GGMLQuantizationType[format_name]).reshape(rows, cols).astype(np.float32)
+    assert np.array_equal(dequantize_reference(weight).numpy(), expected)
+    assert np.array_equal(kernels.dequantize_rows(weight).numpy(), expected)  # bit for bit
+    looked_up = kernels.dequantize_rows(weight, row_ids=torch.tensor([[4, 0], [4, 5]]))
+    assert looked_up.shape == (2, 2, cols)
+    assert np.array_equal(looked_up.numpy(), expected[[[4, 0], [4, 5]]])
+    assert np.array_equal(kernels.dequantize_rows(weight, first=2, count=3).numpy(), expected[2:5])
+
+
+@pytest.mark.parametrize("format_name", sorted(FORMATS))
+def test_products_equal_a_float64_product_of_the_dequantized_weights(kernels, format_name):
+    rows, cols = 37, 768  # rows split unevenly between threads
+    weight = BlockWeight.from_gguf(format_name, random_gguf_rows(format_name, rows, cols, seed=2), cols)
+    dense = dequantize_reference(weight).double()
+    x = torch.randn(11, cols, generator=torch.Generator().manual_seed(3))  # 8 + 3: two groups of rows
+    expected = x.double() @ dense.T
+    got = kernels.matmul(x, weight)
+    scale = (x.double().abs() @ dense.abs().T).max()
+    assert torch.allclose(got.double(), expected, rtol=0, atol=float(scale) * 2e-6)
+    for m in (1, 3, 8):  # a row's bits do not depend on how many rows share the call
+        assert torch.equal(kernels.matmul(x[:m], weight), got[:m])
+
+
+def test_quantized_by_gguf_then_multiplied(kernels):
+    """Weights made by gguf's quantize (the simple formats it can make), end to end."""
+    rng = np.random.default_rng(4)
+    values = rng.standard_normal((16, 256), dtype=np.float32)
+    x = torch.from_numpy(rng.standard_normal((2, 256), dtype=np.float32))
+    for format_name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"):
+        gguf_rows = quantize(values, GGMLQuantizationType[format_name])
+        weight = BlockWeight.from_gguf(format_name, gguf_rows, 256)
+        dense = torch.from_numpy(dequantize(gguf_rows, GGMLQuantizationType[format_name]).reshape(16, 256))
+        assert torch.allclose(kernels.matmul(x, weight), x @ dense.T, atol=1e-4), format_name
+
+
+def test_widened_formats_round_trip_to_gguf():
+    for format_name in ("Q4_1", "Q8_0", "Q4_K"):
+        gguf_rows = random_gguf_rows(format_name, 3, 256, seed=5)
+        assert np.array_equal(BlockWeight.from_gguf(format_name, gguf_rows, 256).to_gguf(), gguf_rows)
+
+
+def test_bad_inputs_are_refused(kernels):
+    weight = BlockWeight.from_gguf("Q4_K", random_gguf_rows("Q4_K", 4, 256, seed=6), 256)
+    with pytest.raises(ValueError):
+        kernels.matmul(torch.zeros(1, 255), weight)
+    with pytest.raises(IndexError):
+        kernels.dequantize_rows(weight, row_ids=torch.tensor([4]))
+    with pytest.raises(ValueError):
+        BlockWeight.from_gguf("Q4_K", np.zeros((1, 144), dtype=np.uint8), 512)  # not whole blocks
+    with pytest.raises(ValueError):
+        BlockWeight("IQ2_XS", torch.zeros(1, 66, dtype=torch.uint8), 256)
