@@ -2,7 +2,8 @@
 
     GET /                     the single-page console (server/console/index.html), no key needed: the page
                               holds nothing but code; it asks for the key and sends it as a bearer header
-    GET /console/{file}       its scripts and styles (Litestar's static files, from inside the package)
+    GET /console/{file}       its scripts and styles, from inside the package: the files server/console/ held when
+                              the server started, by name only (no paths), with an ETag (304 when unchanged)
     GET /v1/requests/{id}     a recent chat request of the same key: its prompt tokens by origin, TTFT,
                               TPOT, speculation (server/request_records.py)
     GET /v1/cache?limit=N     the KV pool, disk tier and document store now, and the caller's tenant's N
@@ -13,13 +14,13 @@ requests run with when they name none (`--tenant-per-key`: the key's own; else t
 one): /v1/cache shows that tenant's prefixes only.
 """
 
+import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 
-from litestar import Request, get
+from litestar import Request, Response, get
 from litestar.datastructures import State
 from litestar.params import FromPath, Parameter
-from litestar.response import File
-from litestar.static_files import create_static_files_router
 
 from server.auth import caller_of
 from server.errors import APIError
@@ -30,13 +31,47 @@ DEFAULT_NUM_PREFIXES = 20
 MAX_NUM_PREFIXES = 100
 
 
+MEDIA_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
+
+
+@dataclass(frozen=True)
+class ConsoleFile:
+    content: bytes
+    media_type: str
+    etag: str
+
+
+def _read_console_files() -> dict[str, ConsoleFile]:
+    files = {}
+    for path in sorted(CONSOLE_DIR.iterdir()):
+        if path.suffix in MEDIA_TYPES:
+            content = path.read_bytes()
+            files[path.name] = ConsoleFile(content, MEDIA_TYPES[path.suffix],
+                                           f'"{hashlib.sha256(content).hexdigest()[:16]}"')
+    return files
+
+
+CONSOLE_FILES = _read_console_files()  # name -> file: a few tens of KB, read once
+
+
+def _file_response(request: Request, name: str) -> Response:
+    file = CONSOLE_FILES.get(name)
+    if file is None:
+        raise APIError(404, f"the console has no file {name!r}", code="not_found")
+    headers = {"ETag": file.etag, "Cache-Control": "no-cache"}  # revalidated on every load: 304 when unchanged
+    if request.headers.get("if-none-match") == file.etag:
+        return Response(b"", status_code=304, headers=headers)
+    return Response(file.content, media_type=file.media_type, headers=headers)
+
+
 @get("/", media_type="text/html")
-async def console_page() -> File:
-    return File(CONSOLE_DIR / "index.html", content_disposition_type="inline", media_type="text/html")
+async def console_page(request: Request) -> Response:
+    return _file_response(request, "index.html")
 
 
-console_files = create_static_files_router(path="/console", directories=[CONSOLE_DIR], send_as_attachment=False,
-                                           include_in_schema=True)  # every route is in /openapi.json
+@get("/console/{name:str}")
+async def console_files(request: Request, name: FromPath[str]) -> Response:
+    return _file_response(request, name)
 
 
 @get("/requests/{request_id:str}")

@@ -25,8 +25,13 @@ def test_the_page_and_its_files_are_served_without_a_key_and_the_api_needs_one(m
         response = client.get(f"/console/{name}")
         assert response.status_code == 200, name
         assert response.content == (CONSOLE_DIR / name).read_bytes()
-    assert client.get("/console/app.js").headers["content-type"].split(";")[0] in ("text/javascript",
-                                                                                   "application/javascript")
+    script = client.get("/console/app.js")
+    assert script.headers["content-type"].split(";")[0] == "text/javascript"
+    unchanged = client.get("/console/app.js", headers={"If-None-Match": script.headers["etag"]})
+    assert unchanged.status_code == 304 and unchanged.content == b""
+    for name in ("%00", "..%2Froutes_console.py", "missing.js", "console.css%00.js"):
+        response = client.get(f"/console/{name}")
+        assert response.status_code == 404 and response.json()["error"]["message"], name
     for path in ("/v1/requests/chatcmpl-x", "/v1/cache"):
         response = client.get(path)
         assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key", path
