@@ -8,7 +8,7 @@ VPY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install install-cluster install-browser serve test test-llama llama-tools fuzz bench bench-peers clean-venv
+.PHONY: install install-cluster install-browser serve test test-llama test-ootb llama-tools node-sdk fuzz bench bench-peers clean-venv
 
 install: $(STAMP)
 
@@ -31,9 +31,13 @@ install-browser:
 		apt-get update -q && apt-get install -y -q --no-install-recommends chromium chromium-driver; \
 	fi
 
-# Tests that need llama.cpp-made model files (marker llama_tools) are left out here: `make test-llama`.
+# Tests that need llama.cpp-made model files (marker llama_tools) are left out here: `make test-llama`;
+# so is the out-of-the-box check (marker ootb, about a minute of generation): `make test-ootb`.
 test: install
-	$(VPY) -m pytest -m "not llama_tools" $(PYTEST_ARGS)
+	$(VPY) -m pytest -m "not llama_tools and not ootb" $(PYTEST_ARGS)
+
+test-ootb: install
+	$(VPY) -m pytest -m ootb $(PYTEST_ARGS)
 
 # llama.cpp's convert_hf_to_gguf.py, llama-quantize and llama-server, built once outside the
 # repository (bench/build_llama_server.sh; several minutes on 2 cores), then the tests that use them.
@@ -44,6 +48,16 @@ llama-tools: install
 
 test-llama: llama-tools
 	$(VPY) -m pytest -m llama_tools $(PYTEST_ARGS)
+
+# The anthropic Node SDK (@anthropic-ai/sdk), for the test of its toolRunner on message threads
+# (tests/server/test_anthropic_node.py, which skips saying why without node or the package): installed
+# outside the repository, under $RADIXSERVE_HOME (default ~/.cache/radixserve)/peers/node-anthropic.
+NODE_SDK_DIR ?= $(or $(RADIXSERVE_HOME),$(HOME)/.cache/radixserve)/peers/node-anthropic
+
+node-sdk:
+	mkdir -p "$(NODE_SDK_DIR)"
+	cd "$(NODE_SDK_DIR)" && test -f package.json || (cd "$(NODE_SDK_DIR)" && npm init -y >/dev/null)
+	cd "$(NODE_SDK_DIR)" && npm install --no-audit --no-fund @anthropic-ai/sdk
 
 # Schema-driven fuzzing (schemathesis) of the app from its OpenAPI document, FUZZ_EXAMPLES
 # examples per route and mode (fitting the schema, and not); the suite runs 15. Prints the

@@ -71,7 +71,8 @@ class _OpenCall:
 
 
 class ToolCallStreamParser:
-    def __init__(self):
+    def __init__(self, call_id_prefix: str = "call_"):
+        self.call_id_prefix = call_id_prefix  # the API's id style: "call_" (OpenAI), "toolu_" (Anthropic)
         self._pending = ""  # text not yet classified
         self._held_space = ""  # content whitespace held back
         self._call: _OpenCall | None = None
@@ -160,7 +161,7 @@ class ToolCallStreamParser:
                 return deltas
             if call.body[head.end()] != "{":
                 return deltas  # arguments as a string or other: judged when the block closes
-            call.index, call.id = len(self.calls), new_tool_call_id()
+            call.index, call.id = len(self.calls), new_tool_call_id(self.call_id_prefix)
             call.name = json.loads(f'"{head.group(1)}"')
             call.scan_at = head.end()
             deltas.append(ToolCallDelta(call.index, call.id, call.name))
@@ -206,7 +207,7 @@ class ToolCallStreamParser:
         if parsed is None:  # not a call: the block's text is content, with the whitespace held before it
             text, self._held_space = self._held_space + CALL_OPEN + call.body + (CALL_CLOSE if closed else ""), ""
             return text
-        call.index, call.id = len(self.calls), new_tool_call_id()
+        call.index, call.id = len(self.calls), new_tool_call_id(self.call_id_prefix)
         call.name, call.arguments = parsed
         deltas.append(ToolCallDelta(call.index, call.id, call.name, call.arguments))
         self._record(call)

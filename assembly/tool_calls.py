@@ -34,8 +34,9 @@ def message_content(text: str, calls: list[ToolCall]) -> str | None:
     return None if calls and not text.strip() else text
 
 
-def new_tool_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
+def new_tool_call_id(prefix: str = "call_") -> str:
+    """OpenAI's "call_..." by default; Anthropic's Messages API names its calls "toolu_..."."""
+    return f"{prefix}{uuid.uuid4().hex[:24]}"
 
 
 def parse_call_body(body: str) -> tuple[str, str] | None:

@@ -15,6 +15,11 @@ DEFAULT_DOCUMENT_STORE_BYTES = 1 << 30
 # precomputed collections never compete with pages for the tier's LRU (server/serve_command.py).
 DEFAULT_DOCUMENT_DISK_BYTES = 4 << 30
 KV_DISK_POLICIES = ("write-through", "write-back")  # every page at once / a page when the pool evicts it
+# The KV pool when not told its size: this many full contexts (room for that many requests at full length, or
+# many short ones beside their cached prefixes; pages beyond it live on in the disk tier), as llama.cpp sizes by
+# context, never more than MAX_DEFAULT_KV_CACHE_FRACTION of free memory (docs/performance.md: RSS at rest)
+DEFAULT_KV_CACHE_CONTEXTS = 4
+MAX_DEFAULT_KV_CACHE_FRACTION = 0.25
 
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
@@ -43,6 +48,22 @@ def available_memory_bytes(device: torch.device) -> int:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def kv_pool_bytes(config: "EngineConfig", bytes_per_token: int, max_model_len: int,
+                  device: torch.device) -> tuple[int, str]:
+    """The KV pool's size in bytes, and how it was chosen (for the startup log)."""
+    if config.kv_cache_bytes is not None:
+        return config.kv_cache_bytes, "--kv-cache-memory"
+    available = available_memory_bytes(device)
+    if config.kv_cache_fraction is not None:
+        return int(config.kv_cache_fraction * available), f"--kv-cache-memory {config.kv_cache_fraction:g} of free memory"
+    by_context = DEFAULT_KV_CACHE_CONTEXTS * max_model_len * bytes_per_token
+    cap = int(MAX_DEFAULT_KV_CACHE_FRACTION * available)
+    if by_context <= cap:
+        return by_context, f"default: {DEFAULT_KV_CACHE_CONTEXTS} contexts of {max_model_len} tokens"
+    return cap, (f"default: {DEFAULT_KV_CACHE_CONTEXTS} contexts of {max_model_len} tokens would be more than "
+                 f"{MAX_DEFAULT_KV_CACHE_FRACTION:g} of free memory")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -75,7 +96,7 @@ class EngineConfig:
     dtype: str = "auto"
     page_size: int = 16
     kv_cache_bytes: int | None = None  # exact pool size in bytes; else a fraction:
-    kv_cache_fraction: float = 0.25  # of available memory at start-up
+    kv_cache_fraction: float | None = None  # of available memory at start-up; neither: kv_pool_bytes' default
     max_num_batched_tokens: int | None = None  # the per-step token budget (decodes + prefill chunks);
     # None: the backend's (model/backends: 512 on CPU, 2048 on CUDA)
     max_num_seqs: int = 64  # requests admitted (prefilling or running) at once
@@ -120,7 +141,7 @@ class EngineConfig:
             raise ValueError(f"page_size must be a power of two, got {self.page_size}")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
             raise ValueError(f"kv_cache_bytes must be positive, got {self.kv_cache_bytes}")
-        if not 0 < self.kv_cache_fraction < 1:
+        if self.kv_cache_fraction is not None and not 0 < self.kv_cache_fraction < 1:
             raise ValueError(f"kv_cache_fraction must be in (0, 1), got {self.kv_cache_fraction}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")

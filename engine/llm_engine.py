@@ -5,6 +5,7 @@ Not thread-safe: `AsyncEngine` owns it from a single thread.
 """
 
 import dataclasses
+import logging
 import time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from cache.kv_pool import KVPool, KVPoolShape
 from engine.document_kv_copy import DocumentKVCopier
 from engine.document_kv_disk import open_document_kv_disk
 from engine.document_reuse import DocumentReuse
-from engine.engine_config import EngineConfig, available_memory_bytes, resolve_device, resolve_dtype
+from engine.engine_config import EngineConfig, kv_pool_bytes, resolve_device, resolve_dtype
 from engine.draft_proposer import DraftProposer
 from engine.errors import RequestError
 from engine.generate import stop_token_ids
@@ -42,6 +43,8 @@ from model.weights import load_model
 from store.model_store import radixserve_home
 
 
+logger = logging.getLogger("radixserve.engine")
+
 # Busy engines trim the heap this often too (engine/heap.py), not only when idle.
 HEAP_TRIM_EVERY_STEPS = 512
 
@@ -65,11 +68,14 @@ class LLMEngine:
 
         shape = KVPoolShape(model_config.num_layers, model_config.num_kv_heads, model_config.head_dim,
                             config.page_size, self.dtype)
-        pool_bytes = config.kv_cache_bytes or int(config.kv_cache_fraction * available_memory_bytes(self.device))
+        pool_bytes, pool_reason = kv_pool_bytes(config, shape.bytes_per_page // config.page_size, self.max_model_len,
+                                                self.device)
         num_pages = shape.num_pages_for(pool_bytes)
         if num_pages < 1:
             raise ValueError(f"a KV cache of {pool_bytes} bytes holds no page of {shape.bytes_per_page} bytes")
         self.kv_pool = KVPool(shape, num_pages, self.device)
+        logger.info("radixserve: KV cache of %d tokens (%d pages), %.0f MiB (%s)", num_pages * config.page_size,
+                    num_pages, self.kv_pool.num_bytes / 2**20, pool_reason)
         self.metrics = EngineMetrics()
         self.kv_tier = None
         if config.kv_disk_dir is not None and config.enable_prefix_cache:

@@ -3,6 +3,7 @@
 Resources (engine thread, tokenizer, chat template, metrics) are opened in the
 lifespan and kept on `app.state`:
     settings   ServerSettings
+    generation_defaults  ResolvedGenerationDefaults (what a request leaves out, and where each came from)
     engine     AsyncEngine
     service    CompletionService
     metrics    ServerMetrics
@@ -11,6 +12,7 @@ lifespan and kept on `app.state`:
     retrieval  RetrievalService (collections, embeddings; its model loads on first use)
     prompt_ledger  PromptLedger (recent prompts by response id, for cache diagnostics)
     response_store ResponseStore (stored Responses, SQLite)
+    message_threads ResponseStore (Anthropic's message threads, same file, own table)
     request_records RequestRecords (recent chat requests and their prompt tokens' origins, for the console)
 
 With `ui` (serve --ui, the default) GET / is the web console (server/routes_console.py).
@@ -20,6 +22,7 @@ GET /openapi.json is the OpenAPI document of these routes (server/openapi.py); w
 
 import asyncio
 import gc
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -44,12 +47,14 @@ from server.api_anthropic.routes import ANTHROPIC_ROUTES
 from server.api_responses.routes import RESPONSES_ROUTES
 from server.auth import require_api_key
 from server.completion_service import CompletionService
+from server.generation_defaults import resolve_generation_defaults
 from server.logprobs import LogprobFormatter
 from server.metrics import ServerMetrics
-from server.openapi import openapi_config, openapi_document
+from server.openapi import document_responses, openapi_config, openapi_document
 from server.prompt_ledger import PromptLedger
 from server.prompts import RequestPrompts
 from server.request_records import RequestRecords
+from server.api_anthropic.threads import THREADS_TABLE
 from server.response_store import ResponseStore
 from server.retrieval_service import RetrievalService
 from server.routes_chat import chat_completions
@@ -62,6 +67,8 @@ from server.settings import ServerSettings
 
 EngineFactory = Callable[[EngineConfig], AsyncEngine]
 
+logger = logging.getLogger("radixserve.server")
+
 
 def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEngine.from_config) -> Litestar:
     """`engine_factory` builds the engine in the lifespan (tests pass a fake one)."""
@@ -69,6 +76,8 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
     @asynccontextmanager
     async def open_resources(app: Litestar) -> AsyncIterator[None]:
         model_dir = settings.engine.model_dir
+        generation_defaults = resolve_generation_defaults(settings.generation_defaults, model_dir)
+        logger.info("radixserve: defaults for what a request leaves out: %s", generation_defaults.describe())
         tokenizer = Tokenizer(model_dir)
         chat_template = ChatTemplate.from_model_dir(model_dir, settings.chat_template_path)
         engine = await asyncio.to_thread(engine_factory, settings.engine)  # loads weights: seconds
@@ -76,6 +85,9 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
         retrieval = RetrievalService(settings.collections_dir)
         responses = ResponseStore(settings.responses_db, settings.responses_max_count, settings.responses_max_bytes,
                                   settings.responses_max_age_seconds)
+        message_threads = ResponseStore(settings.responses_db, settings.responses_max_count,
+                                        settings.responses_max_bytes, settings.responses_max_age_seconds,
+                                        table=THREADS_TABLE)
         try:
             app.state.retrieval = retrieval
             app.state.engine = engine
@@ -84,11 +96,14 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
             prompts = RequestPrompts(PromptBuilder(SegmentTokenizer(tokenizer), chat_template, turns))
             facts = engine.facts
             grammars = GrammarCompiler(tokenizer.path, sorted(facts.eos_token_ids), facts.vocab_size)
-            app.state.service = CompletionService(engine, prompts, grammars, settings, turns)
+            app.state.generation_defaults = generation_defaults
+            app.state.service = CompletionService(engine, prompts, grammars, settings, generation_defaults.values,
+                                                  turns)
             app.state.logprobs = LogprobFormatter(tokenizer)
             app.state.prompt_ledger = PromptLedger()
             app.state.request_records = RequestRecords()
             app.state.response_store = responses
+            app.state.message_threads = message_threads
             app.state.started_at = int(time.time())
             # What startup built (model, tokenizers, templates) lives as long as the server: kept out of
             # the collector's full passes, which otherwise walk it all and pause every thread.
@@ -97,6 +112,7 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
         finally:
             await retrieval.close()
             responses.close()
+            message_threads.close()
             server_metrics.close()
             await asyncio.to_thread(engine.shutdown)
 
@@ -113,6 +129,7 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
         cors_config=_cors_config(settings.allowed_origins),
         logging_config=None,
     )
+    document_responses(app.openapi_schema)  # error responses and media types the generator cannot see
     # Outermost, so the access log sees every request, routed or not.
     app.asgi_handler = AccessLogMiddleware(app.asgi_handler)
     return app

@@ -186,7 +186,7 @@ class ChoiceRunner:
     async def _run_choice(self, job: GenerationJob, index: int, usage: Usage) -> AsyncIterator[ChoiceDelta]:
         detokenizer = IncrementalDetokenizer(self.tokenizer)
         stops = StopStringMatcher(job.stop_strings)
-        tool_calls = ToolCallStreamParser() if job.parses_tool_calls else None
+        tool_calls = ToolCallStreamParser(job.tool_call_id_prefix) if job.parses_tool_calls else None
         params = choice_params(job.params, index)
         if job.grammar is not None:  # compiling it takes up to seconds: off the event loop
             processor = await asyncio.to_thread(self.grammars.processor, job.grammar)

@@ -91,6 +91,7 @@ def _add_serve_parser(commands, default_model: str) -> None:
     from server.settings import (API_KEY_ENV_VAR, DEFAULT_HOST, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WAITING,
                                  DEFAULT_PORT, DEFAULT_TOOL_PIN_SECONDS)
     from server.settings import DEFAULT_MAX_SCHEMA_BYTES, DEFAULT_RECEIVE_TIMEOUT_SECONDS
+    from server.generation_defaults import add_generation_flags
 
     serve = commands.add_parser("serve", help="serve the OpenAI-compatible HTTP API",
                                 description="Serve a model over an OpenAI-compatible HTTP API.")
@@ -119,7 +120,8 @@ def _add_serve_parser(commands, default_model: str) -> None:
     serve.add_argument("--responses-max-age-seconds", type=float, default=DEFAULT_RESPONSES_MAX_AGE_SECONDS,
                        help=f"age at which a stored Response is dropped (default: {DEFAULT_RESPONSES_MAX_AGE_SECONDS:g})")
     serve.add_argument("--kv-cache-memory", metavar="SIZE",
-                       help="KV cache size: bytes like '2GiB', or a fraction of free memory like '0.3'")
+                       help="KV cache size: bytes like '2GiB', or a fraction of free memory like '0.3' (default: "
+                       "room for 4 requests at the full context, at most a quarter of free memory)")
     serve.add_argument("--max-num-seqs", type=_positive_int, help="requests running at once")
     serve.add_argument("--max-num-batched-tokens", type=_positive_int,
                        help="token budget of one engine step: larger favours throughput and time per output "
@@ -196,6 +198,7 @@ def _add_serve_parser(commands, default_model: str) -> None:
     serve.add_argument("--ui", action=argparse.BooleanOptionalAction, default=True,
                        help="serve the web console at / (chat, where each prompt's tokens came from, the cache, "
                        "collections; default: on; --no-ui: off)")
+    add_generation_flags(serve)
     cluster = serve.add_argument_group("replicas (Ray Serve; make install-cluster)")
     cluster.add_argument("--replicas", type=_positive_int, metavar="N",
                          help="serve with N engine replicas on Ray Serve behind this one endpoint, routed by cached "

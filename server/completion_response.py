@@ -69,7 +69,8 @@ async def run_job(request: Request, service: Runner, job: Job, usage: Usage, *,
 async def answer(request: Request, service: Runner, job: Job,
                  shapes: ChatShapes | CompletionShapes, *, stream: bool, include_usage: bool,
                  usage: Usage | None = None) -> Response:
-    """`usage`: the one to fill, when the caller keeps it (server/request_records.py)."""
+    """`usage`: the one to fill, when the caller keeps it: the shapes report it on every chunk
+    (continuous_usage_stats), server/request_records.py reads it (the console)."""
     usage = usage if usage is not None else Usage()
     outcome = await run_job(request, service, job, usage, stream=stream)
     if isinstance(outcome, Response):

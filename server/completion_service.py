@@ -33,13 +33,13 @@ from assembly.schema_finiteness import unsatisfiable_field
 from assembly.tool_calls import message_content
 from engine.async_engine import AsyncEngine
 from engine.request import FinishReason
-from engine.sampling_params import SamplingParams
 from server.auth import Caller
 from server.choice_stream import ChoiceDelta, ChoiceResult, ChoiceRunner, FinishedChoice, Usage
 from server.errors import APIError, invalid_request
 from server.job import ChatJob, GenerationJob, PrefixPin, requested_engine_options
 from server.prompts import RequestPrompts
-from server.sampling import sampling_params
+from server.generation_defaults import GenerationDefaults
+from server.sampling import sampling_fields, with_defaults
 from server.schemas import CompletionRequest
 from server.settings import ServerSettings
 
@@ -50,8 +50,9 @@ RETRY_AFTER_SECONDS = 1
 
 class CompletionService:
     def __init__(self, engine: AsyncEngine, prompts: RequestPrompts, grammars: GrammarCompiler,
-                 settings: ServerSettings, turns: GeneratedTurns | None = None):
+                 settings: ServerSettings, defaults: GenerationDefaults, turns: GeneratedTurns | None = None):
         self.engine = engine
+        self.defaults = defaults  # every field set: what a request leaves out (server/generation_defaults.py)
         self.prompts = prompts
         self.grammars = grammars
         self.settings = settings
@@ -86,19 +87,21 @@ class CompletionService:
         self.check_model(job.model)
         self._check_capacity()
         prompt_ids = self.prompts.job_prompt_ids(job, max_num_tokens=self.max_num_prompt_tokens)
-        # No max tokens: as OpenAI, up to the end of the context.
-        max_new_tokens = job.max_new_tokens or max(1, self.max_num_request_tokens - len(prompt_ids))
-        pins = tuple(PrefixPin(num_tokens, min(breakpoint.seconds, self.settings.max_pin_seconds))
+        params = with_defaults(job.sampling, job.max_new_tokens, self.defaults,
+                               self.max_num_request_tokens - len(prompt_ids))
+        pins = tuple(PrefixPin(num_tokens, min(breakpoint.seconds, self.settings.max_pin_seconds),
+                               breakpoint.seconds)
                      for breakpoint, num_tokens in self.prompts.breakpoint_lengths(job, prompt_ids) if num_tokens)
         options = job.engine_options
         if options.document_reuse is not False and self.settings.engine.document_reuse:
             options = replace(options, document_spans=self.prompts.document_ranges(job, prompt_ids))
         return GenerationJob(request_id=request_id, prompt_token_ids=prompt_ids,
-                             params=SamplingParams(max_tokens=max_new_tokens, **job.sampling),
+                             params=params,
                              stop_strings=job.stop_strings, num_choices=job.num_choices, cache_salt=job.cache_salt,
                              grammar=self._grammar(job), parses_tool_calls=job.parses_tool_calls,
                              is_chat=job.remembers_turn, pins=pins, turn_scope=job.turn_scope,
-                             affinity_key=job.prompt_cache_key, engine_options=options)
+                             affinity_key=job.prompt_cache_key, engine_options=options,
+                             tool_call_id_prefix=job.tool_call_id_prefix)
 
     def _grammar(self, job: ChatJob) -> str | None:
         """The grammar the output runs under: a forced tool call, the calls tool_choice auto lets the
@@ -163,10 +166,10 @@ class CompletionService:
         return [self._completion_job(request, f"{request_id}-p{i}", prompt_ids)
                 for i, prompt_ids in enumerate(prompt_id_lists)]
 
-    @staticmethod
-    def _completion_job(request: CompletionRequest, request_id: str, prompt_ids: list[int]) -> GenerationJob:
-        return GenerationJob(request_id=request_id, prompt_token_ids=prompt_ids,
-                             params=sampling_params(request, request.max_new_tokens),
+    def _completion_job(self, request: CompletionRequest, request_id: str, prompt_ids: list[int]) -> GenerationJob:
+        params = with_defaults(sampling_fields(request), request.max_new_tokens, self.defaults,
+                               self.max_num_request_tokens - len(prompt_ids))
+        return GenerationJob(request_id=request_id, prompt_token_ids=prompt_ids, params=params,
                              stop_strings=tuple(request.stop or ()), num_choices=request.n,
                              cache_salt=request.cache_salt,
                              engine_options=requested_engine_options(request.document_reuse, request.speculation))

@@ -46,7 +46,7 @@ class ChatJob:
     documents: tuple[dict, ...] = ()  # {"text", "id", "title"}
     template_kwargs: dict[str, Any] | None = None
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplingParams fields, max_tokens aside
-    max_new_tokens: int | None = None  # None: up to the end of the context
+    max_new_tokens: int | None = None  # None: the server's default (server/generation_defaults.py)
     stop_strings: tuple[str, ...] = ()
     num_choices: int = 1
     model: str | None = None  # None: the served model
@@ -63,6 +63,7 @@ class ChatJob:
     # names: for the 400s about a schema (its first part is the error's param).
     tool_schema_path: str = "tools[{}].function.parameters"
     output_format_path: str = "response_format.json_schema.schema"
+    tool_call_id_prefix: str = "call_"  # the API's style of tool-call ids: "toolu_" for Anthropic's
 
     @property
     def named_tool(self) -> str | None:
@@ -92,7 +93,8 @@ def named_tool_choice(name: str) -> str:
 @dataclass(frozen=True)
 class PrefixPin:
     num_tokens: int  # the prompt's first num_tokens ids
-    seconds: float
+    seconds: float  # how long it stays pinned (the TTL asked, at most --max-pin-seconds)
+    ttl_seconds: float | None = None  # the TTL the breakpoint asked for (Anthropic's usage names it); None: `seconds`
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,7 @@ class GenerationJob:
     turn_scope: str = ""  # the finished turn is remembered under this scope (ChatJob.turn_scope)
     affinity_key: str | None = None  # prompt_cache_key: the replica router's affinity key
     engine_options: RequestOptions = DEFAULT_REQUEST_OPTIONS  # KV reuse and decoding switches, as sent
+    tool_call_id_prefix: str = "call_"  # ChatJob.tool_call_id_prefix
 
     @property
     def num_breakpoint_tokens(self) -> int:

@@ -49,10 +49,12 @@ class ChatShapes:
     """Bodies of /v1/chat/completions."""
 
     def __init__(self, identity: ResponseIdentity, logprobs: LogprobFormatter, include_usage: bool = False,
-                 extra_fields: dict | None = None):
+                 extra_fields: dict | None = None, running_usage: Usage | None = None):
         self.identity = identity
         self._logprobs = logprobs
         self._include_usage = include_usage  # streams: `usage: null` on every chunk, then a usage chunk
+        # vLLM's continuous_usage_stats: the usage so far (filled in as outputs arrive) on every chunk instead
+        self._running_usage = running_usage
         self._extra_fields = extra_fields or {}  # extensions (retrieved_documents): the body, and a stream's first chunk
 
     def _logprobs_body(self, token_ids, logprobs, top_logprobs) -> dict | None:
@@ -81,7 +83,7 @@ class ChatShapes:
         chunk = {"id": self.identity.id, "object": "chat.completion.chunk", "created": self.identity.created,
                  "model": self.identity.model, "choices": choices}
         if self._include_usage:
-            chunk["usage"] = None
+            chunk["usage"] = None if self._running_usage is None else usage_body(self._running_usage)
         return chunk
 
     def role_chunk(self, index: int) -> dict:
@@ -108,10 +110,12 @@ class ChatShapes:
 class CompletionShapes:
     """Bodies of /v1/completions."""
 
-    def __init__(self, identity: ResponseIdentity, logprobs: LogprobFormatter, include_usage: bool = False):
+    def __init__(self, identity: ResponseIdentity, logprobs: LogprobFormatter, include_usage: bool = False,
+                 running_usage: Usage | None = None):
         self.identity = identity
         self._logprobs = logprobs
         self._include_usage = include_usage
+        self._running_usage = running_usage  # as ChatShapes'
         self._text_offsets: dict[int, int] = {}  # per choice, for streamed logprobs' text_offset
 
     def _logprobs_body(self, index, text, token_ids, logprobs, top_logprobs) -> dict | None:
@@ -143,7 +147,7 @@ class CompletionShapes:
         chunk = {"id": self.identity.id, "object": "text_completion", "created": self.identity.created,
                  "model": self.identity.model, "choices": [choice]}
         if self._include_usage:
-            chunk["usage"] = None
+            chunk["usage"] = None if self._running_usage is None else usage_body(self._running_usage)
         return chunk
 
     def role_chunk(self, index: int) -> None:

@@ -9,8 +9,8 @@ from litestar.datastructures import State
 from server.auth import caller_of
 from server.cache_diagnostics import diagnose, openai_diagnostics_body, prompt_parts
 from server.chat_translation import chat_job
+from server.choice_stream import Usage
 from server.completion_response import answer
-from server.completion_service import Usage
 from server.openapi import json_body
 from server.rag_context import retrieve_context
 from server.request_body import validated_body
@@ -38,10 +38,10 @@ async def chat_completions(request: Request, state: State) -> Response:
                                             parts, sources)  # renders the prompt again, per message
         extra_fields["prompt_cache_diagnostics"] = openai_diagnostics_body(diagnosis)
     state.prompt_ledger.record(identity.id, owner, job.prompt_token_ids, parts)
-    shapes = ChatShapes(identity, state.logprobs, include_usage=body.include_usage_chunk,
-                        extra_fields=extra_fields or None)
-    # GET /v1/requests/{id} reads it (the console's token bar)
     usage = Usage()
+    shapes = ChatShapes(identity, state.logprobs, include_usage=body.include_usage_chunk,
+                        extra_fields=extra_fields or None, running_usage=usage if body.usage_on_every_chunk else None)
+    # GET /v1/requests/{id} reads it (the console's token bar)
     state.request_records.record(identity.id, caller.key_id, usage, job.num_choices,
                                  bool(job.engine_options.document_spans), started)
     return await answer(request, state.service, job, shapes, stream=body.stream,

@@ -6,6 +6,7 @@ import asyncio
 from litestar import Request, Response, post
 from litestar.datastructures import State
 
+from server.choice_stream import Usage
 from server.completion_batch import CompletionBatch, CompletionBatchRunner
 from server.completion_response import answer
 from server.errors import invalid_request
@@ -22,9 +23,11 @@ async def completions(request: Request, state: State) -> Response:
     jobs = await state.service.prepare_completion_off_loop(body, identity.id)
     echo_texts = tuple(await asyncio.to_thread(_prompt_texts, body.prompt, state)) if body.echo else None
     batch = CompletionBatch(tuple(jobs), body.n, echo_texts)
-    shapes = CompletionShapes(identity, state.logprobs, include_usage=body.include_usage_chunk)
+    usage = Usage()
+    shapes = CompletionShapes(identity, state.logprobs, include_usage=body.include_usage_chunk,
+                              running_usage=usage if body.usage_on_every_chunk else None)
     return await answer(request, CompletionBatchRunner(state.service), batch, shapes, stream=body.stream,
-                        include_usage=body.include_usage_chunk)
+                        include_usage=body.include_usage_chunk, usage=usage)
 
 
 def _prompt_texts(prompts: list[str] | list[list[int]], state: State) -> list[str]:

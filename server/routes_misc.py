@@ -8,10 +8,16 @@ from server.errors import APIError
 from server.metrics import MEDIA_TYPE
 
 
+def _generation_defaults(state: State) -> dict:
+    """The defaults a request's left-out sampling fields take, and where each came from (flag, model, default)."""
+    defaults = state.generation_defaults
+    return {"generation_defaults": defaults.values.as_dict(), "generation_defaults_sources": defaults.sources}
+
+
 def _model_card(state: State) -> dict:
     return {"id": state.settings.served_model_name, "object": "model", "created": state.started_at,
             "owned_by": "radixserve", "max_model_len": state.service.max_num_request_tokens,
-            "backend": state.engine.facts.backend}
+            "backend": state.engine.facts.backend, **_generation_defaults(state)}
 
 
 @get("/models")
@@ -30,9 +36,10 @@ async def get_model(state: State, model_id: FromPath[str]) -> dict:
 @get("/health")
 async def health(state: State) -> dict:
     """200 once the lifespan has loaded the model (before that the server does not accept connections);
-    says which execution backend runs it, and what runs there."""
+    says which execution backend runs it, what runs there, and the sampling defaults in force."""
     facts = state.engine.facts
-    return {"status": "ok", "backend": facts.backend, "backend_description": facts.backend_description}
+    return {"status": "ok", "backend": facts.backend, "backend_description": facts.backend_description,
+            **_generation_defaults(state)}
 
 
 @get("/metrics")

@@ -1,12 +1,14 @@
 """A validated request's sampling fields -> the engine's SamplingParams.
 
-Fields the client left out keep SamplingParams' defaults (OpenAI's). The engine
-validates again and raises RequestError, which answers 400.
+Fields the client left out take the server's defaults (server/generation_defaults.py:
+flag, model, built-in), applied by `with_defaults`; the rest keep SamplingParams'. The
+engine validates again and raises RequestError, which answers 400.
 """
 
 from dataclasses import replace
 
 from engine.sampling_params import SamplingParams
+from server.generation_defaults import GenerationDefaults
 from server.schemas import ChatCompletionRequest, CompletionRequest
 
 _OPTIONAL_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
@@ -25,8 +27,14 @@ def sampling_fields(request: ChatCompletionRequest | CompletionRequest) -> dict:
     return {**fields, "ignore_eos": request.ignore_eos, "logprobs": request.num_top_logprobs}
 
 
-def sampling_params(request: ChatCompletionRequest | CompletionRequest, max_new_tokens: int) -> SamplingParams:
-    return SamplingParams(max_tokens=max_new_tokens, **sampling_fields(request))
+def with_defaults(fields: dict, max_new_tokens: int | None, defaults: GenerationDefaults,
+                  num_tokens_left: int) -> SamplingParams:
+    """SamplingParams from a request's own `fields` (they win) over `defaults` (every field set). A request
+    without max tokens gets the default cap, cut to the `num_tokens_left` of its context (at least 1); its own
+    max tokens is not cut: one that does not fit is the engine's to refuse."""
+    if max_new_tokens is None:
+        max_new_tokens = max(1, min(defaults.max_tokens, num_tokens_left))
+    return SamplingParams(max_tokens=max_new_tokens, **{**defaults.sampling_fields(), **fields})
 
 
 def choice_params(params: SamplingParams, index: int) -> SamplingParams:

@@ -107,6 +107,7 @@ class ChatMessage(_Body):
 
 class StreamOptions(_Body):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # extension, as vLLM: with include_usage, the usage so far on every chunk
 
 
 class FunctionSpec(_Body):
@@ -204,6 +205,11 @@ class _SamplingFields(_Body):
     def include_usage_chunk(self) -> bool:
         return self.stream and self.stream_options is not None and self.stream_options.include_usage
 
+    @property
+    def usage_on_every_chunk(self) -> bool:
+        """vLLM's `continuous_usage_stats` (with include_usage): each chunk carries the usage so far."""
+        return self.include_usage_chunk and self.stream_options.continuous_usage_stats
+
 
 class ChatCompletionRequest(PromptCacheFields, _SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
@@ -271,8 +277,8 @@ class CompletionRequest(_SamplingFields):
         return value
 
     @property
-    def max_new_tokens(self) -> int:
-        return self.max_tokens if self.max_tokens is not None else 16  # OpenAI's default for completions
+    def max_new_tokens(self) -> int | None:
+        return self.max_tokens  # None: the server's default (not OpenAI's 16: vLLM and llama.cpp do not cut there)
 
     @property
     def num_top_logprobs(self) -> int | None:

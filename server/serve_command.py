@@ -11,6 +11,7 @@ from assembly.chat_template import ChatTemplate, TemplateError
 from engine.engine_config import EngineConfig, parse_kv_cache_memory, resolve_device, resolve_dtype
 from model.backends import check_backend_choice
 from server.connection_deadline import with_receive_timeout
+from server.generation_defaults import generation_flags_from_args, resolve_generation_defaults
 from server.settings import ServerSettings, api_key_from_environment, read_api_keys_file
 from store.errors import RadixserveError
 
@@ -71,6 +72,7 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
             allowed_origins=tuple(args.allowed_origins),
             ui=args.ui,
             chat_template_path=Path(args.chat_template).expanduser() if args.chat_template else None,
+            generation_defaults=generation_flags_from_args(args),
             **({"collections_dir": Path(args.collections_dir).expanduser()} if args.collections_dir else {}),
         )
     except ValueError as error:
@@ -150,6 +152,10 @@ def serve(args: argparse.Namespace) -> int:
             ChatTemplate.from_model_dir(model_dir, settings.chat_template_path)
         except TemplateError as error:
             raise RadixserveError(f"--chat-template: {error}") from None
+    try:  # a bad generation_config.json is said before startup (the lifespan resolves them again, and logs them)
+        resolve_generation_defaults(settings.generation_defaults, model_dir)
+    except ValueError as error:
+        raise RadixserveError(str(error)) from None
     configure_logging()
     return run_server(create_app(settings), settings)
 

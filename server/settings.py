@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.engine_config import EngineConfig
+from server.generation_defaults import GenerationDefaults
 
 API_KEY_ENV_VAR = "RADIXSERVE_API_KEY"
 
@@ -70,6 +71,9 @@ class ServerSettings:
     responses_max_age_seconds: float = DEFAULT_RESPONSES_MAX_AGE_SECONDS
     rag_order: str = "relevance"  # retrieved documents in the prompt: "relevance" or "canonical" (server/rag_context.py)
     allowed_origins: tuple[str, ...] = ()  # CORS: browser origins that may call the API ("*": any); () no CORS
+    # Sampling defaults the operator set (serve --temperature ...); a field None: the model's, else the built-in
+    # (server/generation_defaults.py)
+    generation_defaults: GenerationDefaults = field(default_factory=GenerationDefaults)
     ui: bool = True  # the web console at / (server/routes_console.py)
 
     def __post_init__(self):

@@ -76,7 +76,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = Tr
         write_block_safetensors(out_dir / BLOCKS_FILE, reader, block_specs, config)
     tokenizer.save(str(out_dir / "tokenizer.json"))
     _write_json(out_dir / "config.json", config)
-    _write_json(out_dir / "generation_config.json", _generation_config(config))
+    _write_json(out_dir / "generation_config.json", {**_generation_config(config), **sampling_generation_config(metadata)})
     _write_json(out_dir / "tokenizer_config.json", _tokenizer_config(metadata, tokenizer, config))
     return out_dir
 
@@ -230,6 +230,24 @@ def _float32_shortest(value: float) -> float:
 def _generation_config(config: dict[str, Any]) -> dict[str, Any]:
     keys = ("bos_token_id", "eos_token_id", "pad_token_id")
     return {key: config[key] for key in keys if config.get(key) is not None}
+
+
+# GGUF's general.sampling.* keys (llama.cpp's defaults for the model) -> generation_config.json's (HF's names),
+# which the server reads as its defaults for what a request leaves out (server/generation_defaults.py)
+GGUF_SAMPLING_KEYS = {"general.sampling.temp": "temperature", "general.sampling.top_k": "top_k",
+                      "general.sampling.top_p": "top_p", "general.sampling.min_p": "min_p",
+                      "general.sampling.penalty_repeat": "repetition_penalty"}
+
+
+def sampling_generation_config(metadata: dict[str, Any]) -> dict[str, Any]:
+    """The sampling values the file recommends, under generation_config.json's keys (floats shortest, as
+    llama.cpp stores them in float32)."""
+    values = {}
+    for gguf_key, hf_key in GGUF_SAMPLING_KEYS.items():
+        if gguf_key in metadata:
+            value = metadata[gguf_key]
+            values[hf_key] = value if hf_key == "top_k" else _float32_shortest(value)
+    return values
 
 
 def _tokenizer_config(metadata: dict[str, Any], tokenizer, config: dict[str, Any]) -> dict[str, Any]:

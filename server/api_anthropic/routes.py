@@ -1,4 +1,5 @@
-"""POST /v1/messages and /v1/messages/count_tokens (Anthropic's Messages API), errors in its shape."""
+"""POST /v1/messages and /v1/messages/count_tokens (Anthropic's Messages API), errors in its shape;
+message threads (`thread`) are server/api_anthropic/threads.py's."""
 
 import asyncio
 
@@ -7,11 +8,12 @@ from litestar.datastructures import State
 
 from server.api_anthropic.schemas import CountTokensRequest, MessagesRequest
 from server.api_anthropic.streaming import message_stream
-from server.api_anthropic.translation import (TranslatedPrompt, message_body, messages_job, new_message_id,
-                                              usage_body)
+from server.api_anthropic.threads import store_thread_turn, thread_to_continue
+from server.api_anthropic.translation import TranslatedPrompt, message_body, messages_job, new_message_id
+from server.api_anthropic.usage import usage_body
 from server.auth import caller_of
 from server.cache_diagnostics import Diagnosis, diagnose, prompt_parts
-from server.choice_stream import Usage
+from server.choice_stream import ChoiceResult, Usage
 from server.completion_response import StartedStream, run_job
 from server.openapi import json_body
 from server.request_body import validated_body
@@ -36,37 +38,52 @@ async def create_message(request: Request, state: State) -> Response:
     body = await validated_body(request, MessagesRequest)
     caller = caller_of(request)
     service = state.service
-    prompt = TranslatedPrompt(body)
+    service.check_model(body.model)
+    salt = caller.cache_salt(None)
+    owner = caller.owner(salt)
+    threads = state.message_threads
+    previous = await thread_to_continue(threads, body, owner, service.turns, caller.turn_scope(salt, None))
+    prompt = TranslatedPrompt(body, previous)
     chat_job = service.scoped(messages_job(body, prompt), caller)
     message_id = new_message_id()
-    service.check_model(body.model)
     job = await service.prepare_off_loop(chat_job, message_id, caller)
-    owner = caller.owner(job.cache_salt)
     parts = prompt_parts(chat_job, body.model)
     diagnostics = None
     if body.diagnostics is not None:
         previous_id = body.diagnostics.previous_message_id
-        previous = state.prompt_ledger.lookup(previous_id, owner) if previous_id is not None else None
+        compared = state.prompt_ledger.lookup(previous_id, owner) if previous_id is not None else None
         if previous_id is None:
             diagnostics = {"cache_miss_reason": None}  # opted in, nothing to compare with yet
         else:
-            diagnosis = await asyncio.to_thread(diagnose, previous, service.prompts, chat_job, job.prompt_token_ids,
+            diagnosis = await asyncio.to_thread(diagnose, compared, service.prompts, chat_job, job.prompt_token_ids,
                                                 parts, prompt.sources)  # renders the prompt again, per message
             diagnostics = _diagnostics_body(diagnosis)
     state.prompt_ledger.record(message_id, owner, job.prompt_token_ids, parts)
 
     usage = Usage()
+    page_size = service.engine.facts.page_size
+    model = body.model
+
+    def final_usage() -> dict:
+        return usage_body(usage, job, page_size)
+
+    async def finish(result: ChoiceResult) -> dict:
+        final = message_body(message_id, model, result, usage, job, page_size, diagnostics)
+        if body.thread is not None:
+            await asyncio.to_thread(store_thread_turn, threads, owner, final, prompt, previous, result,
+                                    job.prompt_token_ids)
+        return final
+
     outcome = await run_job(request, service, job, usage, stream=body.stream)
     if isinstance(outcome, Response):
         return outcome
-    model = body.model
     if isinstance(outcome, StartedStream):
         start = {"id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
-                 "stop_reason": None, "stop_sequence": None, "usage": {**usage_body(usage, job), "output_tokens": 0}}
+                 "stop_reason": None, "stop_sequence": None, "usage": {**final_usage(), "output_tokens": 0}}
         if diagnostics is not None:
             start["diagnostics"] = diagnostics
-        return message_stream(start, outcome.first, outcome.deltas, lambda: usage_body(usage, job))
-    return Response(message_body(message_id, model, outcome[0], usage, job, diagnostics), status_code=200)
+        return message_stream(start, outcome.first, outcome.deltas, final_usage, finish)
+    return Response(await finish(outcome[0]), status_code=200)
 
 
 @post("/messages/count_tokens", status_code=200, operation_class=json_body(CountTokensRequest))

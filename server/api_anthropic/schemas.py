@@ -136,6 +136,18 @@ class Diagnostics(_Body):
     previous_message_id: Annotated[str, Field(min_length=1)] | None = None
 
 
+class ThreadCreate(_Body):
+    type: Literal["create"]
+
+
+class ThreadContinue(_Body):
+    type: Literal["continue"]
+    previous_message_id: Annotated[str, Field(min_length=1)]
+
+
+Thread = Annotated[ThreadCreate | ThreadContinue, Field(discriminator="type")]
+
+
 class _PromptFields(_Body):
     """What /v1/messages and /v1/messages/count_tokens share: what makes the prompt."""
 
@@ -161,13 +173,23 @@ class _PromptFields(_Body):
                                      "give custom tools with name and input_schema")
         return data
 
+    @property
+    def continues_thread(self) -> bool:
+        """A thread's later turn: its system and tools are the thread's (server/api_anthropic/threads.py)."""
+        return isinstance(getattr(self, "thread", None), ThreadContinue)
+
     @model_validator(mode="after")
     def _tool_choice_fits_tools(self):
         names = {tool.name for tool in self.tools or ()}
         choice = self.tool_choice
-        if choice is not None and choice.type == "tool" and choice.name not in names:
+        if self.continues_thread:
+            for field in ("system", "tools"):
+                if getattr(self, field) is not None:
+                    raise ValueError(f"`{field}` cannot be sent on a thread `continue`: the thread keeps the "
+                                     f"`{field}` it was created with")
+        elif choice is not None and choice.type == "tool" and choice.name not in names:
             raise ValueError(f"tool_choice names {choice.name!r}, which is not among tools")
-        if choice is not None and choice.type == "any" and not names:
+        if choice is not None and choice.type == "any" and not names and not self.continues_thread:
             raise ValueError("tool_choice 'any' needs tools")
         if self.forces_tool_use and self.output_config is not None and self.output_config.format is not None:
             raise ValueError("a forced tool use and output_config.format cannot be combined")
@@ -204,3 +226,4 @@ class MessagesRequest(_PromptFields):
     service_tier: Literal["auto", "standard_only"] | None = None  # one tier here: both mean it
     diagnostics: Diagnostics | None = None
     speculation: bool | None = None  # extension: false turns draft-free speculative decoding off for this request
+    thread: Thread | None = None  # a message thread: the server holds the conversation (api_anthropic/threads.py)

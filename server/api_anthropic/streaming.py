@@ -13,7 +13,7 @@ headers went out becomes an `error` event.
 
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 
 from litestar.background_tasks import BackgroundTask
@@ -21,7 +21,7 @@ from litestar.response import ServerSentEvent
 from litestar.response.sse import ServerSentEventMessage
 
 from server.api_anthropic.translation import stop_reason
-from server.choice_stream import ChoiceDelta
+from server.choice_stream import ChoiceDelta, ChoiceResult
 
 logger = logging.getLogger("radixserve.server")
 
@@ -85,7 +85,10 @@ class _Blocks:
 
 
 async def _events(start_message: dict, first: ChoiceDelta, deltas: AsyncIterator[ChoiceDelta],
-                  final_usage: Callable[[], dict]) -> AsyncIterator[ServerSentEventMessage]:
+                  final_usage: Callable[[], dict],
+                  finish: Callable[[ChoiceResult], Awaitable[None]] | None) -> AsyncIterator[ServerSentEventMessage]:
+    """`finish(result)` runs once the turn is done, before `message_delta` (a thread stores its reply there)."""
+    result = ChoiceResult(0)
     async with aclosing(deltas):
         try:
             yield _event({"type": "message_start", "message": start_message})
@@ -94,6 +97,7 @@ async def _events(start_message: dict, first: ChoiceDelta, deltas: AsyncIterator
             has_calls = False
             delta = first
             while delta is not None:
+                result.add(delta)
                 for body in blocks.text(delta.text) if delta.text else ():
                     yield _event(body)
                 for call in delta.tool_calls:
@@ -103,6 +107,8 @@ async def _events(start_message: dict, first: ChoiceDelta, deltas: AsyncIterator
                 if delta.finish_reason is not None:
                     for body in blocks.finish(has_calls):
                         yield _event(body)
+                    if finish is not None:
+                        await finish(result)
                     yield _event({"type": "message_delta",
                                   "delta": {"stop_reason": stop_reason(delta.finish_reason, delta.stop_string),
                                             "stop_sequence": delta.stop_string},
@@ -116,7 +122,8 @@ async def _events(start_message: dict, first: ChoiceDelta, deltas: AsyncIterator
 
 
 def message_stream(start_message: dict, first: ChoiceDelta, deltas: AsyncIterator[ChoiceDelta],
-                   final_usage: Callable[[], dict]) -> ServerSentEvent:
+                   final_usage: Callable[[], dict],
+                   finish: Callable[[ChoiceResult], Awaitable[None]] | None = None) -> ServerSentEvent:
     """The SSE response of a stream whose first delta has arrived (so the engine accepted it)."""
-    events = _events(start_message, first, deltas, final_usage)
+    events = _events(start_message, first, deltas, final_usage, finish)
     return ServerSentEvent(events, background=BackgroundTask(events.aclose))

@@ -6,15 +6,11 @@ text), an assistant message's `tool_use` blocks its tool calls (input as JSON
 arguments, so turn memory finds the turn it generated and splices its ids).
 `cache_control` on a block is a breakpoint at the end of that block; on a tool,
 at the end of the system turn (where the tool block is rendered); top-level, on
-the last block of the last message, as Anthropic places it.
+the last block of the last message, as Anthropic places it. A thread's `continue`
+starts from the stored conversation (server/api_anthropic/threads.py). tool_result
+blocks that answer no tool_use, and tool_use blocks left unanswered, are 400s.
 
-Usage, from what the engine did: `cache_read_input_tokens` are the prompt tokens
-whose KV was read, not computed: from the prefix cache and, with document reuse,
-from the document store (as Anthropic's: read from a cache instead of processed);
-`cache_creation_input_tokens` the tokens of the longest breakpoint prefix this
-request computed (and pinned), `input_tokens` the rest, so the three add up to the
-prompt. Anthropic's usage has no field for the document share; the OpenAI APIs'
-`reused_document_tokens` gives it.
+Tool calls get Anthropic's `toolu_` ids. Usage is server/api_anthropic/usage.py's.
 """
 
 import json
@@ -22,11 +18,16 @@ import uuid
 
 from server.api_anthropic.schemas import (CacheControl, CountTokensRequest, MessagesRequest, TextBlock,
                                           ToolResultBlock, ToolUseBlock)
+from server.api_anthropic.usage import usage_body
 from server.choice_stream import ChoiceResult, Usage
+from server.errors import invalid_request
 from server.job import (TTL_SECONDS, CacheBreakpoint, ChatJob, GenerationJob, OutputFormat, named_tool_choice,
                         requested_engine_options)
+from server.response_store import StoredResponse
+from server.tool_turns import find_tool_turn_problem
 
 SYSTEM_JOIN = "\n\n"  # between system text blocks
+TOOL_USE_ID_PREFIX = "toolu_"  # Anthropic's tool_use ids
 
 _STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
 
@@ -49,36 +50,79 @@ def _system_text(request: CountTokensRequest) -> tuple[str | None, list[CacheBre
 
 
 class TranslatedPrompt:
-    """The messages in OpenAI's shape, where each came from ("system", "messages[3]"), and the breakpoints."""
+    """The messages in OpenAI's shape, where each came from ("system", "messages[3]", "thread"), the tools
+    (OpenAI's function shape) and the breakpoints. `thread`: the stored conversation a thread's `continue`
+    carries on (its system turn, tools and their breakpoints included); the request's messages follow it."""
 
-    def __init__(self, request: CountTokensRequest):
+    def __init__(self, request: CountTokensRequest, thread: StoredResponse | None = None):
         self.messages: list[dict] = []
         self.sources: list[str] = []
         self.breakpoints: list[CacheBreakpoint] = []
-        system, system_breakpoints = _system_text(request)
-        if system is not None:
-            self._add({"role": "system", "content": system}, "system")
-            self.breakpoints += system_breakpoints
-        for tool in request.tools or ():
-            if (b := _breakpoint(-1, tool.cache_control)) is not None:
-                self.breakpoints.append(b)
+        self.block_paths: dict[int, str] = {}  # a tool turn's block, as Anthropic names it: "messages.2.content.0"
+        if thread is not None:
+            for message in thread.messages:
+                self._add(message, "thread")
+            self.tools = list(thread.tools)
+            self.breakpoints += [CacheBreakpoint(*fields) for fields in thread.breakpoints]
+        else:
+            system, system_breakpoints = _system_text(request)
+            if system is not None:
+                self._add({"role": "system", "content": system}, "system")
+                self.breakpoints += system_breakpoints
+            self.tools = [_function_tool(tool) for tool in request.tools or ()]
+            for tool in request.tools or ():
+                if (b := _breakpoint(-1, tool.cache_control)) is not None:
+                    self.breakpoints.append(b)
+        self.num_thread_breakpoints = len(self.breakpoints)  # the system's and the tools': a thread keeps them
         for i, message in enumerate(request.messages):
-            self._add_message(message, f"messages[{i}]")
+            self._add_message(message, i)
         if request.cache_control is not None and self.messages:
             self.breakpoints.append(_breakpoint(len(self.messages) - 1, request.cache_control))
+        self._check_tool_choice(request)
+        self._check_tool_turns()
+
+    def _check_tool_choice(self, request: CountTokensRequest) -> None:
+        """A thread's `continue` names a tool of the thread's tools (the schema checks a request's own)."""
+        choice, names = request.tool_choice, {tool["function"]["name"] for tool in self.tools}
+        if not request.continues_thread or choice is None:
+            return
+        if choice.type == "tool" and choice.name not in names:
+            raise invalid_request(f"tool_choice names {choice.name!r}, which is not among the thread's tools",
+                                  param="tool_choice")
+        if choice.type == "any" and not names:
+            raise invalid_request("tool_choice 'any' needs tools, and the thread has none", param="tool_choice")
+
+    def _check_tool_turns(self) -> None:
+        """tool_result blocks that answer no tool_use of the message before, and tool_use blocks left without
+        their tool_result: 400s in Anthropic's words (server/tool_turns.py)."""
+        problem = find_tool_turn_problem(self.messages)
+        if problem is None:
+            return
+        source = self.sources[problem.message_index]
+        where = source.replace("[", ".").rstrip("]") if source.startswith("messages") else "the thread's last message"
+        ids = ", ".join(problem.call_ids)
+        if problem.kind == "unanswered_calls":
+            raise invalid_request(f"{where}: `tool_use` ids were found without `tool_result` blocks immediately "
+                                  f"after: {ids}. Each `tool_use` block must have a corresponding `tool_result` "
+                                  "block in the next message.", param="messages")
+        raise invalid_request(f"{self.block_paths.get(problem.message_index, where)}: unexpected `tool_use_id` found "
+                              f"in `tool_result` blocks: {ids}. Each `tool_result` block must have a corresponding "
+                              "`tool_use` block in the previous message.", param="messages")
 
     def _add(self, message: dict, source: str) -> int:
         self.messages.append(message)
         self.sources.append(source)
         return len(self.messages) - 1
 
-    def _add_message(self, message, source: str) -> None:
+    def _add_message(self, message, position: int) -> None:
+        source = f"messages[{position}]"
         blocks = [TextBlock(type="text", text=message.content)] if isinstance(message.content, str) else message.content
         if message.role == "user":
-            for block in blocks:
+            for k, block in enumerate(blocks):
                 if isinstance(block, ToolResultBlock):
                     index = self._add({"role": "tool", "tool_call_id": block.tool_use_id, "content": block.text},
                                       source)
+                    self.block_paths[index] = f"messages.{position}.content.{k}"
                     self._mark(index, block.cache_control)
             texts = [b for b in blocks if isinstance(b, TextBlock)]
             if texts or not blocks:
@@ -119,7 +163,7 @@ def messages_job(request: CountTokensRequest, prompt: TranslatedPrompt) -> ChatJ
         max_new_tokens, stops = request.max_tokens, tuple(request.stop_sequences or ())
     return ChatJob(
         messages=tuple(prompt.messages),
-        tools=tuple(_function_tool(tool) for tool in request.tools or ()),
+        tools=tuple(prompt.tools),
         tool_choice=tool_choice,
         parallel_tool_calls=not (choice is not None and choice.disable_parallel_tool_use),
         output_format=output_format,
@@ -130,6 +174,7 @@ def messages_job(request: CountTokensRequest, prompt: TranslatedPrompt) -> ChatJ
         tool_schema_path="tools[{}].input_schema",
         output_format_path="output_config.format.schema",
         engine_options=requested_engine_options(request.document_reuse, getattr(request, "speculation", None)),
+        tool_call_id_prefix=TOOL_USE_ID_PREFIX,
     )
 
 
@@ -145,15 +190,6 @@ def stop_reason(result_finish_reason: str, stop_string: str | None) -> str:
     if result_finish_reason == "stop":
         return "stop_sequence" if stop_string is not None else "end_turn"
     return _STOP_REASONS.get(result_finish_reason, "end_turn")
-
-
-def usage_body(usage: Usage, job: GenerationJob) -> dict:
-    num_read = usage.num_cached_tokens
-    num_created = max(0, min(job.num_breakpoint_tokens, usage.num_prompt_tokens) - num_read)
-    return {"input_tokens": usage.num_prompt_tokens - num_read - num_created,
-            "cache_creation_input_tokens": num_created,
-            "cache_read_input_tokens": num_read,
-            "output_tokens": usage.num_completion_tokens}
 
 
 def content_blocks(result: ChoiceResult) -> list[dict]:
@@ -175,7 +211,7 @@ def _arguments(arguments: str) -> dict:
 
 
 def message_body(message_id: str, model: str, result: ChoiceResult, usage: Usage, job: GenerationJob,
-                 diagnostics: dict | None) -> dict:
+                 page_size: int, diagnostics: dict | None) -> dict:
     body = {
         "id": message_id,
         "type": "message",
@@ -184,7 +220,7 @@ def message_body(message_id: str, model: str, result: ChoiceResult, usage: Usage
         "content": content_blocks(result),
         "stop_reason": stop_reason(result.finish_reason, result.stop_string),
         "stop_sequence": result.stop_string,
-        "usage": usage_body(usage, job),
+        "usage": usage_body(usage, job, page_size),
     }
     if diagnostics is not None:
         body["diagnostics"] = diagnostics

@@ -17,6 +17,7 @@ from server.completion_response import StartedStream, run_job
 from server.errors import APIError
 from server.openapi import json_body
 from server.request_body import validated_body
+from server.response_store import conversation_turn
 
 
 def _not_found(response_id: str, param: str | None = None) -> APIError:
@@ -71,13 +72,7 @@ async def create_response(request: Request, state: State) -> Response:
 
 def _store(store, owner: str, final: dict, prompt, previous, result: ChoiceResult, prompt_ids: list[int]) -> None:
     """The conversation this response ended, with the generated ids of every turn in it."""
-    output_message = {"role": "assistant", "content": result.content}
-    if result.tool_calls:
-        output_message["tool_calls"] = [call.to_openai() for call in result.tool_calls]
-    # A turn that ended on its stop token: the template writes that token itself.
-    token_ids = result.token_ids if result.finish_reason == "length" else result.token_ids[:-1]
-    turn = {"content": result.content, "calls": [[c.id, c.name, c.arguments] for c in result.tool_calls],
-            "token_ids": token_ids}
+    output_message, turn = conversation_turn(result)
     turns = (previous.turns if previous is not None else []) + [turn]
     store.put(owner, final, prompt.conversation + [output_message], turns, prompt_ids)
 

@@ -3,7 +3,8 @@
 Items become messages in OpenAI's chat shape: a message item its role's turn
 (`developer` -> system), `function_call` items the tool calls of the assistant
 turn they follow (or of a new one), `function_call_output` items tool turns.
-`instructions` is the system turn in front; it is not carried over by
+An output with no call before it, or a call left without its output, is a 400
+(server/tool_turns.py). `instructions` is the system turn in front; it is not carried over by
 `previous_response_id` (as OpenAI's), which continues the stored conversation:
 its messages, then this input. The stored turns' generated ids go back into
 turn memory first, so the prompt starts with exactly the stored prompt + output.
@@ -16,8 +17,10 @@ from assembly.generated_turns import GeneratedTurns
 from assembly.tool_calls import ToolCall
 from server.api_responses.schemas import (FunctionCallItem, FunctionCallOutputItem, MessageItem, NamedFunction,
                                           ResponsesRequest)
+from server.errors import invalid_request
 from server.job import TTL_SECONDS, CacheBreakpoint, ChatJob, OutputFormat, named_tool_choice, requested_engine_options
 from server.response_store import StoredResponse
+from server.tool_turns import find_tool_turn_problem
 
 _ROLE = {"developer": "system"}
 
@@ -68,7 +71,19 @@ def responses_prompt(request: ResponsesRequest, previous: StoredResponse | None)
             _add_message(prompt, item, source, default_ttl)
     if request.prompt_cache_retention == "24h" and prompt.conversation:
         prompt.breakpoints.append(CacheBreakpoint(len(prompt.messages) - 1, TTL_SECONDS["24h"]))
+    _check_tool_turns(prompt)
     return prompt
+
+
+def _check_tool_turns(prompt: ResponsesPrompt) -> None:
+    """Outputs of no call, and calls with no output: 400s in OpenAI's words (server/tool_turns.py)."""
+    problem = find_tool_turn_problem(prompt.messages)
+    if problem is None:
+        return
+    if problem.kind == "unanswered_calls":
+        raise invalid_request(f"No tool output found for function call {problem.call_ids[0]}.", param="input")
+    raise invalid_request(f"No tool call found for function call output with call_id {problem.call_ids[0]}.",
+                          param="input")
 
 
 def _add(prompt: ResponsesPrompt, message: dict, source: str) -> int:

@@ -180,6 +180,7 @@ class FakeEngine:
         self.prompts: list[list[int]] = []
         self.affinity_keys: list[str | None] = []  # each generate's routing hint (prompt_cache_key)
         self.options: list = []  # each generate's RequestOptions
+        self.params: list = []  # each generate's SamplingParams
         self.num_cached_tokens = 0  # what each output reports
         self.num_reused_document_tokens = 0
         self.precomputed: list[tuple[list[list[int]], str | None]] = []  # each precompute_documents call
@@ -203,6 +204,7 @@ class FakeEngine:
     async def generate(self, request_id, prompt_token_ids, params, cache_salt=None, affinity_key=None,
                        options=DEFAULT_REQUEST_OPTIONS):
         self.options.append(options)
+        self.params.append(params)
         if self.failure is not None:
             raise self.failure
         script = self.script[:params.max_tokens]

@@ -54,6 +54,8 @@ MINIMAL_BODIES = {
     anthropic.OutputConfig: {},
     anthropic.Thinking: {"type": "disabled"},
     anthropic.Diagnostics: {},
+    anthropic.ThreadCreate: {"type": "create"},
+    anthropic.ThreadContinue: {"type": "continue", "previous_message_id": "msg_1"},
     anthropic.CountTokensRequest: {"model": "m", "messages": PROMPT},
     anthropic.MessagesRequest: {"model": "m", "messages": PROMPT, "max_tokens": 4},
     responses.TextPart: {"type": "input_text", "text": "t"},

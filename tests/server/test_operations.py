@@ -155,3 +155,20 @@ def test_document_metadata_round_trips_exactly_or_is_refused(make_client):
         response = client.post("/v1/collections/meta/documents",
                                json={"documents": [{"text": "t", "metadata": {"x": value}}]})
         assert response.status_code == 400 and "integers" in response.json()["error"]["message"], response.text
+
+
+def test_openapi_document_lists_each_routes_errors_in_its_apis_shape(make_client):
+    client, _ = make_client()
+    paths = client.get("/openapi.json").json()["paths"]
+    chat = paths["/v1/chat/completions"]["post"]["responses"]
+    assert {"200", "400", "401", "404", "413", "499", "503"} <= set(chat)
+    assert chat["400"]["content"]["application/json"]["schema"]["required"] == ["error"]
+    assert "text/event-stream" in chat["200"]["content"] and "content" not in chat["499"]
+    messages = paths["/v1/messages"]["post"]["responses"]
+    assert {"400", "401", "404", "413", "499", "529"} <= set(messages) and "503" not in messages
+    assert messages["400"]["content"]["application/json"]["schema"]["properties"]["type"] == {"const": "error"}
+    assert set(paths["/v1/models"]["get"]["responses"]) == {"200", "401"}
+    assert {"404", "401"} <= set(paths["/v1/responses/{response_id}"]["get"]["responses"])
+    assert "409" in paths["/v1/collections"]["post"]["responses"]
+    assert list(paths["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
+    assert set(paths["/health"]["get"]["responses"]) == {"200"}
