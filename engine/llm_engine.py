@@ -56,7 +56,8 @@ class LLMEngine:
         model_dir = Path(config.model_dir)
         self.backend = select_backend(self.device, self.dtype, ModelConfig.from_model_dir(model_dir), config.backend,
                                       build_dir=radixserve_home() / "kernels", crossover=config.few_rows_crossover)
-        self.model = load_model(model_dir, self.device, self.dtype, self.backend, gguf_blocks=config.gguf_blocks)
+        self.model = load_model(model_dir, self.device, self.dtype, self.backend, gguf_blocks=config.gguf_blocks,
+                                max_model_len=config.max_model_len)
         if config.max_num_batched_tokens is None:
             config = dataclasses.replace(config, max_num_batched_tokens=self.backend.policy.max_num_batched_tokens)
         self.config = config
@@ -90,7 +91,7 @@ class LLMEngine:
         self.document_store = DocumentKVStore(config.document_store_bytes, self.document_disk)
         self.documents = DocumentReuse(config, self.document_store, span_breaks(model_dir))
         self.document_kv = DocumentKVCopier(self.document_store, self.kv_pool, self.backend,
-                                            self.model.rotary.inv_freq, self.device)
+                                            self.model.layer_inv_freqs, self.device)
         self.scheduler = Scheduler(config, num_pages, self.max_model_len, kv_tier=self.kv_tier,
                                    documents=self.documents)
         self.pins = PrefixPins(self.scheduler.tree)

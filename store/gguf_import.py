@@ -1,10 +1,10 @@
 """Converting a GGUF file into the HF-style model directory the engine loads.
 
-Out come config.json, generation_config.json, model.safetensors (float32,
-dequantized, HF tensor names), tokenizer.json and tokenizer_config.json, and,
-when the file holds Q4_1 or Q8_0 tensors, gguf_blocks.safetensors: those
-tensors' blocks as the file stores them (uint8 rows, same HF names), which
-decode reads instead of the float32 copy (store/block_file.py).
+Out come config.json, generation_config.json, tokenizer.json and tokenizer_config.json,
+gguf_blocks.safetensors: every 2-D weight of a block type the kernels read (quantized,
+F16, BF16) as the file stores it (uint8 rows of blocks, same HF names, q/k rows
+un-permuted; store/block_file.py), with no float32 copy, and model.safetensors: the rest
+(norms, biases, F32 matrices, matrices not a whole number of 32-weight groups wide), float32.
 Supported: llama (SmolLM, Llama 2/3 sizes, Mistral, which llama.cpp also calls
 llama) and qwen2. Everything else is refused with the file and the
 architecture named.
@@ -25,13 +25,13 @@ from gguf import GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 from tqdm import tqdm
 
-from store.block_file import BLOCKS_FILE, GGUF_BLOCK_BYTES
+from store.block_file import BLOCK_FORMATS, BLOCKS_FILE
 from store.checkpoint_names import hf_tensor_name
 from store.errors import ModelFormatError
 from store.gguf_tokenizer import build_tokenizer, special_token_str
 
 # Bumped when the converter's output changes, so models converted earlier are redone.
-CONVERTER_VERSION = 3
+CONVERTER_VERSION = 4
 
 GGUF_MAGIC = b"GGUF"
 # general.architecture -> (HF architectures entry, HF model_type)
@@ -69,9 +69,9 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = Tr
     specs = tensor_specs(reader, config, gguf_path)
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_safetensors(out_dir / "model.safetensors", specs, _hf_arrays(reader, specs, config, progress))
-    block_specs = [spec for spec in specs
-                   if reader.tensors[spec.gguf_index].tensor_type.name in GGUF_BLOCK_BYTES and len(spec.shape) == 2]
+    block_specs = [spec for spec in specs if _kept_as_blocks(reader, spec)]
+    float_specs = [spec for spec in specs if spec not in block_specs]
+    write_safetensors(out_dir / "model.safetensors", float_specs, _hf_arrays(reader, float_specs, config, progress))
     if block_specs:
         write_block_safetensors(out_dir / BLOCKS_FILE, reader, block_specs, config)
     tokenizer.save(str(out_dir / "tokenizer.json"))
@@ -200,9 +200,22 @@ def _hf_arrays(
         yield array
 
 
+# The C kernels multiply 32 weights at a time (kernels/block_formats.py KERNEL_GROUP): an F16 or
+# BF16 matrix not that wide stays float32. Every quantized type's blocks are 32 or 256 wide.
+KERNEL_GROUP = 32
+
+
+def _kept_as_blocks(reader: GGUFReader, spec: TensorSpec) -> bool:
+    """Whether a tensor goes to the block file: a 2-D weight of a block type the kernels read.
+    F32 matrices stay in model.safetensors: float32 is their own form, not a copy."""
+    type_name = reader.tensors[spec.gguf_index].tensor_type.name
+    return (len(spec.shape) == 2 and type_name in BLOCK_FORMATS and type_name != "F32"
+            and spec.shape[1] % KERNEL_GROUP == 0)
+
+
 def _block_rows(reader: GGUFReader, spec: TensorSpec, config: dict[str, Any]) -> np.ndarray:
-    """The raw blocks of a quantized 2-D tensor, (rows, bytes per row) uint8, rows in HF order."""
-    rows = np.asarray(reader.tensors[spec.gguf_index].data).reshape(spec.shape[0], -1)
+    """The raw blocks of a 2-D tensor, (rows, bytes per row) uint8, rows in HF order."""
+    rows = np.asarray(reader.tensors[spec.gguf_index].data).view(np.uint8).reshape(spec.shape[0], -1)
     if config["model_type"] == "llama":
         # blocks run along a row, so un-permuting rows moves whole rows of blocks
         if ".self_attn.q_proj." in spec.hf_name:
@@ -319,7 +332,7 @@ def write_safetensors(
 
 
 def write_block_safetensors(path: Path, reader: GGUFReader, specs: list[TensorSpec], config: dict[str, Any]) -> None:
-    """The quantized 2-D tensors of `specs` as uint8 block rows; the header's
+    """The 2-D tensors of `specs` as uint8 block rows; the header's
     metadata names each tensor's block format ({"block_formats": JSON})."""
     block_specs = [
         TensorSpec(spec.hf_name, (spec.shape[0], int(reader.tensors[spec.gguf_index].n_bytes) // spec.shape[0]),

@@ -35,12 +35,17 @@ static inline __attribute__((always_inline)) void row_dot(const int code, const 
                                                           const float* x, int64_t x_stride, float* out, int64_t out_stride) {
   __m256 acc[MAX_M];
   for (int i = 0; i < m; i++) acc[i] = _mm256_setzero_ps();
+  /* known from the (constant) code, so the group loop unrolls and each group's shifts and scale
+     positions fold to constants */
+  const int groups = code >= FORMAT_Q2_K && code <= FORMAT_Q6_K ? 8 : 1;
+  (void)groups_per_block;
   for (int64_t blk = 0; blk < num_blocks; blk++) {
     const uint8_t* block = row + blk * block_bytes;
-    for (int g = 0; g < groups_per_block; g++) {
+    #pragma GCC unroll 8
+    for (int g = 0; g < groups; g++) {
       __m256 w[4];
       decode_group_avx2(code, block, g, w);
-      const float* xg = x + (blk * groups_per_block + g) * GROUP;
+      const float* xg = x + (blk * groups + g) * GROUP;
       for (int i = 0; i < m; i++) {
         const float* xb = xg + i * x_stride;
         __m256 partial = _mm256_mul_ps(w[0], _mm256_loadu_ps(xb));

@@ -10,12 +10,13 @@ falls back op by op, each fallback with its reason in describe().
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from kernels import cpu_decode_ops, cpu_matvec, packed_linear
+from kernels import block_matmul, cpu_decode_ops, cpu_matvec, packed_linear
 from kernels.native_build import FIND_COMPILER, NativeUnavailable
 from model.backends.base import Backend, BackendPlan, LinearPlan, StepPolicy
 from model.backends.cpu_backend import MEASURE, CpuBackend
@@ -53,7 +54,8 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
                                         config.num_kv_heads, config.head_dim):
         ops = None
         fallbacks.append("fused C ops off (the model's sizes are outside their limits): torch ops")
-    return CpuBackend(matvec, ops, tuple(fallbacks), crossover)
+    return CpuBackend(matvec, ops, tuple(fallbacks), crossover,
+                      functools.partial(block_matmul.load_best, build_dir, compiler))
 
 
 # name -> what it needs to run here (None: runs)

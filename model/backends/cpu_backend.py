@@ -7,7 +7,7 @@ What a machine gets depends on what loaded, and describe() says which and why:
   few-row products read the GGUF blocks of a converted model (or, without blocks, a kept
   row-major float32 copy for single rows: twice the weight memory), up to a row count
   measured per weight shape at load (crossover.py); RMSNorm, residual add + RMSNorm,
-  RoPE + KV store, SwiGLU, decode attention and the re-rotated store of document KV run as fused C kernels
+  RoPE + KV store, SwiGLU / GeGLU, decode attention (sliding windows and soft caps included) and the re-rotated store of document KV run as fused C kernels
   (kernels/cpu_decode_ops.py), decode attention in one call that reads the pages itself;
 - without them (no compiler), the same oneDNN GEMMs with the torch ops around them.
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -23,12 +24,15 @@ from torch import Tensor, nn
 from kernels.attention_inputs import AttentionInputs
 from kernels.attention_plan import AttentionPolicy
 from kernels.cpu_decode_ops import CpuDecodeOps
-from kernels.cpu_matvec import BLOCKS_MAX_ROWS, BlockWeight, CpuMatvec
+from kernels.block_formats import BlockWeight
+from kernels.block_matmul import BlockKernels
+from kernels.cpu_matvec import BLOCKS_MAX_ROWS, MATVEC_FORMATS, CpuMatvec
+from kernels.native_build import NativeUnavailable
 from kernels.packed_linear import pack_weight, packed_linear
 from kernels.paged_attention import paged_attention
 from model.backends.base import BackendPlan, LinearPlan, StepPolicy
-from model.backends.cpu_linear import CpuLinear
-from model.backends.crossover import CANDIDATE_ROWS, measure_crossover
+from model.backends.cpu_linear import BlockEmbedding, BlockLinear, CpuLinear
+from model.backends.crossover import measure_crossover
 from model.backends.torch_backend import TorchBackend
 
 MEASURE = "measure"  # few-rows limits timed per weight shape at load
@@ -43,19 +47,29 @@ MAX_VERIFY_ROWS_AS_DECODE = 16
 # rows, but their multiply-adds grow with the rows, and so does attention (each row scores the whole context; the
 # rows of a chunk read it in one pass).
 CPU_VERIFY_ROW_COSTS = (1.0, 1.22, 1.47, 1.71, 1.92, 2.14, 2.35, 2.58)
+# Up to this many rows the block kernels (kernels/block_matmul.py) run a projection; past it, the
+# tiled GEMM over dequantized rows. The kernels decode each block once for up to 8 rows.
+BLOCK_KERNEL_MAX_ROWS = 8
 
 
 class CpuBackend(TorchBackend):
     name = "cpu"
 
     def __init__(self, matvec: CpuMatvec | None, ops: CpuDecodeOps | None, fallbacks: tuple[str, ...] = (),
-                 crossover: str = MEASURE):
+                 crossover: str = MEASURE, load_block_kernels: Callable[[], BlockKernels] | None = None):
         super().__init__(torch.device("cpu"), torch.float32, fallbacks)
         if crossover not in (MEASURE, FIXED):
             raise ValueError(f"crossover must be {MEASURE!r} or {FIXED!r}, got {crossover!r}")
         self.matvec = matvec
         self.ops = ops
-        self.reads_blocks = matvec is not None
+        # Weights kept as blocks need the block kernels (any CPU with a C compiler: the portable
+        # build where AVX2 is missing); without them the loader dequantizes the blocks at load.
+        # Built and loaded when a model first has blocks (a float32 model never pays the build).
+        self._load_block_kernels = load_block_kernels
+        self._block_kernels: BlockKernels | None = None
+        self._resident: dict[str, int] = {}  # block format -> bytes held as blocks
+        self._embedding_table: BlockWeight | None = None  # the embedding's blocks (a tied LM head shares them)
+        self._embedding = ""  # what the embedding runs, when it is blocks
         self.crossover = crossover
         self._crossovers: dict[tuple, int] = {}  # (weight kind, out, in) -> measured few_rows_max
         self.policy = StepPolicy(self.policy.max_num_batched_tokens,
@@ -73,23 +87,71 @@ class CpuBackend(TorchBackend):
             # 256-token span on one thread, 68 ms on two of a loaded 2-core machine)
             self.store_rerotated_kv = ops.rerotate_store_kv
             self.silu_and_mul = ops.silu_and_mul
+            self.gelu_tanh_and_mul = ops.gelu_tanh_and_mul
 
     # ------------------------------------------------------------ load time
 
-    def make_linear(self, name: str, layer: nn.Module, blocks: BlockWeight | None) -> nn.Module:
+    @property
+    def block_kernels(self) -> BlockKernels | None:
+        if self._load_block_kernels is not None:
+            load, self._load_block_kernels = self._load_block_kernels, None
+            try:
+                self._block_kernels = load()
+                if self._block_kernels.instruction_set != "avx2":
+                    self.fallbacks += (f"block kernels: the {self._block_kernels.instruction_set} build "
+                                       "(no AVX2/FMA/F16C here)",)
+            except NativeUnavailable as error:
+                self.fallbacks += (f"block kernels off ({error}): GGUF blocks dequantized to float32 at load",)
+        return self._block_kernels
+
+    @property
+    def reads_blocks(self) -> bool:
+        return self.block_kernels is not None
+
+    def make_embedding(self, layer: nn.Module, blocks: list[BlockWeight]) -> nn.Module:
+        (table,) = blocks
+        self._count_resident(blocks)
+        self._embedding_table = table
+        self._embedding = f"{table.format} blocks, looked-up rows dequantized by C ({self.block_kernels.instruction_set})"
+        return BlockEmbedding(table, self.block_kernels.dequantize_rows)
+
+    def _count_resident(self, parts: list[BlockWeight]) -> None:
+        for part in parts:
+            self._resident[part.format] = self._resident.get(part.format, 0) + part.blocks.numel()
+
+    def _few_rows_over_blocks(self, x: Tensor, part: BlockWeight) -> Tensor:
+        if self.matvec is not None and part.format in MATVEC_FORMATS:
+            return self.matvec.matmul_blocks(x, part)  # the tuned Q4_1 / Q8_0 kernel (kernels/csrc/matvec.c)
+        return self.block_kernels.matmul(x, part)
+
+    def _make_block_linear(self, name: str, layer: nn.Module, parts: list[BlockWeight]) -> nn.Module:
+        out_features, in_features = layer.weight.shape  # (the weight itself is unfilled: never touched)
+        if sum(p.rows for p in parts) != out_features or any(p.cols != in_features for p in parts):
+            raise ValueError(f"{name}: block weights {[(p.rows, p.cols) for p in parts]} do not fit a "
+                             f"({out_features}, {in_features}) projection")
+        if name != "lm_head" or not self._embedding_shares(parts):
+            self._count_resident(parts)
+        formats = "+".join(p.format for p in parts)
+        tuned = self.matvec is not None and all(p.format in MATVEC_FORMATS for p in parts)
+        kernel = "C matvec" if tuned else f"C block matmul ({self.block_kernels.instruction_set})"
+        limit = min(BLOCKS_MAX_ROWS.get(p.format, BLOCK_KERNEL_MAX_ROWS) for p in parts)
+        self._linears[name] = LinearPlan(f"torch GEMM over dequantized tiles of {formats} blocks",
+                                         f"{kernel} over {formats} blocks", limit)
+        if limit < self.policy.max_verify_rows_per_step:
+            self.policy = dataclasses.replace(self.policy, max_verify_rows_per_step=limit)
+        return BlockLinear(parts, layer.bias, self._few_rows_over_blocks, self.block_kernels.dequantize_rows, limit)
+
+    def _embedding_shares(self, parts: list[BlockWeight]) -> bool:
+        return self._embedding_table is not None and parts[0] is self._embedding_table
+
+    def make_linear(self, name: str, layer: nn.Module, blocks: list[BlockWeight] | None) -> nn.Module:
+        if blocks is not None:
+            return self._make_block_linear(name, layer, blocks)
         weight, bias = layer.weight, layer.bias
         out_features, in_features = weight.shape
         packed = pack_weight(weight)
         few_rows, limit, kind = None, 0, ""
-        if self.matvec is not None and blocks is not None:
-            if (blocks.rows, blocks.cols) != (out_features, in_features):
-                raise ValueError(f"{name}: block weight ({blocks.rows}, {blocks.cols}) does not fit a "
-                                 f"({out_features}, {in_features}) projection")
-            few_rows = functools.partial(self.matvec.matmul_blocks, weight=blocks)
-            kind, limit = f"{blocks.format} blocks", BLOCKS_MAX_ROWS[blocks.format]
-            if self.crossover == MEASURE:
-                limit = max(CANDIDATE_ROWS)
-        elif self.matvec is not None and self.matvec.fits(weight):
+        if self.matvec is not None and self.matvec.fits(weight):
             few_rows = functools.partial(self.matvec, weight=weight)  # keeps the row-major copy
             kind, limit = "float32 row-major", MATVEC_F32_MAX_ROWS
         if few_rows is not None and self.crossover == MEASURE:
@@ -99,18 +161,19 @@ class CpuBackend(TorchBackend):
                     few_rows, functools.partial(packed_linear, packed_weight=packed, bias=None), in_features, limit)
             limit = self._crossovers[key]
         self._linears[name] = LinearPlan("oneDNN prepacked", f"C matvec over {kind}" if limit else "", limit)
-        if blocks is not None and limit and limit < self.policy.max_verify_rows_per_step:
-            # drafts never take a step past a projection's blocks kernel: the row-cost table holds there, and
-            # a row's logits are those of a plain decode (the kernel's rows do not depend on m). (The float32
-            # path's matvec takes one row: its verify chunks run on oneDNN, and keep the default limit.)
-            self.policy = dataclasses.replace(self.policy, max_verify_rows_per_step=limit)
         return CpuLinear(packed, bias, out_features, few_rows if limit else None, limit)
 
     def plan(self) -> BackendPlan:
         notes = ()
+        if self._resident:
+            notes += ("weights resident as blocks: " + ", ".join(
+                f"{fmt} {size / 2**20:.0f} MiB" for fmt, size in sorted(self._resident.items())),)
+        if self._embedding:
+            notes += (f"embedding: {self._embedding}",)
         if self._crossovers:
-            notes = ("measured few-rows limits " + ", ".join(
+            notes += ("measured few-rows limits " + ", ".join(
                 f"{kind} ({rows}x{cols}): {limit}" for (kind, rows, cols), limit in sorted(self._crossovers.items())),)
+        notes += self.weight_notes
         return BackendPlan(
             self.name, "cpu", "float32", dict(self._linears),
             row_ops="fused C kernels" if self.ops is not None else "torch ops",
@@ -133,5 +196,6 @@ class CpuBackend(TorchBackend):
         return qkv[:, :num_heads]  # (N, H, D), a strided view
 
     def attention(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, attn: AttentionInputs,
-                  scale: float) -> Tensor:
-        return paged_attention(q, k_cache, v_cache, attn, scale, self.policy.attention, self.ops)
+                  scale: float, *, window: int | None = None, softcap: float | None = None) -> Tensor:
+        return paged_attention(q, k_cache, v_cache, attn, scale, self.policy.attention, self.ops, window=window,
+                               softcap=softcap)

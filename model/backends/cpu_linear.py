@@ -1,4 +1,6 @@
-"""The CPU backend's linear layer: oneDNN's prepacked GEMM, and a C kernel for few rows.
+"""The CPU backend's linear layers: over float32 weights, oneDNN's prepacked GEMM and a C kernel
+for few rows (CpuLinear); over weights held only as blocks, C kernels for few rows and a tiled
+GEMM over dequantized rows for more (BlockLinear); and the embedding table as blocks (BlockEmbedding).
 
 oneDNN reorders the weight once into the blocked layout its GEMM reads
 (kernels/packed_linear.py). Inputs of up to `few_rows_max` rows (decode) go to a C
@@ -9,6 +11,7 @@ kernel over the GGUF blocks of the weight, or over a row-major float32 copy
 
 from collections.abc import Callable
 
+import torch
 from torch import Tensor, nn
 
 from kernels.packed_linear import packed_linear
@@ -31,3 +34,55 @@ class CpuLinear(nn.Module):
             y = self.few_rows(x)
             return y + self.bias if self.bias is not None else y
         return packed_linear(x, self.packed_weight, self.bias)
+
+
+# A prefill tile: this many float32 weights dequantized at a time (4 MiB), then one GEMM over them.
+TILE_WEIGHTS = 1 << 20
+
+
+class BlockLinear(nn.Module):
+    """x (M, in) -> x @ W^T + bias, W held only as blocks (kernels/block_formats.py): `parts`, the
+    weight's rows in order (a fused projection whose parts differ in format has several).
+
+    Up to `few_rows_max` rows (decode, verify chunks) a C kernel reads the blocks (`few_rows`, per
+    part); more rows (prefill) dequantize a tile of rows at a time into a scratch buffer and run
+    torch's GEMM on it, so no float32 copy of the weight is ever whole."""
+
+    def __init__(self, parts: list, bias: Tensor | None, few_rows: Callable[[Tensor, object], Tensor],
+                 dequantize_rows: Callable[..., Tensor], few_rows_max: int):
+        super().__init__()
+        self.parts = parts  # BlockWeight, row-wise
+        self.bias = bias
+        self.out_features = sum(part.rows for part in parts)
+        self.few_rows = few_rows  # (x (m, in), part) -> (m, part.rows)
+        self.dequantize_rows = dequantize_rows  # (part, first=, count=, out=) -> (count, in) float32
+        self.few_rows_max = few_rows_max
+
+    def forward(self, x: Tensor) -> Tensor:
+        product = self.few_rows if x.shape[0] <= self.few_rows_max else self._tiled
+        outputs = [product(x, part) for part in self.parts]
+        y = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+        return y + self.bias if self.bias is not None else y
+
+    def _tiled(self, x: Tensor, part) -> Tensor:
+        x = x.contiguous()
+        tile_rows = max(1, min(part.rows, TILE_WEIGHTS // part.cols))
+        scratch = torch.empty((tile_rows, part.cols), dtype=torch.float32)
+        out_t = torch.empty((part.rows, x.shape[0]), dtype=torch.float32)  # (out, M): each tile fills whole rows
+        for first in range(0, part.rows, tile_rows):
+            count = min(tile_rows, part.rows - first)
+            tile = self.dequantize_rows(part, first=first, count=count, out=scratch[:count])
+            torch.mm(tile, x.T, out=out_t[first:first + count])
+        return out_t.T.contiguous()
+
+
+class BlockEmbedding(nn.Module):
+    """ids (...) -> (..., d): the looked-up rows of an embedding table held as blocks, dequantized."""
+
+    def __init__(self, weight, dequantize_rows: Callable[..., Tensor]):
+        super().__init__()
+        self.table = weight  # BlockWeight (vocab, d)
+        self.dequantize_rows = dequantize_rows
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.dequantize_rows(self.table, row_ids=ids)

@@ -1,5 +1,5 @@
-"""Decode over the GGUF blocks a converted model keeps: the same outputs as over its
-float32 weights, and every failure to read the blocks named."""
+"""Decode over the GGUF blocks a converted model keeps (its only copy of those weights): the same
+outputs as over their dequantized float32 values, and every failure to read the blocks named."""
 
 import random
 
@@ -9,9 +9,10 @@ from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from kernels import cpu_matvec
-from kernels.cpu_matvec import BLOCK_BYTES, BLOCKS_MAX_ROWS
+from kernels.block_formats import FORMATS
+from kernels.cpu_matvec import BLOCKS_MAX_ROWS
 from kernels.native_build import NativeUnavailable
-from store.block_file import BLOCKS_FILE, GGUF_BLOCK_BYTES
+from store.block_file import BLOCK_FORMATS, BLOCKS_FILE
 from store.errors import ModelFormatError
 from store.gguf_import import convert_gguf
 from store.model_store import radixserve_home
@@ -37,8 +38,7 @@ def _engine(model_dir, gguf_blocks: bool, speculative: str = "off") -> LLMEngine
 
 
 def test_the_store_keeps_the_formats_the_kernels_read():
-    assert set(GGUF_BLOCK_BYTES) == set(BLOCK_BYTES) == set(cpu_matvec.GGUF_BLOCK_BYTES)
-    assert GGUF_BLOCK_BYTES == cpu_matvec.GGUF_BLOCK_BYTES
+    assert set(BLOCK_FORMATS) == set(FORMATS)
 
 
 @pytest.mark.parametrize("tie", [True, False])
@@ -75,7 +75,8 @@ def test_corrupt_blocks_file_is_named(tmp_path, tiny_gguf, kernels_available):
     with pytest.raises(ModelFormatError) as error:
         _engine(model_dir, gguf_blocks=True)
     assert BLOCKS_FILE in str(error.value)
-    _engine(model_dir, gguf_blocks=False)  # the float32 weights alone still load
+    with pytest.raises(ModelFormatError):  # the blocks are those weights' only copy
+        _engine(model_dir, gguf_blocks=False)
 
 
 @pytest.mark.parametrize("num_requests", [1, 3])

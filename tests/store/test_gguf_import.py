@@ -31,8 +31,14 @@ def _reference_state_dict(gguf_path) -> dict[str, torch.Tensor]:
 
 
 def _our_state_dict(model_dir) -> dict[str, torch.Tensor]:
+    """model.safetensors' tensors and the block file's, dequantized by gguf (no tensor is in both)."""
     with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
-        return {name: f.get_tensor(name) for name in f.keys()}
+        tensors = {name: f.get_tensor(name) for name in f.keys()}
+    for name, blocks in read_block_file(model_dir).items():
+        assert name not in tensors, f"{name} is both float32 and blocks"
+        values = dequantize(blocks.rows, GGMLQuantizationType[blocks.format]).astype(np.float32)
+        tensors[name] = torch.from_numpy(values.reshape(blocks.rows.shape[0], blocks.cols))
+    return tensors
 
 
 def _assert_same_tensors(ours: dict, reference: dict, atol: float = 1e-6) -> None:
@@ -166,23 +172,19 @@ def test_missing_file_is_refused(tmp_path):
 
 @pytest.mark.parametrize("arch, tie", [("llama", True), ("llama", False), ("qwen2", False)])
 def test_quantized_conversion_keeps_blocks_of_the_same_values(tmp_path, tiny_gguf, arch, tie):
-    """Q4_1 / Q8_0 tensors come out twice: dequantized in model.safetensors and as their
-    blocks in gguf_blocks.safetensors; the blocks decode to exactly the float32 weights,
-    q/k rows un-permuted alike."""
+    """Q4_1 / Q8_0 tensors come out as their blocks only, in gguf_blocks.safetensors (GGUF's own
+    layout, q/k rows un-permuted), with no float32 copy; they decode to exactly the weights."""
     hf = tiny_gguf(tmp_path / "tiny.gguf", arch, tie_word_embeddings=tie, quantized=True)
     out = convert_gguf(tmp_path / "tiny.gguf", tmp_path / "out", progress=False)
-    ours = _our_state_dict(out)
-    _assert_same_tensors(ours, {name: torch.from_numpy(array) for name, array in hf.items()}, atol=0)
+    _assert_same_tensors(_our_state_dict(out), {name: torch.from_numpy(array) for name, array in hf.items()}, atol=0)
     blocks = read_block_file(out)
     expected_formats = {name: "Q8_0" if "embed_tokens" in name else "Q4_1"
                         for name, array in hf.items() if array.ndim == 2 and array.shape[1] % 32 == 0}
     assert {name: weight.format for name, weight in blocks.items()} == expected_formats
-    assert "model.layers.0.mlp.down_proj.weight" not in blocks  # 48 wide: stored float32
-    with safe_open(str(out / BLOCKS_FILE), "np") as file:  # the file keeps GGUF's own layout
-        for name, weight in blocks.items():
-            values = dequantize(file.get_tensor(name), GGMLQuantizationType[weight.format])
-            assert np.array_equal(values.reshape(ours[name].shape), ours[name].numpy()), name
-    assert (out / BLOCKS_FILE).is_file()
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        float_names = set(f.keys())
+    assert not float_names & set(blocks)  # no float32 copy of a block tensor
+    assert "model.layers.0.mlp.down_proj.weight" in float_names  # 48 wide: stored float32
 
 
 def test_float_gguf_has_no_blocks_file(tmp_path, tiny_gguf):
