@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from kernels.rotary import rope_inv_freq
 from store.errors import ModelFormatError
 
 # Architecture -> family. Llama covers Llama 2/3.x and SmolLM; Mistral is Llama with windows.
@@ -138,6 +139,10 @@ class ModelConfig:
         sliding_theta = sliding_scaling = None
         if family == "gemma3":
             sliding_theta, sliding_scaling, _ = _rope(raw, SLIDING, max_positions)
+        rotary_dim = int(head_dim * partial)
+        for theta, scaling in ((rope_theta, rope_scaling), (sliding_theta, sliding_scaling)):
+            if theta is not None:  # an unknown rope type or a factor list of the wrong length: refused here
+                rope_inv_freq(rotary_dim, theta, scaling)
         activation = raw.get("hidden_activation") or raw.get("hidden_act") or "silu"
         if activation not in HIDDEN_ACTIVATIONS:
             raise ValueError(f"unsupported MLP activation {activation!r} (supported: {', '.join(HIDDEN_ACTIVATIONS)})")

@@ -37,7 +37,7 @@ def test_gemma2_alternates_and_caps():
 
 
 def test_phi3_su_rope_with_the_original_context_at_the_top():
-    factors = [1.0] * 12
+    factors = [1.0] * 9  # one per frequency of the 18 rotary dimensions
     config = ModelConfig.from_dict({**BASE, "architectures": ["Phi3ForCausalLM"], "hidden_size": 96,
                                     "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
                                     "partial_rotary_factor": 0.75, "sliding_window": 2047,
@@ -75,3 +75,13 @@ def test_an_unsupported_family_is_refused_with_the_file_and_the_list(tmp_path):
     message = str(error.value)
     assert "config.json" in message and "GPTNeoXForCausalLM" in message
     assert "Gemma3ForCausalLM" in message and "Phi3ForCausalLM" in message and "Qwen3ForCausalLM" in message
+
+
+@pytest.mark.parametrize("rope_scaling, what", [({"rope_type": "yarn", "factor": 4.0}, "yarn"),
+                                                ({"rope_type": "freq_factors", "factors": [1.0, 2.0]}, "8 numbers")])
+def test_a_rope_the_model_cannot_run_is_refused_with_the_file(tmp_path, rope_scaling, what):
+    (tmp_path / "config.json").write_text(json.dumps({**BASE, "architectures": ["LlamaForCausalLM"],
+                                                      "rope_scaling": rope_scaling}))
+    with pytest.raises(ModelFormatError, match=what) as error:
+        ModelConfig.from_model_dir(tmp_path)
+    assert "config.json" in str(error.value)
