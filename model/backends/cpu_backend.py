@@ -7,7 +7,7 @@ What a machine gets depends on what loaded, and describe() says which and why:
   few-row products read the GGUF blocks of a converted model (or, without blocks, a kept
   row-major float32 copy for single rows: twice the weight memory), up to a row count
   measured per weight shape at load (crossover.py); RMSNorm, residual add + RMSNorm,
-  RoPE + KV store, SwiGLU, decode attention and the re-rotated store of document KV run as fused C kernels
+  RoPE + KV store, SwiGLU / GeGLU, decode attention (sliding windows and soft caps included) and the re-rotated store of document KV run as fused C kernels
   (kernels/cpu_decode_ops.py), decode attention in one call that reads the pages itself;
 - without them (no compiler), the same oneDNN GEMMs with the torch ops around them.
 """
@@ -87,6 +87,7 @@ class CpuBackend(TorchBackend):
             # 256-token span on one thread, 68 ms on two of a loaded 2-core machine)
             self.store_rerotated_kv = ops.rerotate_store_kv
             self.silu_and_mul = ops.silu_and_mul
+            self.gelu_tanh_and_mul = ops.gelu_tanh_and_mul
 
     # ------------------------------------------------------------ load time
 
@@ -195,5 +196,6 @@ class CpuBackend(TorchBackend):
         return qkv[:, :num_heads]  # (N, H, D), a strided view
 
     def attention(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, attn: AttentionInputs,
-                  scale: float) -> Tensor:
-        return paged_attention(q, k_cache, v_cache, attn, scale, self.policy.attention, self.ops)
+                  scale: float, *, window: int | None = None, softcap: float | None = None) -> Tensor:
+        return paged_attention(q, k_cache, v_cache, attn, scale, self.policy.attention, self.ops, window=window,
+                               softcap=softcap)
