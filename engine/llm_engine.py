@@ -248,6 +248,10 @@ class LLMEngine:
                     prompt_logprobs=prompt_logprobs,
                     prompt_top_logprobs=prompt_top_logprobs,
                     num_reused_document_tokens=request.num_reused_document_tokens,
+                    num_disk_tier_tokens=request.num_disk_tier_tokens,
+                    num_recomputed_document_tokens=request.num_recomputed_document_tokens,
+                    num_draft_tokens=request.num_draft_tokens,
+                    num_accepted_draft_tokens=request.num_accepted_draft_tokens,
                 )
             )
         return outputs
@@ -261,6 +265,8 @@ class LLMEngine:
         self.metrics.num_draft_tokens += num_drafts
         self.metrics.num_accepted_draft_tokens += result.num_accepted_drafts
         self.metrics.num_verify_chunks += 1
+        chunk.request.num_draft_tokens += num_drafts
+        chunk.request.num_accepted_draft_tokens += result.num_accepted_drafts
 
     def _finish_reason(self, request: Request, token_id: int) -> FinishReason | None:
         params = request.sampling.params

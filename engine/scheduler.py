@@ -284,8 +284,11 @@ class Scheduler:
         # the last token (its logits) and tail-logit rows (engine/prompt_tail_logits.py) are computed
         max_num_pages = (len(tokens) - max(1, request.num_tail_logit_rows)) // self.page_size
         if self.kv_tier is not None:
+            num_loaded_before = self.kv_tier.num_hit_tokens
             match = self.kv_tier.extend_match(self.tree, self.allocator, self._allocate, tokens,
                                               request.cache_salt, match, max_num_pages)
+            if request.timings.first_scheduled is None:  # counted at the first admission, as cached tokens are
+                request.num_disk_tier_tokens = self.kv_tier.num_hit_tokens - num_loaded_before
         num_pages = min(len(match.page_ids), max_num_pages)
         self.tree.lock(match.last_node)
         request.tree_node = match.last_node

@@ -203,6 +203,9 @@ def _add_serve_parser(commands, default_model: str) -> None:
     serve.add_argument("--allowed-origins", nargs="+", default=(), metavar="ORIGIN",
                        help="browser origins allowed to call the API (CORS), e.g. https://app.example.com, "
                        "or '*' for any (default: none: no CORS headers)")
+    serve.add_argument("--ui", action=argparse.BooleanOptionalAction, default=True,
+                       help="serve the web console at / (chat, where each prompt's tokens came from, the cache, "
+                       "collections; default: on; --no-ui: off)")
     add_generation_flags(serve)
     cluster = serve.add_argument_group("replicas (Ray Serve; make install-cluster)")
     cluster.add_argument("--replicas", type=_positive_int, metavar="N",

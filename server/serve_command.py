@@ -73,6 +73,7 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
             tool_pin_seconds=args.tool_pin_seconds,
             rag_order=args.rag_order,
             allowed_origins=tuple(args.allowed_origins),
+            ui=args.ui,
             chat_template_path=Path(args.chat_template).expanduser() if args.chat_template else None,
             generation_defaults=generation_flags_from_args(args),
             **({"collections_dir": Path(args.collections_dir).expanduser()} if args.collections_dir else {}),
