@@ -53,7 +53,7 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
         engine = EngineConfig(model_dir=model_dir, device=args.device, dtype=args.dtype, schedule=args.schedule,
                               eviction_policy=args.eviction_policy, speculative=args.speculative,
                               enable_prefix_cache=not args.no_prefix_cache, gguf_blocks=not args.no_gguf_blocks, backend=args.backend,
-                              cpu_kernels=args.cpu_kernels, int8_activations=not args.no_int8_activations,
+                              cpu_kernels=args.cpu_kernels, int8_activations=args.int8_activations,
                               **engine_fields)
         return ServerSettings(
             engine=engine,

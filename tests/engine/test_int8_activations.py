@@ -27,7 +27,8 @@ def quantized_tiny_dir(tmp_path_factory):
 def test_batched_equals_alone(quantized_tiny_dir, cpu_kernels):
     """A budget of 24 tokens: prefill chunks of many rows and decodes of few share steps."""
     engine = LLMEngine(EngineConfig(model_dir=quantized_tiny_dir, device="cpu", dtype="float32", backend="cpu",
-                                    kv_cache_bytes=64 << 20, max_num_batched_tokens=24, cpu_kernels=cpu_kernels))
+                                    kv_cache_bytes=64 << 20, max_num_batched_tokens=24, cpu_kernels=cpu_kernels,
+                                    int8_activations=True))
     assert "int8 GEMM over Q4_1 blocks" in engine.backend.describe()
     prompts = _mixed_prompts(256)[:8]
     expected = [greedy_generate(engine.model, p, 8) for p in prompts]
