@@ -8,17 +8,30 @@ their four norms their own way, Qwen3 and Gemma 3 add q/k norms. The GGUF conver
 all read this map.
 """
 
-# GGUF per-layer tensor stem -> HF module under model.layers.N.
+# GGUF per-layer tensor stem -> HF module under model.layers.N (llama, qwen2, qwen3, phi3).
 GGUF_LAYER_MODULES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
     "attn_output": "self_attn.o_proj",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+}
+# Where a family's GGUF stems mean other HF modules than the common map says.
+GGUF_LAYER_MODULES_BY_ARCHITECTURE: dict[str, dict[str, str]] = {
+    # Gemma 2/3 norm around both sublayers: GGUF's "ffn_norm" is HF's pre-feedforward norm and
+    # HF's post_attention_layernorm is GGUF's "post_attention_norm"
+    "gemma2": {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
+               "post_ffw_norm": "post_feedforward_layernorm"},
+    "gemma3": {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
+               "post_ffw_norm": "post_feedforward_layernorm"},
+    # Phi-3 keeps q|k|v and gate|up fused, in HF as in GGUF ("ffn_up" is gate|up, gate first)
+    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
 }
 # GGUF top-level tensor stem -> HF module.
 GGUF_TOP_MODULES = {
@@ -26,6 +39,9 @@ GGUF_TOP_MODULES = {
     "output_norm": "model.norm",
     "output": "lm_head",
 }
+# GGUF tensors that are config, not weights: they go into config.json's rope scaling
+# (store/gguf_families.py), never into the safetensors.
+GGUF_CONFIG_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
 # The model's per-layer module -> the HF modules (under model.layers.N.) its weight concatenates
 # row-wise, in order, each with the ModelConfig size of its rows (None: the whole tensor).
@@ -74,14 +90,16 @@ TIED_LM_HEAD = "model.embed_tokens"
 PROJECTIONS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
-    """"blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight"; None for a name outside the map."""
+def hf_tensor_name(gguf_name: str, architecture: str = "llama") -> str | None:
+    """"blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight"; None for a name outside
+    the map of `architecture` (GGUF's general.architecture)."""
     stem, _, suffix = gguf_name.rpartition(".")  # suffix: weight / bias
     parts = stem.split(".")
     if len(parts) == 1 and stem in GGUF_TOP_MODULES:
         return f"{GGUF_TOP_MODULES[stem]}.{suffix}"
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in GGUF_LAYER_MODULES:
-        return f"model.layers.{parts[1]}.{GGUF_LAYER_MODULES[parts[2]]}.{suffix}"
+    layer_modules = {**GGUF_LAYER_MODULES, **GGUF_LAYER_MODULES_BY_ARCHITECTURE.get(architecture, {})}
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in layer_modules:
+        return f"model.layers.{parts[1]}.{layer_modules[parts[2]]}.{suffix}"
     return None
 
 
