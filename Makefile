@@ -8,7 +8,7 @@ VPY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install install-cluster serve test test-llama test-ootb llama-tools node-sdk fuzz bench bench-peers clean-venv
+.PHONY: install install-cluster install-browser serve test test-llama test-ootb llama-tools node-sdk fuzz bench bench-peers clean-venv
 
 install: $(STAMP)
 
@@ -21,6 +21,15 @@ $(STAMP): pyproject.toml
 
 serve: install
 	$(VENV)/bin/radixserve serve $(SERVE_ARGS)
+
+# The console's browser test (tests/server/test_console_browser.py) drives Debian's headless Chromium
+# through chromedriver; `make test` skips it, saying so, when they are missing. Installs them when missing.
+install-browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then \
+		echo "chromium and chromedriver are installed"; \
+	else \
+		apt-get update -q && apt-get install -y -q --no-install-recommends chromium chromium-driver; \
+	fi
 
 # Tests that need llama.cpp-made model files (marker llama_tools) are left out here: `make test-llama`;
 # so is the out-of-the-box check (marker ootb, about a minute of generation): `make test-ootb`.

@@ -74,6 +74,11 @@ class RadixTree:
         return self._root
 
     @property
+    def clock(self) -> int:
+        """Match/insert calls so far: `clock - node.last_access_time` is how long ago a node was used."""
+        return self._clock
+
+    @property
     def num_cached_pages(self) -> int:
         return self._num_locked_pages + self._num_evictable_pages
 

@@ -1,6 +1,6 @@
 """The engine loop in its own thread, and the asyncio handle the server uses.
 
-Commands (add, abort, pin, precompute documents) go in through a thread-safe queue; outputs come back to
+Commands (add, abort, pin, precompute documents, read the cached prefixes) go in through a thread-safe queue; outputs come back to
 each request's asyncio queue with `loop.call_soon_threadsafe`. torch releases
 the GIL inside its ops, so the server's event loop stays responsive while a
 step runs.
@@ -13,6 +13,7 @@ import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from engine.cached_prefixes import CachedPrefix, cached_prefixes_now
 from engine.engine_config import EngineConfig
 from engine.engine_handle import EngineFacts
 from engine.errors import RequestError
@@ -48,6 +49,14 @@ class _Precompute:
     loop: asyncio.AbstractEventLoop
     result: asyncio.Future
     context_token_id_lists: list[list[int]] | None = None
+
+
+@dataclass(frozen=True)
+class _ReadPrefixes:
+    cache_salt: str | None
+    limit: int
+    loop: asyncio.AbstractEventLoop
+    result: asyncio.Future
 
 
 @dataclass(frozen=True)
@@ -135,6 +144,14 @@ class AsyncEngine:
         self._commands.put(_Precompute([list(ids) for ids in token_id_lists], cache_salt, loop, result, contexts))
         return await result
 
+    async def cached_prefixes(self, cache_salt: str | None, limit: int) -> tuple[float, list[CachedPrefix]]:
+        """(unix time, the tenant's `limit` longest cached prefixes), read on the engine thread between
+        steps (engine/cached_prefixes.py)."""
+        loop = asyncio.get_running_loop()
+        result = loop.create_future()
+        self._commands.put(_ReadPrefixes(cache_salt, limit, loop, result))
+        return await result
+
     def stats(self) -> EngineStats:
         """The snapshot taken after the latest step (never blocks on the engine)."""
         return self._stats
@@ -196,6 +213,13 @@ class AsyncEngine:
             self.engine.pin_prefix(command.token_ids, command.cache_salt, command.seconds)
         elif isinstance(command, _Precompute):
             self._precompute(command)
+        elif isinstance(command, _ReadPrefixes):
+            try:
+                outcome = cached_prefixes_now(self.engine, command.cache_salt, command.limit)
+            except Exception as error:  # a fault must not kill the loop: the caller gets it
+                logger.exception("reading the cached prefixes failed")
+                outcome = error
+            command.loop.call_soon_threadsafe(_settle, command.result, outcome)
 
     def _precompute(self, command: _Precompute) -> None:
         try:

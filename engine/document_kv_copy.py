@@ -19,12 +19,14 @@ from kernels.rotary import rerotation_cos_sin
 
 
 class DocumentKVCopier:
-    def __init__(self, store: DocumentKVStore, kv_pool: KVPool, backend, inv_freq: torch.Tensor,
+    def __init__(self, store: DocumentKVStore, kv_pool: KVPool, backend, layer_inv_freqs: list[torch.Tensor],
                  device: torch.device):
         self.store = store
         self.kv_pool = kv_pool
         self.backend = backend
-        self.inv_freq = inv_freq  # (D/2,) float32: the model's RoPE frequencies (scaling included)
+        # per layer (R/2,) float32: its RoPE frequencies (scaling included; Gemma 3's local and global
+        # layers differ, so each layer's K is re-rotated by its own)
+        self.layer_inv_freqs = layer_inv_freqs
         self.device = device
         self.num_stored_spans = 0
 
@@ -46,8 +48,12 @@ class DocumentKVCopier:
         k_stored, v_stored = copy.entry.kv
         rows = slice(copy.source_start, copy.source_start + copy.num_tokens)
         slots = self._slots(request, copy.start, copy.start + copy.num_tokens)
-        cos, sin = rerotation_cos_sin(self.inv_freq, copy.delta, k_stored.dtype)
+        tables = {}  # one (cos, sin) per distinct RoPE
         for layer, (k_cache, v_cache) in enumerate(self.kv_pool.layers):
+            inv_freq = self.layer_inv_freqs[layer]
+            if id(inv_freq) not in tables:
+                tables[id(inv_freq)] = rerotation_cos_sin(inv_freq, copy.delta, k_stored.dtype)
+            cos, sin = tables[id(inv_freq)]
             self.backend.store_rerotated_kv(k_stored[layer, rows], v_stored[layer, rows], cos, sin,
                                             k_cache, v_cache, slots)
 

@@ -268,6 +268,7 @@ class DocumentReuse(KVSource):
             return
         request.num_reused_document_tokens = plan.num_reused_tokens
         request.num_cached_tokens += plan.num_reused_tokens
+        request.num_recomputed_document_tokens = plan.num_recomputed_tokens
         self.num_reused_spans += plan.num_reused_spans
         self.num_reused_tokens += plan.num_reused_tokens
         self.num_recomputed_tokens += plan.num_recomputed_tokens
@@ -299,6 +300,7 @@ class DocumentReuse(KVSource):
             return
         request.num_reused_document_tokens -= num_tokens
         request.num_cached_tokens -= num_tokens
+        request.num_recomputed_document_tokens += num_tokens
         self.num_reused_tokens -= num_tokens
         self.num_recomputed_tokens += num_tokens
         self.num_selectively_recomputed_tokens += num_tokens

@@ -14,7 +14,7 @@ import torch
 from cache.kv_pool import KVPool, KVPoolShape
 from engine.engine_config import resolve_device, resolve_dtype
 from engine.step_batch import SequenceChunk, build_step_batch, run_step
-from model.llama import LlamaForCausalLM
+from model.decoder import DecoderForCausalLM
 from model.weights import load_model
 
 PAGE_SIZE = 16
@@ -29,7 +29,7 @@ def stop_token_ids(model_dir: Path, eos_token_ids: tuple[int, ...]) -> frozenset
 
 
 def greedy_generate(
-    model: LlamaForCausalLM,
+    model: DecoderForCausalLM,
     prompt_ids: list[int],
     max_new_tokens: int,
     stop_token_ids: frozenset[int] | tuple[int, ...] = (),
@@ -58,7 +58,7 @@ def greedy_generate(
         logits = step([next_id], len(prompt_ids) + len(output_ids) - 1)
 
 
-def load(model_dir: Path, dtype: str = "auto", device: str = "auto", backend: str = "auto") -> LlamaForCausalLM:
+def load(model_dir: Path, dtype: str = "auto", device: str = "auto", backend: str = "auto") -> DecoderForCausalLM:
     """The model as the engine loads it for the same settings."""
     resolved_device = resolve_device(device)
     return load_model(Path(model_dir), resolved_device, resolve_dtype(dtype, resolved_device), backend=backend)

@@ -113,7 +113,10 @@ class KVTierLink(KVSource):
             return
         match = MatchResult(request.page_ids[: request.num_tree_pages], request.num_tree_pages * self.page_size,
                             request.tree_node)  # what the scheduler's match locked into the request
+        num_loaded_before = self.num_hit_tokens
         extended = self.extend_match(tree, request.all_token_ids, request.cache_salt, match, max_num_pages)
+        if request.timings.first_scheduled is None:  # counted at the first admission, as cached tokens are
+            request.num_disk_tier_tokens = self.num_hit_tokens - num_loaded_before
         if extended.num_tokens <= request.num_tree_pages * self.page_size:
             return
         tree.lock(extended.last_node)

@@ -58,8 +58,10 @@ class LLMEngine:
         self.dtype = resolve_dtype(config.dtype, self.device)
         model_dir = Path(config.model_dir)
         self.backend = select_backend(self.device, self.dtype, ModelConfig.from_model_dir(model_dir), config.backend,
-                                      build_dir=radixserve_home() / "kernels", crossover=config.few_rows_crossover)
-        self.model = load_model(model_dir, self.device, self.dtype, self.backend, gguf_blocks=config.gguf_blocks)
+                                      build_dir=radixserve_home() / "kernels", crossover=config.few_rows_crossover,
+                                      cpu_kernels=config.cpu_kernels, int8_activations=config.int8_activations)
+        self.model = load_model(model_dir, self.device, self.dtype, self.backend, gguf_blocks=config.gguf_blocks,
+                                max_model_len=config.max_model_len)
         if config.max_num_batched_tokens is None:
             config = dataclasses.replace(config, max_num_batched_tokens=self.backend.policy.max_num_batched_tokens)
         self.config = config
@@ -91,7 +93,7 @@ class LLMEngine:
             self.document_disk = open_document_kv_disk(self.kv_tier.tier, config.document_disk_bytes, shape,
                                                        self.device, self.metrics)
         self.document_store = DocumentKVStore(config.document_store_bytes, self.document_disk)
-        copier = DocumentKVCopier(self.document_store, self.kv_pool, self.backend, self.model.rotary.inv_freq,
+        copier = DocumentKVCopier(self.document_store, self.kv_pool, self.backend, self.model.layer_inv_freqs,
                                   self.device)
         selective = None  # CacheBlend-style recompute of the most deviating placed tokens
         if config.document_recompute_fraction > 0:
@@ -266,6 +268,10 @@ class LLMEngine:
                     prompt_logprobs=prompt_logprobs,
                     prompt_top_logprobs=prompt_top_logprobs,
                     num_reused_document_tokens=request.num_reused_document_tokens,
+                    num_disk_tier_tokens=request.num_disk_tier_tokens,
+                    num_recomputed_document_tokens=request.num_recomputed_document_tokens,
+                    num_draft_tokens=request.num_draft_tokens,
+                    num_accepted_draft_tokens=request.num_accepted_draft_tokens,
                 )
             )
         return outputs
@@ -279,6 +285,8 @@ class LLMEngine:
         self.metrics.num_draft_tokens += num_drafts
         self.metrics.num_accepted_draft_tokens += result.num_accepted_drafts
         self.metrics.num_verify_chunks += 1
+        chunk.request.num_draft_tokens += num_drafts
+        chunk.request.num_accepted_draft_tokens += result.num_accepted_drafts
 
     def _finish_reason(self, request: Request, token_id: int) -> FinishReason | None:
         params = request.sampling.params

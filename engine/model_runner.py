@@ -13,14 +13,14 @@ from engine.prompt_tail_logits import tail_logit_rows
 from engine.request import Request
 from engine.scheduler import ScheduledChunk
 from engine.step_batch import SequenceChunk, build_step_batch, run_step
-from model.llama import LlamaForCausalLM
+from model.decoder import DecoderForCausalLM
 
 # (request, position p of its first row, logits (R, V) float32 of positions p..p+R-1)
 PromptLogits = tuple[Request, int, torch.Tensor]
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, kv_pool: KVPool, device: torch.device):
+    def __init__(self, model: DecoderForCausalLM, kv_pool: KVPool, device: torch.device):
         self.model = model
         self.kv_pool = kv_pool
         self.page_size = kv_pool.page_size

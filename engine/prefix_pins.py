@@ -35,6 +35,14 @@ class PrefixPins:
         heapq.heappush(self._deadlines, (deadline, next(self._order), match.last_node))
         return match.num_tokens
 
+    def pinned_nodes(self, now: float | None = None) -> dict[int, float]:
+        """id(node) -> seconds its latest pin has left, for every pinned node (read only)."""
+        now = time.monotonic() if now is None else now
+        seconds_left: dict[int, float] = {}
+        for deadline, _, node in self._deadlines:
+            seconds_left[id(node)] = max(seconds_left.get(id(node), 0.0), deadline - now)
+        return seconds_left
+
     def release_expired(self, now: float | None = None) -> int:
         """Unlock every pin whose deadline has passed; returns how many."""
         now = time.monotonic() if now is None else now

@@ -59,6 +59,10 @@ class Request:
     num_computed_tokens: int = 0  # tokens of all_token_ids whose KV is in page_ids
     num_cached_tokens: int = 0  # prompt tokens not computed for it: prefix cache + documents (first admission)
     num_reused_document_tokens: int = 0  # of those, tokens placed from the document store
+    num_disk_tier_tokens: int = 0  # of num_cached_tokens, tokens the disk tier loaded into the tree for it
+    num_recomputed_document_tokens: int = 0  # tokens of reused document spans computed after all (boundaries)
+    num_draft_tokens: int = 0  # speculation: draft tokens verified for it
+    num_accepted_draft_tokens: int = 0  # of those, accepted
     # The generated tokens, owned here: the engine appends each one; the sampling state reads it.
     output_token_ids: list[int] = field(default_factory=list)
     # With params.prompt_logprobs: entry t scores prompt token t + 1 (the first token has none).
@@ -163,3 +167,11 @@ class RequestOutput:
     prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None
     # Of num_cached_tokens, the prompt tokens whose KV came from the document store (not recomputed).
     num_reused_document_tokens: int = 0
+    # Of num_cached_tokens, the prompt tokens the disk tier loaded (the tree's match continued there).
+    num_disk_tier_tokens: int = 0
+    # Prompt tokens of reused document spans that were computed after all (span boundaries, selective
+    # recompute): not in num_cached_tokens.
+    num_recomputed_document_tokens: int = 0
+    # Speculation, so far: draft tokens verified for this request, and how many were accepted.
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0

@@ -5,7 +5,7 @@ Placed KV (engine/document_kv_copy.py) was computed with its span alone; in the 
 of its tokens would have very different KV. For each request whose spans were placed this step,
 before its first forward:
 1. Probe. Gather layer L's placed K/V at the placed positions, then run the model's first L + 1
-   layers (LlamaForCausalLM.forward's num_layers limit) over every position from the request's
+   layers (DecoderForCausalLM.forward's num_layers limit) over every position from the request's
    num_computed_tokens to the end of its last placed run, as one chunk: each row attends causally to
    all rows before it, so layers 0..L of those positions are what full prefill in this context gives,
    and they stay in the pages. Layer 0's K/V depends only on token and position (re-rotated K equals

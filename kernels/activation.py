@@ -1,4 +1,4 @@
-"""SwiGLU activation on a fused gate/up projection."""
+"""Gated MLP activations on a fused gate/up projection: SwiGLU and GeGLU (Gemma's gelu tanh)."""
 
 import torch.nn.functional as F
 from torch import Tensor
@@ -12,3 +12,9 @@ def silu_and_mul(gate_up: Tensor) -> Tensor:
     """
     gate, up = gate_up.chunk(2, dim=-1)  # (..., I) each, views
     return F.silu(gate) * up
+
+
+def gelu_tanh_and_mul(gate_up: Tensor) -> Tensor:
+    """gate_up (..., 2*I) -> (..., I): gelu(gate, tanh approximation) * up, gate the first half."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up

@@ -33,7 +33,7 @@ class AttentionInputs:
     query_starts: list[int]  # (B+1,) cumulative: sequence b's new tokens are rows [qs[b], qs[b+1])
     context_lens: list[int]  # (B,) tokens in sequence b's KV after this step, new tokens included
     page_table: Tensor  # (B, max_pages) int64, pages in order; padding: any valid page id
-    _plans: dict[tuple[int, AttentionPolicy], AttentionPlan] = field(default_factory=dict, init=False, repr=False)
+    _plans: dict[tuple[int, AttentionPolicy, int | None], AttentionPlan] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self):
         num_seqs = len(self.context_lens)
@@ -111,10 +111,11 @@ class AttentionInputs:
         ]
         return torch.tensor(positions, dtype=torch.int64, device=self.slot_ids.device)
 
-    def plan(self, page_size: int, policy: AttentionPolicy) -> AttentionPlan:
-        """Gather indices and masks for this step, built on the first layer's call."""
-        key = (page_size, policy)
+    def plan(self, page_size: int, policy: AttentionPolicy, window: int | None = None) -> AttentionPlan:
+        """Gather indices and masks for this step, built on the first call of each kind of layer
+        (`window`: a sliding-window layer's, else None)."""
+        key = (page_size, policy, window)
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[key] = make_plan(self, page_size, policy)
+            plan = self._plans[key] = make_plan(self, page_size, policy, window)
         return plan

@@ -7,7 +7,10 @@ chunks of at most `decode_token_budget` padded KV positions, each chunk one gath
 SDPA call. Prefills (more than one new token) run one sequence at a time; with a cached
 prefix the causal mask is bottom-right aligned, and SDPA cannot skip masked blocks of an
 explicit mask, so the query rows go in blocks of `prefill_block_rows`, each attending only
-to the keys it can see. The measurements behind the CPU values: docs/performance.md.
+to the keys it can see. A sliding-window layer (Gemma 2/3, Mistral, Phi-3) gets its own plan:
+the same cuts, its masks also hiding keys `window` or more positions behind the query (the
+full KV is kept; only the mask knows the window). The measurements behind the CPU values:
+docs/performance.md.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ class DecodeChunk:
 
     rows: Tensor  # (b,) int64: the sequences' rows in q and in the output
     slot_ids: Tensor  # (b * L,) int64, sequence-major; a sequence's padding repeats its last slot
-    mask: Tensor | None  # (b, 1, 1, L) bool, True at real positions; None if nothing is padded
+    mask: Tensor | None  # (b, 1, 1, L) bool, True at visible positions; None if every position is
     num_seqs: int  # b
     max_len: int  # L
 
@@ -79,7 +82,9 @@ class PrefillSeq:
     start: int
     end: int
     slot_ids: Tensor  # (C,) int64, the slots of positions 0..C-1
-    mask: Tensor | None  # (T, C) bool, row i sees keys <= C - T + i; None if C == T (plain causal)
+    # (T, C) bool, row i sees keys <= C - T + i (and, with a window W, > C - T + i - W); None when
+    # plain causal (C == T, no window cuts)
+    mask: Tensor | None
 
 
 @dataclass(frozen=True)
@@ -90,7 +95,10 @@ class AttentionPlan:
     prefill_block_rows: int  # query rows per SDPA call when a prefill has a cached prefix
 
 
-def make_plan(inputs: AttentionInputs, page_size: int, policy: AttentionPolicy) -> AttentionPlan:
+def make_plan(inputs: AttentionInputs, page_size: int, policy: AttentionPolicy,
+              window: int | None = None) -> AttentionPlan:
+    """`window`: a sliding-window layer's W (a query at position p sees keys in (p - W, p]), or None.
+    A fused decode batch carries no mask: its kernel applies the window itself."""
     max_decode_rows = policy.max_rows_as_decode if policy.fused_decode else 1
     is_decode = [query_len == 1 or (query_len <= max_decode_rows and inputs.context_lens[b] > query_len)
                  for b, query_len in enumerate(inputs.query_lens)]
@@ -100,10 +108,10 @@ def make_plan(inputs: AttentionInputs, page_size: int, policy: AttentionPolicy) 
         decode_batch = _decode_batch(inputs, decode_seqs)
     elif decode_seqs:
         decode_chunks = [
-            _decode_chunk(inputs, group, page_size)
+            _decode_chunk(inputs, group, page_size, window)
             for group in _pack_by_length(decode_seqs, inputs.context_lens, policy.decode_token_budget)
         ]
-    prefills = [_prefill_seq(inputs, b, page_size) for b, decode in enumerate(is_decode) if not decode]
+    prefills = [_prefill_seq(inputs, b, page_size, window) for b, decode in enumerate(is_decode) if not decode]
     return AttentionPlan(decode_chunks, decode_batch, prefills, policy.prefill_block_rows)
 
 
@@ -147,7 +155,7 @@ def _slots(page_rows: Tensor, positions: Tensor, page_size: int) -> Tensor:
     return page_ids * page_size + positions % page_size
 
 
-def _decode_chunk(inputs: AttentionInputs, group: list[int], page_size: int) -> DecodeChunk:
+def _decode_chunk(inputs: AttentionInputs, group: list[int], page_size: int, window: int | None) -> DecodeChunk:
     device = inputs.page_table.device
     seq_lens = [inputs.context_lens[b] for b in group]
     max_len = max(seq_lens)
@@ -159,12 +167,18 @@ def _decode_chunk(inputs: AttentionInputs, group: list[int], page_size: int) -> 
     seq_ids = torch.tensor(group, dtype=torch.int64, device=device)
     slot_ids = _slots(inputs.page_table.index_select(0, seq_ids), clamped, page_size)
     is_padded = min(seq_lens) < max_len
-    mask = (positions[None, :] < lens[:, None])[:, None, None, :] if is_padded else None
+    is_windowed = window is not None and max_len > window
+    mask = None
+    if is_padded or is_windowed:
+        visible = positions[None, :] < lens[:, None]  # (b, L)
+        if is_windowed:  # the query sits at position len - 1
+            visible &= positions[None, :] > lens[:, None] - 1 - window
+        mask = visible[:, None, None, :]
     rows = torch.tensor([inputs.query_starts[b] for b in group], dtype=torch.int64, device=device)
     return DecodeChunk(rows, slot_ids.reshape(-1), mask, len(group), max_len)
 
 
-def _prefill_seq(inputs: AttentionInputs, b: int, page_size: int) -> PrefillSeq:
+def _prefill_seq(inputs: AttentionInputs, b: int, page_size: int, window: int | None) -> PrefillSeq:
     device = inputs.page_table.device
     start, end = inputs.query_starts[b], inputs.query_starts[b + 1]
     context_len = inputs.context_lens[b]
@@ -172,7 +186,9 @@ def _prefill_seq(inputs: AttentionInputs, b: int, page_size: int) -> PrefillSeq:
     slot_ids = _slots(inputs.page_table[b : b + 1], positions[None, :], page_size)[0]
     query_len = end - start
     mask = None
-    if context_len > query_len:
+    if context_len > query_len or (window is not None and context_len > window):
         mask = torch.ones(query_len, context_len, dtype=torch.bool, device=device)
         mask = mask.tril(context_len - query_len)  # (T, C) bottom-right causal
+        if window is not None:
+            mask = mask.triu(context_len - query_len - window + 1)  # keys within W of the query
     return PrefillSeq(start, end, slot_ids, mask)

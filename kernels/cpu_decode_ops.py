@@ -46,9 +46,9 @@ _I64 = torch.int64
 _RMS_NORM_ARGS = struct.Struct("<5qdq").pack
 _ADD_RMS_NORM_ARGS = struct.Struct("<6qdq").pack
 _SILU_AND_MUL_ARGS = struct.Struct("<5q").pack
-_ROPE_STORE_KV_ARGS = struct.Struct("<12q").pack
-_REROTATE_STORE_KV_ARGS = struct.Struct("<12q").pack
-_ATTENTION_ARGS = struct.Struct("<13qd4q").pack
+_ROPE_STORE_KV_ARGS = struct.Struct("<13q").pack
+_REROTATE_STORE_KV_ARGS = struct.Struct("<13q").pack
+_ATTENTION_ARGS = struct.Struct("<13qd5qd").pack
 _ATTENTION_ERRORS = {
     1: "rows[{b}] is not a row of q/out",
     2: "context_lens[{b}] is outside [1, max_pages * page_size]",
@@ -69,6 +69,7 @@ class CpuDecodeOps:
         self._rms_norm = _bind(library.rms_norm_f32_packed)
         self._add_rms_norm = _bind(library.add_rms_norm_f32_packed)
         self._silu_and_mul = _bind(library.silu_and_mul_f32_packed)
+        self._gelu_tanh_and_mul = _bind(library.gelu_tanh_and_mul_f32_packed)
         self._rope_store_kv = _bind(library.rope_store_kv_f32_packed)
         self._rerotate_store_kv = _bind(library.rerotate_store_kv_f32_packed)
         self._attention = _bind(library.paged_decode_attention_f32_packed)
@@ -131,6 +132,10 @@ class CpuDecodeOps:
         """gate_up (..., 2*I) contiguous, I % 8 == 0 -> (..., I): silu(gate) * up, gate
         the first half of the last dimension. Into `out` (contiguous (..., I), not
         overlapping gate_up) when given, else a new tensor."""
+        return self._gated(self._silu_and_mul, gate_up, out)
+
+    @staticmethod
+    def _gated(kernel, gate_up: Tensor, out: Tensor | None) -> Tensor:
         width = _check_rows("gate_up", gate_up, multiple=16)
         inter, rows = width // 2, gate_up.numel() // width
         if out is None:
@@ -139,9 +144,12 @@ class CpuDecodeOps:
                 out = out.view(*gate_up.shape[:-1], inter)
         else:
             _check_out(out, (*gate_up.shape[:-1], inter))
-        self._silu_and_mul(_SILU_AND_MUL_ARGS(gate_up.data_ptr(), out.data_ptr(), rows, inter,
-                                              torch.get_num_threads()))
+        kernel(_SILU_AND_MUL_ARGS(gate_up.data_ptr(), out.data_ptr(), rows, inter, torch.get_num_threads()))
         return out
+
+    def gelu_tanh_and_mul(self, gate_up: Tensor, out: Tensor | None = None) -> Tensor:
+        """GeGLU: as silu_and_mul, with gelu (tanh approximation) for silu."""
+        return self._gated(self._gelu_tanh_and_mul, gate_up, out)
 
     def rope_store_kv(
         self, qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor, slot_ids: Tensor
@@ -150,7 +158,8 @@ class CpuDecodeOps:
         into its slot of the caches.
 
         qkv (N, H + 2*KVH, D) contiguous: q heads, then k heads, then v heads.
-        cos, sin (N, D) or (N, 1, D) contiguous (RotaryEmbedding.cos_sin's rows).
+        cos, sin (N, R) or (N, 1, R) contiguous (RotaryEmbedding.cos_sin's rows): the leading R <= D
+        dimensions of each head rotate (R even), the rest stay.
         k_cache, v_cache (num_pages, page_size, KVH, D) contiguous, one shape.
         slot_ids (N,) int64 contiguous, each in [0, num_pages * page_size).
         D % 8 == 0. Out-of-range slot ids raise ValueError with nothing modified.
@@ -163,13 +172,14 @@ class CpuDecodeOps:
         num_heads = heads - 2 * num_kv_heads
         if dim != head_dim or num_heads < 1:
             raise ValueError(f"qkv {tuple(qkv.shape)} does not fit caches with KVH={num_kv_heads}, D={head_dim}")
-        _check_table("cos", cos, rows, dim)
-        _check_table("sin", sin, rows, dim)
+        rotary_dim = _rotary_dim(cos, dim)
+        _check_table("cos", cos, rows, rotary_dim)
+        _check_table("sin", sin, rows, rotary_dim)
         _check_index("slot_ids", slot_ids, rows)
         bad = self._rope_store_kv(_ROPE_STORE_KV_ARGS(
             qkv.data_ptr(), rows, num_heads, num_kv_heads, dim, cos.data_ptr(), sin.data_ptr(),
             k_cache.data_ptr(), v_cache.data_ptr(), slot_ids.data_ptr(), num_pages * page_size,
-            torch.get_num_threads()))
+            torch.get_num_threads(), rotary_dim))
         if bad:
             raise ValueError(f"slot_ids[{bad - 1}] is outside the cache's {num_pages * page_size} slots")
 
@@ -178,7 +188,7 @@ class CpuDecodeOps:
         """Writes k rotated by one position delta and v as is into slots slot_ids of the caches
         (stored document KV placed at a new position); k and v are not modified.
 
-        k, v (T, KVH, D) contiguous; cos, sin (D,) or (1, 1, D) contiguous (rotary.rerotation_cos_sin);
+        k, v (T, KVH, D) contiguous; cos, sin (R,) or (1, 1, R) contiguous (rotary.rerotation_cos_sin; R <= D);
         caches (num_pages, page_size, KVH, D); slot_ids (T,) int64. Bad slot ids raise ValueError,
         nothing written.
         """
@@ -190,13 +200,14 @@ class CpuDecodeOps:
         if v.shape != k.shape:
             raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} differ in shape")
         rows = k.shape[0]
-        _check_table("cos", cos.view(1, head_dim), 1, head_dim)
-        _check_table("sin", sin.view(1, head_dim), 1, head_dim)
+        rotary_dim = _rotary_dim(cos, head_dim)
+        _check_table("cos", cos.view(1, rotary_dim), 1, rotary_dim)
+        _check_table("sin", sin.view(1, rotary_dim), 1, rotary_dim)
         _check_index("slot_ids", slot_ids, rows)
         bad = self._rerotate_store_kv(_REROTATE_STORE_KV_ARGS(
             k.data_ptr(), v.data_ptr(), rows, num_kv_heads, head_dim, cos.data_ptr(), sin.data_ptr(),
             k_cache.data_ptr(), v_cache.data_ptr(), slot_ids.data_ptr(), num_pages * page_size,
-            torch.get_num_threads()))
+            torch.get_num_threads(), rotary_dim))
         if bad:
             raise ValueError(f"slot_ids[{bad - 1}] is outside the cache's {num_pages * page_size} slots")
 
@@ -210,13 +221,17 @@ class CpuDecodeOps:
         rows: Tensor,
         scale: float,
         out: Tensor,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> None:
         """Decode attention, one query token per sequence, written into out.
 
         Sequence b's query is q[rows[b]] (H, D); it attends to its positions
         0..context_lens[b]-1, position p in slot page_table[b, p // page_size] *
         page_size + p % page_size; query head h reads KV head h // (H // KVH).
-        The result goes to out[rows[b]]; other rows of out are left as they are.
+        The result goes to out[rows[b]]; other rows of out are left as they are. With a
+        sliding `window` W the row sees only its last W positions; with a `softcap` its
+        scores become softcap * tanh(score / softcap) before the softmax (Gemma 2).
         Softmax in float32 with the running max subtracted (online, per block of
         64 positions).
 
@@ -248,22 +263,24 @@ class CpuDecodeOps:
             raise ValueError(f"page_table must be a contiguous (B, max_pages) int64 CPU tensor, got "
                              f"{tuple(page_table.shape)} {page_table.dtype}")
         num_seqs, max_pages = page_table.shape
+        if (window is not None and window < 1) or (softcap is not None and softcap <= 0):
+            raise ValueError(f"window must be >= 1 and softcap > 0 (or None), got {window}, {softcap}")
         _check_index("context_lens", context_lens, num_seqs)
         _check_index("rows", rows, num_seqs)
         status = self._attention(_ATTENTION_ARGS(
             q.data_ptr(), q_strides[0], k_cache.data_ptr(), v_cache.data_ptr(), page_table.data_ptr(), max_pages,
             context_lens.data_ptr(), rows.data_ptr(), num_seqs, num_heads, num_kv_heads, dim, page_size, scale,
-            out.data_ptr(), num_rows, num_pages, torch.get_num_threads()))
+            out.data_ptr(), num_rows, num_pages, torch.get_num_threads(), window or 0, softcap or 0.0))
         if status:
             if status < 0:
                 raise ValueError("paged_decode_attention: sizes outside the kernel's limits, or out of memory")
             raise ValueError(_ATTENTION_ERRORS[status % 4].format(b=status // 4))
 
 
-def load(build_dir: Path, compiler: str | None = native_build.FIND_COMPILER) -> CpuDecodeOps:
-    """Build (once, cached by source hash) and load the kernels; raises
-    native_build.NativeUnavailable where they cannot run here."""
-    return CpuDecodeOps(native_build.load_library("decode_ops", build_dir, compiler))
+def load(build_dir: Path, compiler: str | None = native_build.FIND_COMPILER, variant: str = "avx2") -> CpuDecodeOps:
+    """Build (once, cached by source hash) and load the kernels (kernels.cpu_features variant, or
+    the best below it they have); raises native_build.NativeUnavailable where they cannot run here."""
+    return CpuDecodeOps(native_build.load_library("decode_ops", build_dir, compiler, variant))
 
 
 def _bind(function):
@@ -298,6 +315,14 @@ def _check_vector(name: str, t: Tensor, dim: int) -> None:
 def _check_index(name: str, t: Tensor, length: int) -> None:
     if t.dtype != _I64 or not t.is_cpu or t.shape != (length,) or not t.is_contiguous():
         raise ValueError(f"{name} must be a contiguous ({length},) int64 CPU tensor, got {tuple(t.shape)} {t.dtype}")
+
+
+def _rotary_dim(cos: Tensor, head_dim: int) -> int:
+    """The rotary dimensions R of a cos table (its last dimension): even, 0 < R <= head_dim."""
+    rotary_dim = cos.shape[-1] if cos.dim() else 0
+    if not 0 < rotary_dim <= head_dim or rotary_dim % 2:
+        raise ValueError(f"a rotary table must be an even 1..{head_dim} wide, got {tuple(cos.shape)}")
+    return rotary_dim
 
 
 def _check_table(name: str, t: Tensor, rows: int, dim: int) -> None:

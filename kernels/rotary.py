@@ -2,7 +2,9 @@
 
 A head vector of size D is split into halves (x1, x2); pair i is (x1[i], x2[i]) rotated by
 angle position * inv_freq[i]. The cos/sin tables hold each frequency twice, concatenated
-(not interleaved), which is the layout HF Llama checkpoints are trained with.
+(not interleaved), which is the layout HF Llama checkpoints are trained with. With partial
+rotary dimensions (Phi-3/4's partial_rotary_factor) only the first R < D dimensions of a head
+rotate, as halves of R; the rest pass unchanged (the tables are then (.., R) wide).
 """
 
 import math
@@ -11,29 +13,63 @@ import torch
 from torch import Tensor
 
 
-def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> Tensor:
-    """Inverse frequencies, float32 (head_dim // 2,), for HF's `config.rope_scaling`.
+ROPE_TYPES = ("default", "linear", "llama3", "freq_factors", "longrope")
 
-    Supported rope types: default, linear, llama3 ("type" is accepted as an alias of
-    "rope_type", as in older HF configs). The arithmetic mirrors transformers'
+
+def rope_inv_freq(rotary_dim: int, theta: float, scaling: dict | None, long_context: bool = False) -> Tensor:
+    """Inverse frequencies, float32 (rotary_dim // 2,), for HF's `config.rope_scaling`.
+
+    Rope types: default, linear, llama3, longrope (Phi-3's "su" is its old name: per-frequency
+    `short_factor`, or `long_factor` when `long_context`), and freq_factors: inv_freq divided by
+    an explicit per-frequency list `factors`, as llama.cpp applies a GGUF's `rope_freqs.weight`
+    (the GGUF importer writes Llama-3 files' tensor so). "type" is accepted as an alias of
+    "rope_type", as in older HF configs. The arithmetic mirrors transformers'
     modeling_rope_utils step for step so that tables agree to the last bit in float32.
     """
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-    inv_freq = 1.0 / (theta ** exponents)  # (D/2,)
-    rope_type = _rope_type(scaling)
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+    rope_type = rope_type_of(scaling)
+    if rope_type == "longrope":
+        factors = scaling["long_factor" if long_context else "short_factor"]
+        ext_factors = _per_frequency("longrope factors", factors, rotary_dim)
+        return 1.0 / (ext_factors * theta**exponents)
+    inv_freq = 1.0 / (theta ** exponents)  # (R/2,)
     if rope_type == "default":
         return inv_freq
     if rope_type == "linear":
         return inv_freq / scaling["factor"]
     if rope_type == "llama3":
         return _llama3_inv_freq(inv_freq, scaling)
-    raise ValueError(f"unsupported rope type {rope_type!r} (supported: default, linear, llama3)")
+    if rope_type == "freq_factors":
+        return inv_freq / _per_frequency("freq_factors factors", scaling["factors"], rotary_dim)
+    raise ValueError(f"unsupported rope type {rope_type!r} (supported: {', '.join(ROPE_TYPES)})")
 
 
-def _rope_type(scaling: dict | None) -> str:
+def rope_attention_factor(scaling: dict | None) -> float:
+    """What cos and sin are multiplied by: longrope's attention factor (sqrt(1 + ln(factor) /
+    ln(original context))), 1 for every other type. `factor` must be in the dict (the model
+    config puts max_position_embeddings / original_max_position_embeddings there)."""
+    if rope_type_of(scaling) != "longrope":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = scaling["factor"]
+    if factor <= 1.0:
+        return 1.0
+    return math.sqrt(1 + math.log(factor) / math.log(scaling["original_max_position_embeddings"]))
+
+
+def rope_type_of(scaling: dict | None) -> str:
     if not scaling:
         return "default"
-    return scaling.get("rope_type", scaling.get("type", "default"))
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    return "longrope" if rope_type == "su" else rope_type
+
+
+def _per_frequency(what: str, factors, rotary_dim: int) -> Tensor:
+    factors = torch.tensor(factors, dtype=torch.float32)
+    if factors.shape != (rotary_dim // 2,):
+        raise ValueError(f"{what} must hold {rotary_dim // 2} numbers (one per frequency), got {tuple(factors.shape)}")
+    return factors
 
 
 def _llama3_inv_freq(inv_freq: Tensor, scaling: dict) -> Tensor:
@@ -55,7 +91,7 @@ def _llama3_inv_freq(inv_freq: Tensor, scaling: dict) -> Tensor:
 
 
 def rerotation_cos_sin(inv_freq: Tensor, delta: int, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
-    """(1, 1, D) cos and sin that move a K already rotated at position p to position p + delta
+    """(1, 1, R) cos and sin (R = 2 * len(inv_freq), the rotary dimensions) that move a K already rotated at position p to position p + delta
     (delta may be negative): RoPE composes, R(p + delta) = R(delta) R(p). Angles are taken in
     float64 (delta * inv_freq) so the table adds no rounding of its own beyond float32's."""
     angles = delta * inv_freq.to(torch.float64)  # (D/2,)
@@ -74,7 +110,9 @@ class RotaryEmbedding:
 
     Tables are computed in float32 and stored in `dtype`. Rotation happens in the dtype of q/k
     with the tables cast to it, which is what HF does (it casts cos/sin to the activation
-    dtype before multiplying), so bf16 models match HF exactly.
+    dtype before multiplying), so bf16 models match HF exactly. `rotary_dim` (default: all of
+    head_dim) is how many leading dimensions of a head rotate; `long_context` picks longrope's
+    long factors (chosen once per loaded model, so every cached K was rotated alike).
     """
 
     def __init__(
@@ -85,16 +123,22 @@ class RotaryEmbedding:
         scaling: dict | None,
         device,
         dtype=torch.float32,
+        rotary_dim: int | None = None,
+        long_context: bool = False,
     ):
         self.head_dim = head_dim
+        self.rotary_dim = head_dim if rotary_dim is None else rotary_dim
+        if not 0 < self.rotary_dim <= head_dim or self.rotary_dim % 2:
+            raise ValueError(f"rotary_dim must be even and in (0, {head_dim}], got {self.rotary_dim}")
         self.max_positions = max_positions
-        inv_freq = rope_inv_freq(head_dim, theta, scaling).to(device)  # (D/2,)
-        self.inv_freq = inv_freq  # float32 (D/2,): what re-rotating stored K by a position delta needs
+        inv_freq = rope_inv_freq(self.rotary_dim, theta, scaling, long_context).to(device)  # (R/2,)
+        self.inv_freq = inv_freq  # float32 (R/2,): what re-rotating stored K by a position delta needs
         positions = torch.arange(max_positions, device=device, dtype=torch.int64).float()
-        freqs = positions[:, None] * inv_freq[None, :]  # (P, D/2)
-        emb = torch.cat((freqs, freqs), dim=-1)  # (P, D)
-        self.cos = emb.cos().to(dtype)  # (P, D)
-        self.sin = emb.sin().to(dtype)  # (P, D)
+        freqs = positions[:, None] * inv_freq[None, :]  # (P, R/2)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (P, R)
+        attention_factor = rope_attention_factor(scaling)
+        self.cos = (emb.cos() * attention_factor).to(dtype)  # (P, R)
+        self.sin = (emb.sin() * attention_factor).to(dtype)  # (P, R)
 
     def __call__(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """q (N, H, D), k (N, KVH, D), positions (N,) int64 -> rotated (q, k), same dtypes."""
@@ -113,6 +157,10 @@ class RotaryEmbedding:
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x (N, h, D): x * cos + rotate_half(x) * sin, rotate_half(x1, x2) = (-x2, x1)."""
+    """x (N, h, D): x * cos + rotate_half(x) * sin, rotate_half(x1, x2) = (-x2, x1); with
+    tables R < D wide, the first R dimensions so and the rest as they are."""
+    rotary_dim = cos.shape[-1]
+    if rotary_dim < x.shape[-1]:
+        return torch.cat((_rotate(x[..., :rotary_dim], cos, sin), x[..., rotary_dim:]), dim=-1)
     x1, x2 = x.chunk(2, dim=-1)  # (N, h, D/2) each
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin

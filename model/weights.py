@@ -16,9 +16,9 @@ from safetensors import SafetensorError, safe_open
 from kernels.block_formats import KERNEL_GROUP, BlockWeight, dequantize_reference
 from model.backends import Backend, select_backend
 from model.config import ModelConfig
-from model.llama import LlamaForCausalLM
+from model.decoder import DecoderForCausalLM, RMSNorm
 from store.block_file import BLOCKS_FILE, block_file_formats, iter_block_file
-from store.checkpoint_names import FUSED_LAYER_MODULES, PROJECTIONS, TOP_MODULES, hf_parts
+from store.checkpoint_names import PROJECTIONS, TOP_MODULES, hf_parts, layer_modules
 from store.errors import ModelFormatError
 from store.model_store import radixserve_home
 
@@ -39,11 +39,11 @@ def safetensors_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def _parameter_slices(model: LlamaForCausalLM) -> dict[str, tuple[torch.Tensor, int, int]]:
+def _parameter_slices(model: DecoderForCausalLM) -> dict[str, tuple[torch.Tensor, int, int]]:
     """HF tensor name -> (our parameter, first row, end row) it fills."""
     config = model.config
-    modules = list(TOP_MODULES) + [f"layers.{i}.{local}" for i in range(config.num_layers)
-                                   for local in FUSED_LAYER_MODULES]
+    layer_map = layer_modules(config.family, config.has_qk_norm)
+    modules = list(TOP_MODULES) + [f"layers.{i}.{local}" for i in range(config.num_layers) for local in layer_map]
     if config.tie_word_embeddings:
         modules.remove("lm_head")  # the embedding table, filled once
     slices: dict[str, tuple[torch.Tensor, int, int]] = {}
@@ -54,7 +54,7 @@ def _parameter_slices(model: LlamaForCausalLM) -> dict[str, tuple[torch.Tensor, 
             if param is None:
                 continue
             start = 0
-            for hf_module, size_field in hf_parts(name, config.tie_word_embeddings):
+            for hf_module, size_field in hf_parts(name, config.tie_word_embeddings, layer_map):
                 rows = param.shape[0] if size_field is None else getattr(config, size_field)
                 slices[f"{hf_module}.{suffix}"] = (param, start, start + rows)
                 start += rows
@@ -65,7 +65,7 @@ def _parameter_slices(model: LlamaForCausalLM) -> dict[str, tuple[torch.Tensor, 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def load_weights(model: LlamaForCausalLM, model_dir: Path, held_as_blocks: frozenset[str] = frozenset()) -> None:
+def load_weights(model: DecoderForCausalLM, model_dir: Path, held_as_blocks: frozenset[str] = frozenset()) -> None:
     """Fill every parameter of `model` from the safetensors files of `model_dir`, except the
     tensors in `held_as_blocks` (HF names in the model's block file, filled by the caller)."""
     slices = _parameter_slices(model)
@@ -98,15 +98,23 @@ def load_weights(model: LlamaForCausalLM, model_dir: Path, held_as_blocks: froze
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         raise ModelFormatError(model_dir, f"missing tensors {missing[:3]}{more}")
+    if model.config.norm_adds_one:  # Gemma's norms scale by (1 + w): fold the 1 into the weight once
+        for module in model.modules():
+            if isinstance(module, RMSNorm):
+                module.weight.data += 1.0
 
 
 def load_model(
-    model_dir: Path, device: torch.device, dtype: torch.dtype, backend: str | Backend = "auto", gguf_blocks: bool = True
-) -> LlamaForCausalLM:
+    model_dir: Path, device: torch.device, dtype: torch.dtype, backend: str | Backend = "auto", gguf_blocks: bool = True,
+    max_model_len: int | None = None,
+) -> DecoderForCausalLM:
     """The model with its weights, run by `backend` (a name for select_backend, or one
     already made). The weights a converted GGUF keeps as blocks (store/block_file.py) stay
     blocks for a backend that reads them (cpu), with no float32 copy; for any other backend,
     or with `gguf_blocks` False, they are dequantized at load (and describe() says so).
+    `max_model_len`: the longest sequence served (default: the model's); longrope models take
+    their long factors when it exceeds their original context, once for every position
+    (llama.cpp's choice), so that cached K and new K rotate alike.
     Logs what runs (Backend.describe)."""
     model_dir = Path(model_dir)
     config = ModelConfig.from_model_dir(model_dir)
@@ -114,7 +122,7 @@ def load_model(
         backend = select_backend(device, dtype, config, backend, build_dir=radixserve_home() / "kernels")
     # Parameters are allocated but not written (to_empty): the pages of those left to blocks are
     # never touched, so they never become resident, and they are dropped when prepare swaps the modules.
-    model = LlamaForCausalLM(config, device, dtype, backend)
+    model = DecoderForCausalLM(config, device, dtype, backend, long_context=uses_long_rope(config, max_model_len))
     block_formats = block_file_formats(model_dir)
     load_weights(model, model_dir, frozenset(block_formats))
     blocks: dict[str, list[BlockWeight]] = {}
@@ -130,7 +138,16 @@ def load_model(
     return model.eval()
 
 
-def dequantize_blocks_into(model: LlamaForCausalLM, model_dir: Path) -> None:
+def uses_long_rope(config: ModelConfig, max_model_len: int | None) -> bool:
+    """Whether a longrope model serving up to `max_model_len` tokens takes its long factors."""
+    scaling = config.rope_scaling or {}
+    original = scaling.get("original_max_position_embeddings")
+    if scaling.get("rope_type", scaling.get("type")) not in ("longrope", "su") or original is None:
+        return False
+    return min(max_model_len or config.max_position_embeddings, config.max_position_embeddings) > original
+
+
+def dequantize_blocks_into(model: DecoderForCausalLM, model_dir: Path) -> None:
     """Fill the parameters the block file holds with its dequantized values (gguf's dequantize),
     one tensor at a time."""
     slices = _parameter_slices(model)
@@ -155,7 +172,7 @@ def _block_module_names(config: ModelConfig) -> list[str]:
             + [f"layers.{i}.{local}" for i in range(config.num_layers) for local in PROJECTIONS])
 
 
-def module_blocks(model: LlamaForCausalLM, model_dir: Path) -> dict[str, list[BlockWeight]]:
+def module_blocks(model: DecoderForCausalLM, model_dir: Path) -> dict[str, list[BlockWeight]]:
     """Module name -> its weight as blocks, in row order: one BlockWeight per run of parts of
     one format (a fused q|k|v whose v is Q6_K and q, k Q4_K is two). A part the block file
     lacks (a float32 tensor) joins as F32 blocks of its loaded values. A module none of whose
@@ -164,9 +181,10 @@ def module_blocks(model: LlamaForCausalLM, model_dir: Path) -> dict[str, list[Bl
     config = model.config
     path = model_dir / BLOCKS_FILE
     formats = block_file_formats(model_dir)
+    layer_map = layer_modules(config.family, config.has_qk_norm)
     by_module: dict[str, list[BlockWeight]] = {}
     for name in _block_module_names(config):
-        hf_parts_ = hf_parts(name, config.tie_word_embeddings) if name != "embed_tokens" else (
+        hf_parts_ = hf_parts(name, config.tie_word_embeddings, layer_map) if name != "embed_tokens" else (
             (TOP_MODULES["embed_tokens"], None),)
         hf_names = [f"{hf_module}.weight" for hf_module, _ in hf_parts_]
         if name == "lm_head" and config.tie_word_embeddings and "embed_tokens" in by_module:
@@ -203,7 +221,7 @@ def _fuse_runs(parts: list[BlockWeight]) -> list[BlockWeight]:
     return [run[0] if len(run) == 1 else BlockWeight.concat(run) for run in runs]
 
 
-def _copy_dequantized(model: LlamaForCausalLM, read: dict) -> None:
+def _copy_dequantized(model: DecoderForCausalLM, read: dict) -> None:
     slices = _parameter_slices(model)
     for hf_name, part in read.items():
         param, start, end = slices[hf_name]

@@ -13,7 +13,9 @@ lifespan and kept on `app.state`:
     prompt_ledger  PromptLedger (recent prompts by response id, for cache diagnostics)
     response_store ResponseStore (stored Responses, SQLite)
     message_threads ResponseStore (Anthropic's message threads, same file, own table)
+    request_records RequestRecords (recent chat requests and their prompt tokens' origins, for the console)
 
+With `ui` (serve --ui, the default) GET / is the web console (server/routes_console.py).
 GET /openapi.json is the OpenAPI document of these routes (server/openapi.py); with
 `allowed_origins` (serve --allowed-origins) browsers on those origins may call the API (CORS).
 """
@@ -52,12 +54,14 @@ from server.metrics import ServerMetrics
 from server.openapi import document_responses, openapi_config, openapi_document
 from server.prompt_ledger import PromptLedger
 from server.prompts import RequestPrompts
+from server.request_records import RequestRecords
 from server.api_anthropic.threads import THREADS_TABLE
 from server.response_store import ResponseStore
 from server.retrieval_service import RetrievalService
 from server.routes_chat import chat_completions
 from server.routes_collections import COLLECTION_ROUTES
 from server.routes_completions import completions
+from server.routes_console import CONSOLE_API_ROUTES, CONSOLE_PAGE_ROUTES
 from server.routes_embeddings import embeddings
 from server.routes_misc import get_model, health, list_models, metrics
 from server.settings import ServerSettings
@@ -98,6 +102,7 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
                                                   turns)
             app.state.logprobs = LogprobFormatter(tokenizer)
             app.state.prompt_ledger = PromptLedger()
+            app.state.request_records = RequestRecords()
             app.state.response_store = responses
             app.state.message_threads = message_threads
             app.state.started_at = int(time.time())
@@ -113,10 +118,10 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
             await asyncio.to_thread(engine.shutdown)
 
     api = Router("/v1", route_handlers=[chat_completions, completions, list_models, get_model, embeddings,
-                                       *COLLECTION_ROUTES, *RESPONSES_ROUTES, *ANTHROPIC_ROUTES],
+                                       *COLLECTION_ROUTES, *RESPONSES_ROUTES, *ANTHROPIC_ROUTES, *CONSOLE_API_ROUTES],
                  guards=[require_api_key])
     app = Litestar(
-        route_handlers=[api, health, metrics, openapi_document],
+        route_handlers=[api, health, metrics, openapi_document, *(CONSOLE_PAGE_ROUTES if settings.ui else ())],
         lifespan=[open_resources],
         exception_handlers=EXCEPTION_HANDLERS_BY_API,
         request_max_body_size=settings.max_body_bytes,

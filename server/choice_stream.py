@@ -64,8 +64,14 @@ class Usage:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0  # of the prompt, not computed: prefix cache + document store (choice 0's admission)
     num_reused_document_tokens: int = 0  # of those, placed from the document store (derived KV)
+    num_disk_tier_tokens: int = 0  # of num_cached_tokens, loaded from the disk tier
+    num_recomputed_document_tokens: int = 0  # of the computed ones, tokens of reused document spans (boundaries)
     num_completion_tokens_by_choice: dict[int, int] = field(default_factory=dict)
+    # speculation, per choice: (draft tokens verified, accepted)
+    draft_tokens_by_choice: dict[int, tuple[int, int]] = field(default_factory=dict)
     first_token_time: float | None = None  # time.perf_counter() of the first output
+    last_token_time: float | None = None  # of the latest
+    finish_reason: str | None = None  # choice 0's engine finish reason, once it finished
 
     @property
     def num_completion_tokens(self) -> int:
@@ -76,9 +82,15 @@ class Usage:
             self.num_prompt_tokens = output.num_prompt_tokens
             self.num_cached_tokens = output.num_cached_tokens
             self.num_reused_document_tokens = output.num_reused_document_tokens
+            self.num_disk_tier_tokens = output.num_disk_tier_tokens
+            self.num_recomputed_document_tokens = output.num_recomputed_document_tokens
+            if output.finish_reason is not None:
+                self.finish_reason = output.finish_reason.value
         self.num_completion_tokens_by_choice[index] = output.num_output_tokens
+        self.draft_tokens_by_choice[index] = (output.num_draft_tokens, output.num_accepted_draft_tokens)
+        self.last_token_time = time.perf_counter()
         if self.first_token_time is None:
-            self.first_token_time = time.perf_counter()
+            self.first_token_time = self.last_token_time
 
 
 @dataclass

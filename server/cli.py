@@ -19,6 +19,8 @@ from store.errors import RadixserveError
 
 # model.backends.BACKEND_CHOICES, spelled out so that `--help` does not import torch (a test holds them equal)
 BACKEND_CHOICES = ("auto", "cpu", "torch")
+# kernels.cpu_features.VARIANT_CHOICES, spelled out for the same reason (a test holds them equal)
+CPU_KERNEL_CHOICES = ("auto", "avx512_vnni", "avx2", "portable")
 # On: at k = 4, 200 RAG prompts keep first-token agreement 0.975 and teacher-forced top-1 0.960 against
 # exact prefill (0.975 / 0.951 with the documents precomputed as ingest does; bench/document_reuse_quality.py,
 # docs/performance.md); EngineConfig stays off.
@@ -166,6 +168,12 @@ def _add_serve_parser(commands, default_model: str) -> None:
                        help="also recompute the fraction R (0 to 1) of placed document tokens whose KV deviates "
                        "most in the new context (CacheBlend-style: found by a probe through the first two "
                        "layers; default: 0, off)")
+    serve.add_argument("--cpu-kernels", default="auto", choices=CPU_KERNEL_CHOICES,
+                       help="cpu backend: the C kernel variant (default auto: the best this CPU runs; a lower one, "
+                       "or portable for torch's ops alone, is for comparison)")
+    serve.add_argument("--int8-activations", action="store_true",
+                       help="cpu backend: products over the GGUF blocks with int8 activations (one kernel, prefill and "
+                       "decode; not the default until its quality is measured: docs/performance.md)")
     serve.add_argument("--no-gguf-blocks", action="store_true",
                        help="decode reads the float32 weights, not the GGUF blocks kept at conversion "
                        "(the same values; the blocks are 3.5-5x fewer bytes)")
@@ -192,6 +200,9 @@ def _add_serve_parser(commands, default_model: str) -> None:
     serve.add_argument("--allowed-origins", nargs="+", default=(), metavar="ORIGIN",
                        help="browser origins allowed to call the API (CORS), e.g. https://app.example.com, "
                        "or '*' for any (default: none: no CORS headers)")
+    serve.add_argument("--ui", action=argparse.BooleanOptionalAction, default=True,
+                       help="serve the web console at / (chat, where each prompt's tokens came from, the cache, "
+                       "collections; default: on; --no-ui: off)")
     add_generation_flags(serve)
     cluster = serve.add_argument_group("replicas (Ray Serve; make install-cluster)")
     cluster.add_argument("--replicas", type=_positive_int, metavar="N",

@@ -69,8 +69,9 @@ async def run_job(request: Request, service: Runner, job: Job, usage: Usage, *,
 async def answer(request: Request, service: Runner, job: Job,
                  shapes: ChatShapes | CompletionShapes, *, stream: bool, include_usage: bool,
                  usage: Usage | None = None) -> Response:
-    """`usage`: the one the shapes report on every chunk (continuous_usage_stats), if they do."""
-    usage = usage or Usage()
+    """`usage`: the one to fill, when the caller keeps it: the shapes report it on every chunk
+    (continuous_usage_stats), server/request_records.py reads it (the console)."""
+    usage = usage if usage is not None else Usage()
     outcome = await run_job(request, service, job, usage, stream=stream)
     if isinstance(outcome, Response):
         return outcome

@@ -97,9 +97,12 @@ _NAMING_A_MODEL = _GENERATING | {"/v1/embeddings", "/v1/messages/count_tokens"}
 _CONFLICTING = {("post", "/v1/collections"), ("post", "/v1/collections/{name}/documents")}
 _STREAMING = _GENERATING  # `stream: true` answers with server-sent events
 _METRICS_PATH = "/metrics"
+_CONSOLE_FILES_PATH = "/console/{name}"  # the web console's files (server/routes_console.py): a name it lacks is a 404
 
 
 def _error_statuses(path: str, method: str, operation: Operation) -> list[int]:
+    if path == _CONSOLE_FILES_PATH:
+        return [404]
     if not path.startswith("/v1/"):
         return []
     statuses = {401}

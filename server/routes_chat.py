@@ -1,6 +1,7 @@
 """POST /v1/chat/completions"""
 
 import asyncio
+import time
 
 from litestar import Request, Response, post
 from litestar.datastructures import State
@@ -19,6 +20,7 @@ from server.schemas import ChatCompletionRequest
 
 @post("/chat/completions", status_code=200, operation_class=json_body(ChatCompletionRequest))
 async def chat_completions(request: Request, state: State) -> Response:
+    started = time.perf_counter()
     body = await validated_body(request, ChatCompletionRequest)
     identity = ResponseIdentity.new("chatcmpl", state.settings.served_model_name)
     context = await retrieve_context(state.retrieval, body, state.settings.rag_order) if body.retrieval else None
@@ -39,5 +41,8 @@ async def chat_completions(request: Request, state: State) -> Response:
     usage = Usage()
     shapes = ChatShapes(identity, state.logprobs, include_usage=body.include_usage_chunk,
                         extra_fields=extra_fields or None, running_usage=usage if body.usage_on_every_chunk else None)
+    # GET /v1/requests/{id} reads it (the console's token bar)
+    state.request_records.record(identity.id, caller.key_id, usage, job.num_choices,
+                                 bool(job.engine_options.document_spans), started)
     return await answer(request, state.service, job, shapes, stream=body.stream,
                         include_usage=body.include_usage_chunk, usage=usage)

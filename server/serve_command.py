@@ -9,6 +9,7 @@ import uvicorn
 
 from assembly.chat_template import ChatTemplate, TemplateError
 from engine.engine_config import EngineConfig, parse_kv_cache_memory, resolve_device, resolve_dtype
+from kernels.cpu_features import resolve_variant, this_cpu
 from model.backends import check_backend_choice
 from engine.speculation_config import SpeculationConfig
 from server.config_flags import config_from_args
@@ -48,12 +49,14 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
                 engine_fields[name] = getattr(args, name)
         device = resolve_device(args.device)
         check_backend_choice(args.backend, device, resolve_dtype(args.dtype, device))
+        resolve_variant(args.cpu_kernels, this_cpu())  # a variant this CPU lacks is refused here, in one line
         engine_fields.update(_kv_disk_fields(args))
         engine_fields.update(_document_fields(args))
         engine = EngineConfig(model_dir=model_dir, device=args.device, dtype=args.dtype, schedule=args.schedule,
                               eviction_policy=args.eviction_policy,
                               speculation=config_from_args(SpeculationConfig, args),
                               enable_prefix_cache=not args.no_prefix_cache, gguf_blocks=not args.no_gguf_blocks, backend=args.backend,
+                              cpu_kernels=args.cpu_kernels, int8_activations=args.int8_activations,
                               **engine_fields)
         return ServerSettings(
             engine=engine,
@@ -73,6 +76,7 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
             tool_pin_seconds=args.tool_pin_seconds,
             rag_order=args.rag_order,
             allowed_origins=tuple(args.allowed_origins),
+            ui=args.ui,
             chat_template_path=Path(args.chat_template).expanduser() if args.chat_template else None,
             generation_defaults=generation_flags_from_args(args),
             **({"collections_dir": Path(args.collections_dir).expanduser()} if args.collections_dir else {}),

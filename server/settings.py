@@ -74,6 +74,7 @@ class ServerSettings:
     # Sampling defaults the operator set (serve --temperature ...); a field None: the model's, else the built-in
     # (server/generation_defaults.py)
     generation_defaults: GenerationDefaults = field(default_factory=GenerationDefaults)
+    ui: bool = True  # the web console at / (server/routes_console.py)
 
     def __post_init__(self):
         if not self.served_model_name:

@@ -5,9 +5,10 @@ gguf_blocks.safetensors: every 2-D weight of a block type the kernels read (quan
 F16, BF16) as the file stores it (uint8 rows of blocks, same HF names, q/k rows
 un-permuted; store/block_file.py), with no float32 copy, and model.safetensors: the rest
 (norms, biases, F32 matrices, matrices not a whole number of 32-weight groups wide), float32.
-Supported: llama (SmolLM, Llama 2/3 sizes, Mistral, which llama.cpp also calls
-llama) and qwen2. Everything else is refused with the file and the
-architecture named.
+Supported: the families of store/gguf_families.py (llama: SmolLM, Llama 2/3.x,
+Mistral/Ministral; qwen2, qwen3, gemma2, gemma3, phi3), whose config.json it
+builds and whose converter changes it undoes. Everything else is refused with
+the file, the architecture and the supported list named.
 
 The safetensors file is written tensor by tensor: its header needs only the
 shapes, which the GGUF states up front, so each tensor is dequantized, written
@@ -26,19 +27,23 @@ from gguf.quants import dequantize
 from tqdm import tqdm
 
 from store.block_file import BLOCK_FORMATS, BLOCKS_FILE
-from store.checkpoint_names import hf_tensor_name
+from store.checkpoint_names import GGUF_CONFIG_TENSORS, hf_tensor_name
 from store.errors import ModelFormatError
+from store.gguf_families import (
+    architecture_of,
+    build_config,
+    check_supported,
+    float32_shortest,
+    permutes_qk_rows,
+    undo_converter_changes,
+    unpermute_rope_rows,
+)
 from store.gguf_tokenizer import build_tokenizer, special_token_str
 
 # Bumped when the converter's output changes, so models converted earlier are redone.
 CONVERTER_VERSION = 4
 
 GGUF_MAGIC = b"GGUF"
-# general.architecture -> (HF architectures entry, HF model_type)
-SUPPORTED_ARCHITECTURES = {
-    "llama": ("LlamaForCausalLM", "llama"),
-    "qwen2": ("Qwen2ForCausalLM", "qwen2"),
-}
 
 class TensorSpec(NamedTuple):
     """One tensor of the output: its HF name and shape, and the GGUF tensor it comes from."""
@@ -58,13 +63,8 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = Tr
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     reader = open_gguf(gguf_path)
     metadata = read_metadata(reader)
-    architecture = metadata.get("general.architecture")
-    if architecture not in SUPPORTED_ARCHITECTURES:
-        raise ModelFormatError(
-            gguf_path,
-            f"architecture {architecture!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})",
-        )
-    config = build_config(metadata, [t.name for t in reader.tensors], gguf_path)
+    check_supported(metadata.get("general.architecture"), gguf_path)
+    config = build_config(metadata, [t.name for t in reader.tensors], read_config_tensors(reader), gguf_path)
     tokenizer = build_tokenizer(metadata, gguf_path)
     specs = tensor_specs(reader, config, gguf_path)
 
@@ -76,7 +76,8 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = Tr
         write_block_safetensors(out_dir / BLOCKS_FILE, reader, block_specs, config)
     tokenizer.save(str(out_dir / "tokenizer.json"))
     _write_json(out_dir / "config.json", config)
-    _write_json(out_dir / "generation_config.json", {**_generation_config(config), **sampling_generation_config(metadata)})
+    _write_json(out_dir / "generation_config.json",
+                {**generation_config(metadata, config), **sampling_generation_config(metadata)})
     _write_json(out_dir / "tokenizer_config.json", _tokenizer_config(metadata, tokenizer, config))
     return out_dir
 
@@ -115,63 +116,20 @@ def read_metadata(reader: GGUFReader) -> dict[str, Any]:
     return metadata
 
 
-def build_config(metadata: dict[str, Any], tensor_names: list[str], gguf_path: Path) -> dict[str, Any]:
-    """The HF config.json dict of the model `metadata` describes."""
-    architecture = metadata["general.architecture"]
-    hf_architecture, model_type = SUPPORTED_ARCHITECTURES[architecture]
-
-    def arch_key(name: str, default: Any = ModelFormatError) -> Any:
-        key = f"{architecture}.{name}"
-        if key in metadata:
-            return metadata[key]
-        if default is ModelFormatError:
-            raise ModelFormatError(gguf_path, f"metadata key {key} is missing")
-        return default
-
-    if "rope_freqs.weight" in tensor_names:
-        # Llama 3.1-style per-frequency rope factors have no faithful HF config form here
-        raise ModelFormatError(gguf_path, "per-frequency rope scaling (rope_freqs.weight) is not supported")
-    num_heads = arch_key("attention.head_count")
-    hidden_size = arch_key("embedding_length")
-    config = {
-        "architectures": [hf_architecture],
-        "model_type": model_type,
-        "vocab_size": arch_key("vocab_size", len(metadata["tokenizer.ggml.tokens"])),
-        "hidden_size": hidden_size,
-        "intermediate_size": arch_key("feed_forward_length"),
-        "num_hidden_layers": arch_key("block_count"),
-        "num_attention_heads": num_heads,
-        "num_key_value_heads": arch_key("attention.head_count_kv", num_heads),
-        "head_dim": arch_key("attention.key_length", hidden_size // num_heads),
-        "rms_norm_eps": _float32_shortest(arch_key("attention.layer_norm_rms_epsilon")),
-        "rope_theta": _float32_shortest(arch_key("rope.freq_base", 10000.0)),
-        "max_position_embeddings": arch_key("context_length"),
-        # llama.cpp writes no output.weight when the head shares the embedding matrix
-        "tie_word_embeddings": "output.weight" not in tensor_names,
-        "attention_bias": "blk.0.attn_q.bias" in tensor_names,
-        "hidden_act": "silu",
-        "bos_token_id": metadata.get("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": metadata.get("tokenizer.ggml.eos_token_id"),
-        "pad_token_id": metadata.get("tokenizer.ggml.padding_token_id"),
-        "torch_dtype": "float32",
-    }
-    scaling_type = arch_key("rope.scaling.type", None)
-    if scaling_type not in (None, "none"):
-        config["rope_scaling"] = {
-            "rope_type": scaling_type,
-            "factor": _float32_shortest(arch_key("rope.scaling.factor")),
-            "original_max_position_embeddings": arch_key(
-                "rope.scaling.original_context_length", config["max_position_embeddings"]
-            ),
-        }
-    return config
+def read_config_tensors(reader: GGUFReader) -> dict[str, np.ndarray]:
+    """The file's tensors that are config (RoPE factors), as float32 arrays, by GGUF name."""
+    return {tensor.name: dequantize(tensor.data, tensor.tensor_type).astype(np.float32).reshape(-1)
+            for tensor in reader.tensors if tensor.name in GGUF_CONFIG_TENSORS}
 
 
 def tensor_specs(reader: GGUFReader, config: dict[str, Any], gguf_path: Path) -> list[TensorSpec]:
     """HF name and shape of every tensor to write, in the file's order."""
     specs = []
+    architecture = architecture_of(config)
     for index, tensor in enumerate(reader.tensors):
-        hf_name = hf_tensor_name(tensor.name)
+        if tensor.name in GGUF_CONFIG_TENSORS:
+            continue  # in config.json
+        hf_name = hf_tensor_name(tensor.name, architecture)
         if hf_name is None:
             raise ModelFormatError(gguf_path, f"unexpected tensor {tensor.name} for a {config['model_type']} model")
         # GGUF lists dimensions fastest-first; HF wants them row-major
@@ -191,13 +149,7 @@ def _hf_arrays(
     for spec in tqdm(specs, desc="converting GGUF tensors", unit="tensor", disable=not progress):
         tensor = reader.tensors[spec.gguf_index]
         array = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False).reshape(spec.shape)
-        if config["model_type"] == "llama":
-            # llama.cpp permutes q/k rows for its interleaved rope; HF rotates halves
-            if ".self_attn.q_proj." in spec.hf_name:
-                array = _unpermute_rope_rows(array, config["num_attention_heads"])
-            elif ".self_attn.k_proj." in spec.hf_name:
-                array = _unpermute_rope_rows(array, config["num_key_value_heads"])
-        yield array
+        yield undo_converter_changes(array, spec.hf_name, config)
 
 
 # The C kernels multiply 32 weights at a time (kernels/block_formats.py KERNEL_GROUP): an F16 or
@@ -216,33 +168,24 @@ def _kept_as_blocks(reader: GGUFReader, spec: TensorSpec) -> bool:
 def _block_rows(reader: GGUFReader, spec: TensorSpec, config: dict[str, Any]) -> np.ndarray:
     """The raw blocks of a 2-D tensor, (rows, bytes per row) uint8, rows in HF order."""
     rows = np.asarray(reader.tensors[spec.gguf_index].data).view(np.uint8).reshape(spec.shape[0], -1)
-    if config["model_type"] == "llama":
+    if permutes_qk_rows(config):
         # blocks run along a row, so un-permuting rows moves whole rows of blocks
         if ".self_attn.q_proj." in spec.hf_name:
-            rows = _unpermute_rope_rows(rows, config["num_attention_heads"])
+            rows = unpermute_rope_rows(rows, config["num_attention_heads"])
         elif ".self_attn.k_proj." in spec.hf_name:
-            rows = _unpermute_rope_rows(rows, config["num_key_value_heads"])
+            rows = unpermute_rope_rows(rows, config["num_key_value_heads"])
     return np.ascontiguousarray(rows)
 
 
-def _unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
-    """Undo convert_hf_to_gguf.py's `permute`: per head, rows (pair, 2) -> (2, pair).
-
-    weight: (num_heads * head_dim, ...) or a bias (num_heads * head_dim,).
-    """
-    head_dim = weight.shape[0] // num_heads
-    rows = weight.reshape(num_heads, head_dim // 2, 2, *weight.shape[1:])
-    return rows.swapaxes(1, 2).reshape(weight.shape)
-
-
-def _float32_shortest(value: float) -> float:
-    """The shortest decimal with the same float32 value: GGUF stores 1e-5 as 9.99999974e-06."""
-    return float(str(np.float32(value)))
-
-
-def _generation_config(config: dict[str, Any]) -> dict[str, Any]:
-    keys = ("bos_token_id", "eos_token_id", "pad_token_id")
-    return {key: config[key] for key in keys if config.get(key) is not None}
+def generation_config(metadata: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """generation_config.json: the special ids; the end-of-turn token (Gemma's <end_of_turn>, ...)
+    stops generation too, as in the families' own generation_config.json."""
+    generation = {key: config[key] for key in ("bos_token_id", "eos_token_id", "pad_token_id")
+                  if config.get(key) is not None}
+    end_of_turn = metadata.get("tokenizer.ggml.eot_token_id")
+    if end_of_turn is not None and "eos_token_id" in generation and end_of_turn != generation["eos_token_id"]:
+        generation["eos_token_id"] = [generation["eos_token_id"], end_of_turn]
+    return generation
 
 
 # GGUF's general.sampling.* keys (llama.cpp's defaults for the model) -> generation_config.json's (HF's names),
@@ -259,7 +202,7 @@ def sampling_generation_config(metadata: dict[str, Any]) -> dict[str, Any]:
     for gguf_key, hf_key in GGUF_SAMPLING_KEYS.items():
         if gguf_key in metadata:
             value = metadata[gguf_key]
-            values[hf_key] = value if hf_key == "top_k" else _float32_shortest(value)
+            values[hf_key] = value if hf_key == "top_k" else float32_shortest(value)
     return values
 
 

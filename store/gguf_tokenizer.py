@@ -6,9 +6,12 @@ tokenizer those describe so that it gives the same ids as transformers' own
 GGUF loading (`AutoTokenizer.from_pretrained(dir, gguf_file=...)`), which the
 tests hold it to.
 
-Only byte-level BPE vocabularies (`tokenizer.ggml.model == "gpt2"`: SmolLM,
-Llama 3, Qwen2, ...) are supported; sentencepiece ones (`"llama"`: Llama 2,
-Mistral v0.1) are refused rather than guessed at.
+Two kinds of vocabulary:
+- byte-level BPE (`tokenizer.ggml.model == "gpt2"`: SmolLM, Llama 3, Qwen2/3,
+  Phi-4-mini, ...), split first by the regex of the pre-tokenizer llama.cpp names;
+- SentencePiece BPE (`"llama"`: Gemma 2/3, Phi-3, Llama 2, Mistral v0.1), rebuilt
+  as HF's own SentencePiece converter does (store/gguf_spm_tokenizer.py).
+Any other kind is refused rather than guessed at.
 
 For `tokenizer.ggml.pre == "smollm"` digits are isolated first
 (`Digits(individual_digits=True)`), as SmolLM2's own tokenizer.json and llama.cpp do:
@@ -27,6 +30,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers, p
 from tokenizers.models import BPE
 
 from store.errors import ModelFormatError
+from store.gguf_spm_tokenizer import build_spm_tokenizer
 
 # llama.cpp's token kinds (`tokenizer.ggml.token_type`).
 TOKEN_TYPE_CONTROL = 3  # special tokens like <|im_start|>: matched whole, skipped when decoding
@@ -42,6 +46,18 @@ _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# GPT-4o's split (Phi-4-mini), as in its tokenizer.json (llama.cpp "gpt-4o").
+_GPT4O_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# Mistral's Tekken split (Mistral Nemo, Ministral), as in its tokenizer.json (llama.cpp "tekken").
+_TEKKEN_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # None: GPT-2's own regex, built into `pre_tokenizers.ByteLevel(use_regex=True)`.
 _SPLIT_BY_PRE: dict[str, str | None] = {
     "default": None,
@@ -54,6 +70,8 @@ _SPLIT_BY_PRE: dict[str, str | None] = {
     "smaug-bpe": _LLAMA3_SPLIT,
     "qwen2": _QWEN2_SPLIT,
     "deepseek-r1-qwen": _QWEN2_SPLIT,
+    "gpt-4o": _GPT4O_SPLIT,
+    "tekken": _TEKKEN_SPLIT,
 }
 
 
@@ -64,9 +82,16 @@ def build_tokenizer(metadata: Mapping[str, Any], source: str | Path) -> Tokenize
     kind or pre-tokenizer this module does not know.
     """
     tokenizer_model = metadata.get("tokenizer.ggml.model")
+    if tokenizer_model == "llama":
+        tokenizer = build_spm_tokenizer(metadata, source)
+        post_processor = post_processor_for(metadata, metadata["tokenizer.ggml.tokens"])
+        if post_processor is not None:
+            tokenizer.post_processor = post_processor
+        return tokenizer
     if tokenizer_model != "gpt2":
         raise ModelFormatError(
-            source, f"tokenizer model {tokenizer_model!r} is not supported (only byte-level BPE, 'gpt2')"
+            source, f"tokenizer model {tokenizer_model!r} is not supported "
+                    "(byte-level BPE 'gpt2', SentencePiece 'llama')"
         )
     pre = metadata.get("tokenizer.ggml.pre", "default")
     if pre not in _SPLIT_BY_PRE:
@@ -84,12 +109,14 @@ def build_tokenizer(metadata: Mapping[str, Any], source: str | Path) -> Tokenize
             continuing_subword_prefix="",
             end_of_word_suffix="",
             fuse_unk=False,
+            # Llama 3's tokenizer.json takes a piece found whole in the vocabulary as is
+            ignore_merges=_SPLIT_BY_PRE[pre] is _LLAMA3_SPLIT,
         )
     )
     tokenizer.pre_tokenizer = _pre_tokenizer(pre, bool(metadata.get("tokenizer.ggml.add_space_prefix", False)))
     tokenizer.decoder = decoders.ByteLevel()
     _add_special_tokens(tokenizer, token_strs, token_types)
-    post_processor = _post_processor(metadata, token_strs)
+    post_processor = post_processor_for(metadata, token_strs)
     if post_processor is not None:
         tokenizer.post_processor = post_processor
     return tokenizer
@@ -161,7 +188,7 @@ def _add_special_tokens(tokenizer: Tokenizer, token_strs: Sequence[str], token_t
             add(added)
 
 
-def _post_processor(metadata: Mapping[str, Any], token_strs: Sequence[str]) -> processors.PostProcessor | None:
+def post_processor_for(metadata: Mapping[str, Any], token_strs: Sequence[str]) -> processors.PostProcessor | None:
     """BOS / EOS around each encoded text, where the file asks for them."""
     parts: dict[str, tuple[str, int]] = {}
     for flag, key in (("add_bos_token", "bos"), ("add_eos_token", "eos")):

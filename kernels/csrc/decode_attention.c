@@ -43,8 +43,8 @@ static inline void next_offsets(int64_t* offs, int64_t n, const int64_t* pages, 
 /* One KV head's G query heads (qh: G x D contiguous) over the n positions at offs,
    online softmax: m, l (G,) and acc (G, D) updated; s (G * ATTN_BLOCK) and corr (G) scratch. */
 static inline void attend_block_head(const float* qh, const float* kh, const float* vh, const int64_t* offs,
-                                     int64_t n, int64_t G, int64_t D, __m256 vscale, float* s, float* corr,
-                                     float* mh, float* lh, float* acc_h) {
+                                     int64_t n, int64_t G, int64_t D, __m256 vscale, float softcap, float* s,
+                                     float* corr, float* mh, float* lh, float* acc_h) {
   const int64_t n8 = (n + 7) & ~(int64_t)7;
   /* scores s[g][j] = scale * q_g . k_j, eight positions at a time */
   for (int64_t j0 = 0; j0 < n; j0 += 8) {
@@ -69,6 +69,10 @@ static inline void attend_block_head(const float* qh, const float* kh, const flo
       _mm256_store_ps(s + g * ATTN_BLOCK + j0, _mm256_mul_ps(hsum8x8(a0, a1, a2, a3, a4, a5, a6, a7), vscale));
     }
   }
+  /* soft cap (Gemma 2): s = cap * tanh(s / cap), before the softmax */
+  if (softcap > 0.0f)
+    for (int64_t g = 0; g < G; g++)
+      for (int64_t j = 0; j < n; j++) s[g * ATTN_BLOCK + j] = softcap * tanhf(s[g * ATTN_BLOCK + j] / softcap);
   /* softmax bookkeeping: new running max, rescale factor, probabilities in place */
   for (int64_t g = 0; g < G; g++) {
     float* sg = s + g * ATTN_BLOCK;
@@ -120,7 +124,8 @@ static inline void attend_block_head(const float* qh, const float* kh, const flo
    sum_t exp(s_t - m). t1 ascending. */
 static void attend_rows(const float* const* q, int64_t R, const float* k_cache, const float* v_cache,
                         const int64_t* pages, int64_t page_size, int64_t t0, const int64_t* t1, int64_t num_kv_heads,
-                        int64_t G, int64_t D, float scale, float* const* acc, float* const* m, float* const* l) {
+                        int64_t G, int64_t D, float scale, float softcap, float* const* acc, float* const* m,
+                        float* const* l) {
   const int64_t H = num_kv_heads * G, row_size = num_kv_heads * D, t_end = t1[R - 1];
   int64_t offs[ATTN_BLOCK], offs_next[ATTN_BLOCK];
   float s[ATTN_MAX_GROUP * ATTN_BLOCK] __attribute__((aligned(32)));
@@ -152,16 +157,16 @@ static void attend_rows(const float* const* q, int64_t R, const float* k_cache, 
       for (int64_t r = 0; r < R; r++) {
         const int64_t n_row = t1[r] - tb < n ? t1[r] - tb : n;
         if (n_row <= 0) continue;
-        attend_block_head(q[r] + kvh * G * D, k_cache + kvh * D, v_cache + kvh * D, offs, n_row, G, D, vscale, s,
-                          corr, m[r] + kvh * G, l[r] + kvh * G, acc[r] + kvh * G * D);
+        attend_block_head(q[r] + kvh * G * D, k_cache + kvh * D, v_cache + kvh * D, offs, n_row, G, D, vscale,
+                          softcap, s, corr, m[r] + kvh * G, l[r] + kvh * G, acc[r] + kvh * G * D);
       }
   }
 }
 
 static void attend_range(const float* q, const float* k_cache, const float* v_cache, const int64_t* pages,
                          int64_t page_size, int64_t t0, int64_t t1, int64_t num_kv_heads, int64_t G, int64_t D,
-                         float scale, float* acc, float* m, float* l) {
-  attend_rows(&q, 1, k_cache, v_cache, pages, page_size, t0, &t1, num_kv_heads, G, D, scale, &acc, &m, &l);
+                         float scale, float softcap, float* acc, float* m, float* l) {
+  attend_rows(&q, 1, k_cache, v_cache, pages, page_size, t0, &t1, num_kv_heads, G, D, scale, softcap, &acc, &m, &l);
 }
 
 static inline int64_t num_pieces(int64_t context_len, int64_t piece) {
@@ -193,12 +198,22 @@ typedef struct {
   const int64_t *page_table, *context_lens, *rows, *task_start;
   float *out, *parts;
   int64_t q_row_stride, max_pages, num_seqs, num_heads, num_kv_heads, G, D, page_size, part_size;
+  int64_t window; /* a sliding window W: a row sees its last W positions only; 0: none */
   int num_threads;
-  float scale;
+  float scale, softcap; /* softcap 0: none */
 } attention_job;
 
+/* The first position sequence b's row sees. */
+static inline int64_t seq_start(const attention_job* j, int64_t b) {
+  const int64_t ctx = j->context_lens[b];
+  return j->window > 0 && ctx > j->window ? ctx - j->window : 0;
+}
+
+/* Pieces are cut from the positions a row sees (its span), which depend on its context and the
+   window only: a row's bits stay independent of the batch. */
 static inline int64_t seq_pieces(const attention_job* j, int64_t b) {
-  return num_pieces(j->context_lens[b], piece_of(j->context_lens[b], j->num_heads, j->D, j->num_threads));
+  const int64_t span = j->context_lens[b] - seq_start(j, b);
+  return num_pieces(span, piece_of(span, j->num_heads, j->D, j->num_threads));
 }
 
 /* Work item t: one piece of one sequence's context, all heads. A whole context is
@@ -210,18 +225,20 @@ static void attention_task(const attention_job* j, int64_t t, float* acc, float*
     if (j->task_start[mid] <= t) lo = mid; else hi = mid;
   }
   const int64_t b = lo, ctx = j->context_lens[b], H = j->num_heads, D = j->D;
-  const int64_t piece = piece_of(ctx, H, D, j->num_threads);
-  const int64_t p = t - j->task_start[b], pieces = num_pieces(ctx, piece);
-  const int64_t t0 = p * piece, t1 = ctx - t0 > piece ? t0 + piece : ctx;
+  const int64_t start = seq_start(j, b), span = ctx - start;
+  const int64_t piece = piece_of(span, H, D, j->num_threads);
+  const int64_t p = t - j->task_start[b], pieces = num_pieces(span, piece);
+  const int64_t t0 = start + p * piece, t1 = ctx - t0 > piece ? t0 + piece : ctx;
   const float* q = j->q + j->rows[b] * j->q_row_stride;
   const int64_t* pages = j->page_table + b * j->max_pages;
   if (pieces == 1) {
-    attend_range(q, j->k_cache, j->v_cache, pages, j->page_size, t0, t1, j->num_kv_heads, j->G, D, j->scale, acc, m, l);
+    attend_range(q, j->k_cache, j->v_cache, pages, j->page_size, t0, t1, j->num_kv_heads, j->G, D, j->scale,
+                 j->softcap, acc, m, l);
     store_normalised(j->out + j->rows[b] * H * D, acc, l, H, D);
   } else {
     float* part = j->parts + t * j->part_size; /* m (H), l (H), acc (H, D) */
     attend_range(q, j->k_cache, j->v_cache, pages, j->page_size, t0, t1, j->num_kv_heads, j->G, D, j->scale,
-                 part + 2 * H, part, part + H);
+                 j->softcap, part + 2 * H, part, part + H);
   }
 }
 
@@ -251,7 +268,7 @@ static void attention_merge(const attention_job* j, int64_t i, float* acc) {
    b's next is not. At most ATTN_MAX_SHARED_ROWS. */
 static int64_t sibling_rows(const attention_job* j, int64_t b) {
   const int64_t ctx = j->context_lens[b];
-  if (seq_pieces(j, b) > 1) return 1;
+  if (seq_pieces(j, b) > 1 || j->window > 0) return 1; /* with a window the rows start apart */
   const int64_t* pages = j->page_table + b * j->max_pages;
   int64_t R = 1;
   while (b + R < j->num_seqs && R < ATTN_MAX_SHARED_ROWS && j->context_lens[b + R] == ctx + R &&
@@ -277,7 +294,7 @@ static void attention_siblings(const attention_job* j, int64_t b, int64_t R, flo
   }
   /* the longest row's pages: checked by the caller, and the shorter rows' pages are their prefix */
   attend_rows(q, R, j->k_cache, j->v_cache, j->page_table + (b + R - 1) * j->max_pages, j->page_size, 0, t1,
-              j->num_kv_heads, j->G, D, j->scale, acc, m, l);
+              j->num_kv_heads, j->G, D, j->scale, j->softcap, acc, m, l);
   for (int64_t r = 0; r < R; r++) store_normalised(j->out + j->rows[b + r] * H * D, acc[r], l[r], H, D);
 }
 
@@ -297,8 +314,9 @@ int64_t paged_decode_attention_f32(const float* q, int64_t q_row_stride, const f
                                    const int64_t* page_table, int64_t max_pages, const int64_t* context_lens,
                                    const int64_t* rows, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
                                    int64_t head_dim, int64_t page_size, float scale, float* out, int64_t num_rows,
-                                   int64_t num_pages, int num_threads) {
-  if (num_kv_heads <= 0 || num_heads % num_kv_heads || head_dim <= 0 || head_dim % 8 || page_size <= 0)
+                                   int64_t num_pages, int num_threads, int64_t window, float softcap) {
+  if (num_kv_heads <= 0 || num_heads % num_kv_heads || head_dim <= 0 || head_dim % 8 || page_size <= 0 ||
+      window < 0 || softcap < 0.0f)
     return -1;
   const int64_t G = num_heads / num_kv_heads, D = head_dim, H = num_heads;
   if (G > ATTN_MAX_GROUP || H * D > ATTN_MAX_HEADS_DIM) return -1;
@@ -319,8 +337,11 @@ int64_t paged_decode_attention_f32(const float* q, int64_t q_row_stride, const f
   if (!task_start) return -1;
   int any_split = 0;
   task_start[0] = 0;
+  attention_job job = {q, k_cache, v_cache, page_table, context_lens, rows, task_start, NULL, NULL,
+                       q_row_stride, max_pages, num_seqs, num_heads, num_kv_heads, G, D, page_size,
+                       H * D + 2 * H, window, num_threads, scale, softcap};
   for (int64_t b = 0; b < num_seqs; b++) {
-    const int64_t pieces = num_pieces(context_lens[b], piece_of(context_lens[b], H, D, num_threads));
+    const int64_t pieces = seq_pieces(&job, b);
     any_split |= pieces > 1;
     task_start[b + 1] = task_start[b] + pieces;
   }
@@ -330,9 +351,8 @@ int64_t paged_decode_attention_f32(const float* q, int64_t q_row_stride, const f
     if (task_start != stack_starts) free(task_start);
     return -1;
   }
-  const attention_job job = {q, k_cache, v_cache, page_table, context_lens, rows, task_start, out, parts,
-                             q_row_stride, max_pages, num_seqs, num_heads, num_kv_heads, G, D, page_size,
-                             part_size, num_threads, scale};
+  job.out = out;
+  job.parts = parts;
   if (num_tasks > 1 && num_threads > 1 && total * H * D >= ATTN_PARALLEL_MIN) {
     #pragma omp parallel num_threads(num_threads)
     {
@@ -371,5 +391,6 @@ int64_t paged_decode_attention_f32(const float* q, int64_t q_row_stride, const f
 int64_t paged_decode_attention_f32_packed(const int64_t* a) {
   return paged_decode_attention_f32(P(const float*, 0), a[1], P(const float*, 2), P(const float*, 3),
                                     P(const int64_t*, 4), a[5], P(const int64_t*, 6), P(const int64_t*, 7), a[8],
-                                    a[9], a[10], a[11], a[12], F(13), P(float*, 14), a[15], a[16], (int)a[17]);
+                                    a[9], a[10], a[11], a[12], F(13), P(float*, 14), a[15], a[16], (int)a[17], a[18],
+                                    F(19));
 }

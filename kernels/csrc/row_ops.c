@@ -111,9 +111,41 @@ void silu_and_mul_f32(const float* gate_up, float* out, int64_t rows, int64_t in
   }
 }
 
+/* -------------------------------------------------- GeGLU (gelu tanh) */
+
+/* gelu_tanh(g) = 0.5 g (1 + tanh(u)), u = sqrt(2/pi) (g + 0.044715 g^3), which is g * sigmoid(2u):
+   the SiLU form with 2u in place of g. */
+static void gelu_tanh_and_mul_row(const float* g, float* o, int64_t inter) {
+  const float* u = g + inter;
+  const float k2 = 2.0f * 0.7978845608028654f, c = 0.044715f;
+  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+  const __m256 vk2 = _mm256_set1_ps(k2), vc = _mm256_set1_ps(c);
+  int64_t i = 0;
+  for (; i + 8 <= inter; i += 8) {
+    __m256 gv = _mm256_loadu_ps(g + i);
+    __m256 inner = _mm256_mul_ps(vk2, _mm256_fmadd_ps(_mm256_mul_ps(vc, gv), _mm256_mul_ps(gv, gv), gv));
+    __m256 gelu = _mm256_div_ps(gv, _mm256_add_ps(one, exp256(_mm256_xor_ps(inner, sign))));
+    _mm256_storeu_ps(o + i, _mm256_mul_ps(gelu, _mm256_loadu_ps(u + i)));
+  }
+  for (; i < inter; i++) {
+    const float x = g[i], inner = k2 * (x + c * x * x * x);
+    o[i] = (x / (1.0f + expf(-inner))) * u[i];
+  }
+}
+
+void gelu_tanh_and_mul_f32(const float* gate_up, float* out, int64_t rows, int64_t inter, int num_threads) {
+  if (num_threads > 1 && rows > 1 && rows * inter >= SILU_PARALLEL_MIN) {
+    #pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t r = 0; r < rows; r++) gelu_tanh_and_mul_row(gate_up + r * 2 * inter, out + r * inter, inter);
+  } else {
+    for (int64_t r = 0; r < rows; r++) gelu_tanh_and_mul_row(gate_up + r * 2 * inter, out + r * inter, inter);
+  }
+}
+
 /* ------------------------------------------------------- RoPE + KV store */
 
-/* x (D,) rotated in place: x * cos + (-x2, x1) * sin, halves x1 = x[:D/2], x2 = x[D/2:].
+/* x (R,) rotated in place: x * cos + (-x2, x1) * sin, halves x1 = x[:R/2], x2 = x[R/2:] (R: the
+   rotary dimensions, the leading R of a head; the rest of the head is left as it is).
    Products rounded before the sum (no FMA contraction), as torch computes it, so
    the result agrees with RotaryEmbedding.apply to the bit. */
 __attribute__((optimize("fp-contract=off")))
@@ -135,29 +167,31 @@ static void rotate_half_inplace(float* x, const float* cos, const float* sin, in
 }
 
 static void rope_store_kv_row(float* row, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                              const float* cos, const float* sin, float* k_slot, float* v_slot) {
-  for (int64_t h = 0; h < num_heads + num_kv_heads; h++) rotate_half_inplace(row + h * head_dim, cos, sin, head_dim);
+                              int64_t rotary_dim, const float* cos, const float* sin, float* k_slot, float* v_slot) {
+  for (int64_t h = 0; h < num_heads + num_kv_heads; h++)
+    rotate_half_inplace(row + h * head_dim, cos, sin, rotary_dim);
   const size_t kv_bytes = (size_t)(num_kv_heads * head_dim) * sizeof(float);
   memcpy(k_slot, row + num_heads * head_dim, kv_bytes);
   memcpy(v_slot, row + (num_heads + num_kv_heads) * head_dim, kv_bytes);
 }
 
-/* Returns 0, or 1 + the first row whose slot id is outside [0, num_slots) (nothing written then). */
+/* cos, sin: (rows, rotary_dim). Returns 0, or 1 + the first row whose slot id is outside [0, num_slots)
+   (nothing written then). */
 int64_t rope_store_kv_f32(float* qkv, int64_t rows, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                           const float* cos, const float* sin, float* k_cache, float* v_cache,
-                          const int64_t* slot_ids, int64_t num_slots, int num_threads) {
+                          const int64_t* slot_ids, int64_t num_slots, int num_threads, int64_t rotary_dim) {
   for (int64_t r = 0; r < rows; r++)
     if (slot_ids[r] < 0 || slot_ids[r] >= num_slots) return r + 1;
   const int64_t row_size = (num_heads + 2 * num_kv_heads) * head_dim, kv_size = num_kv_heads * head_dim;
   if (num_threads > 1 && rows > 1 && rows * row_size >= ROPE_PARALLEL_MIN) {
     #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t r = 0; r < rows; r++)
-      rope_store_kv_row(qkv + r * row_size, num_heads, num_kv_heads, head_dim, cos + r * head_dim,
-                        sin + r * head_dim, k_cache + slot_ids[r] * kv_size, v_cache + slot_ids[r] * kv_size);
+      rope_store_kv_row(qkv + r * row_size, num_heads, num_kv_heads, head_dim, rotary_dim, cos + r * rotary_dim,
+                        sin + r * rotary_dim, k_cache + slot_ids[r] * kv_size, v_cache + slot_ids[r] * kv_size);
   } else {
     for (int64_t r = 0; r < rows; r++)
-      rope_store_kv_row(qkv + r * row_size, num_heads, num_kv_heads, head_dim, cos + r * head_dim,
-                        sin + r * head_dim, k_cache + slot_ids[r] * kv_size, v_cache + slot_ids[r] * kv_size);
+      rope_store_kv_row(qkv + r * row_size, num_heads, num_kv_heads, head_dim, rotary_dim, cos + r * rotary_dim,
+                        sin + r * rotary_dim, k_cache + slot_ids[r] * kv_size, v_cache + slot_ids[r] * kv_size);
   }
   return 0;
 }
@@ -167,7 +201,7 @@ int64_t rope_store_kv_f32(float* qkv, int64_t rows, int64_t num_heads, int64_t n
    its slot. The source is left unchanged. Returns 0, or 1 + the first bad row (nothing written). */
 int64_t rerotate_store_kv_f32(const float* k, const float* v, int64_t rows, int64_t num_kv_heads, int64_t head_dim,
                               const float* cos, const float* sin, float* k_cache, float* v_cache,
-                              const int64_t* slot_ids, int64_t num_slots, int num_threads) {
+                              const int64_t* slot_ids, int64_t num_slots, int num_threads, int64_t rotary_dim) {
   for (int64_t r = 0; r < rows; r++)
     if (slot_ids[r] < 0 || slot_ids[r] >= num_slots) return r + 1;
   const int64_t kv_size = num_kv_heads * head_dim;
@@ -176,7 +210,7 @@ int64_t rerotate_store_kv_f32(const float* k, const float* v, int64_t rows, int6
   for (int64_t r = 0; r < rows; r++) {
     float* k_slot = k_cache + slot_ids[r] * kv_size;
     memcpy(k_slot, k + r * kv_size, kv_bytes);
-    for (int64_t h = 0; h < num_kv_heads; h++) rotate_half_inplace(k_slot + h * head_dim, cos, sin, head_dim);
+    for (int64_t h = 0; h < num_kv_heads; h++) rotate_half_inplace(k_slot + h * head_dim, cos, sin, rotary_dim);
     memcpy(v_cache + slot_ids[r] * kv_size, v + r * kv_size, kv_bytes);
   }
   return 0;
@@ -199,12 +233,18 @@ int64_t silu_and_mul_f32_packed(const int64_t* a) {
   return 0;
 }
 
+int64_t gelu_tanh_and_mul_f32_packed(const int64_t* a) {
+  gelu_tanh_and_mul_f32(P(const float*, 0), P(float*, 1), a[2], a[3], (int)a[4]);
+  return 0;
+}
+
 int64_t rope_store_kv_f32_packed(const int64_t* a) {
   return rope_store_kv_f32(P(float*, 0), a[1], a[2], a[3], a[4], P(const float*, 5), P(const float*, 6),
-                           P(float*, 7), P(float*, 8), P(const int64_t*, 9), a[10], (int)a[11]);
+                           P(float*, 7), P(float*, 8), P(const int64_t*, 9), a[10], (int)a[11], a[12]);
 }
 
 int64_t rerotate_store_kv_f32_packed(const int64_t* a) {
   return rerotate_store_kv_f32(P(const float*, 0), P(const float*, 1), a[2], a[3], a[4], P(const float*, 5),
-                               P(const float*, 6), P(float*, 7), P(float*, 8), P(const int64_t*, 9), a[10], (int)a[11]);
+                               P(const float*, 6), P(float*, 7), P(float*, 8), P(const int64_t*, 9), a[10], (int)a[11],
+                               a[12]);
 }

@@ -1,6 +1,6 @@
 """The execution-backend contract: what runs each op of the model, chosen once at load.
 
-The model (model/llama.py) is the math; every op with more than one implementation
+The model (model/decoder.py) is the math; every op with more than one implementation
 is a call on its backend, which it never asks about. A backend also owns the step
 policy its ops are fastest under (the default step token budget, how attention cuts
 a step into calls), and says in one line what runs and why each fallback happened.
@@ -70,7 +70,7 @@ class BackendPlan:
     device: str
     dtype: str
     linears: dict[str, LinearPlan]  # module name ("layers.0.mlp.down_proj", "lm_head") -> its path
-    row_ops: str  # RMSNorm, residual add + RMSNorm, RoPE + KV store, SwiGLU
+    row_ops: str  # RMSNorm, residual add + RMSNorm, RoPE + KV store, SwiGLU / GeGLU
     decode_attention: str
     prefill_attention: str
     fallbacks: tuple[str, ...] = ()  # each one line: what did not run, and why
@@ -153,22 +153,28 @@ class Backend(ABC):
     def rope_store_kv(self, qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
                       slot_ids: Tensor, num_heads: int) -> Tensor:
         """qkv (N, H + 2*KVH, D): q heads, k heads, v heads of the step's tokens. Rotates q
-        and k, writes k and v into slots slot_ids (N,) of the caches (num_pages, page_size,
-        KVH, D) -> the rotated q (N, H, D), possibly a view of qkv (which may be modified)."""
+        and k (cos, sin (N, 1, R): the first R <= D dimensions of each head rotate), writes k and
+        v into slots slot_ids (N,) of the caches (num_pages, page_size, KVH, D) -> the rotated
+        q (N, H, D), possibly a view of qkv (which may be modified)."""
 
     @abstractmethod
     def store_rerotated_kv(self, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
                            slot_ids: Tensor) -> None:
         """Stored document KV placed at a new position: k, v (T, KVH, D), k rotated by one position
-        delta with cos, sin (1, 1, D) (kernels.rotary.rerotation_cos_sin), v as is, written into
+        delta with cos, sin (1, 1, R) (kernels.rotary.rerotation_cos_sin), v as is, written into
         slots slot_ids (T,) of the caches. k and v are left unchanged."""
 
     @abstractmethod
     def attention(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, attn: AttentionInputs,
-                  scale: float) -> Tensor:
+                  scale: float, *, window: int | None = None, softcap: float | None = None) -> Tensor:
         """Paged attention of the step's queries q (N, H, D) over the caches, prefills and
-        decodes alike (kernels.paged_attention_reference is the contract) -> (N, H, D)."""
+        decodes alike (kernels.paged_attention_reference is the contract) -> (N, H, D).
+        `window`: the layer's sliding window; `softcap`: its score cap (None: none)."""
 
     @abstractmethod
     def silu_and_mul(self, gate_up: Tensor) -> Tensor:
         """gate_up (N, 2*I) -> silu(gate) * up (N, I), gate the first half."""
+
+    @abstractmethod
+    def gelu_tanh_and_mul(self, gate_up: Tensor) -> Tensor:
+        """gate_up (N, 2*I) -> gelu_tanh(gate) * up (N, I), gate the first half (GeGLU)."""

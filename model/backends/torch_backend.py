@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from kernels.activation import silu_and_mul
+from kernels.activation import gelu_tanh_and_mul, silu_and_mul
 from kernels.attention_inputs import AttentionInputs
 from kernels.attention_plan import CPU_ATTENTION, ONE_CALL_ATTENTION
 from kernels.paged_attention import paged_attention, store_kv
@@ -69,8 +69,12 @@ class TorchBackend(Backend):
         store_kv(k_cache, v_cache, RotaryEmbedding.apply(k, cos, sin), v, slot_ids)
 
     def attention(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, attn: AttentionInputs,
-                  scale: float) -> Tensor:
-        return paged_attention(q, k_cache, v_cache, attn, scale, self.policy.attention)
+                  scale: float, *, window: int | None = None, softcap: float | None = None) -> Tensor:
+        return paged_attention(q, k_cache, v_cache, attn, scale, self.policy.attention, window=window,
+                               softcap=softcap)
 
     def silu_and_mul(self, gate_up: Tensor) -> Tensor:
         return silu_and_mul(gate_up)
+
+    def gelu_tanh_and_mul(self, gate_up: Tensor) -> Tensor:
+        return gelu_tanh_and_mul(gate_up)

@@ -96,14 +96,14 @@ def test_unpacked_decode_attention(ops, decode_case):
     lib = ops.library
     P, I = ctypes.c_void_p, ctypes.c_int64
     lib.paged_decode_attention_f32.argtypes = [P, I, P, P, P, I, P, P, I, I, I, I, I, ctypes.c_float, P, I, I,
-                                               ctypes.c_int]
+                                               ctypes.c_int, I, ctypes.c_float]
     lib.paged_decode_attention_f32.restype = ctypes.c_int64
     q, k_cache, v_cache, inputs, scale, expected = decode_case([40, 3], 16, 9, 3, 64)
     context_lens, rows, out = torch.tensor(inputs.context_lens), torch.arange(2), torch.empty(2, 9, 64)
     status = lib.paged_decode_attention_f32(
         q.data_ptr(), 9 * 64, k_cache.data_ptr(), v_cache.data_ptr(), inputs.page_table.data_ptr(),
         inputs.page_table.shape[1], context_lens.data_ptr(), rows.data_ptr(), 2, 9, 3, 64, 16, scale, out.data_ptr(),
-        2, k_cache.shape[0], 2)
+        2, k_cache.shape[0], 2, 0, 0.0)
     assert status == 0
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
@@ -178,3 +178,15 @@ def test_a_rows_result_does_not_depend_on_the_batch(ops, decode_case, num_thread
         queries[:1], k_cache, v_cache,
         type(inputs).build([0], [1], [verify_context], [verify_pages.tolist()], "cpu"), scale)
     torch.testing.assert_close(together[:1], reference, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 1, 16, 70, 5000])
+@pytest.mark.parametrize("softcap", [None, 3.0])
+def test_decode_attention_with_a_window_and_a_soft_cap(ops, decode_case, num_threads, window, softcap):
+    """Long contexts are cut into pieces over the window's span; the rows of a verify chunk start apart."""
+    q, k_cache, v_cache, inputs, scale, _ = decode_case(CONTEXTS["mixed"] + [2100], 4, 8, 2, 32, seed=4)
+    expected = paged_attention_reference(q, k_cache, v_cache, inputs, scale, window=window, softcap=softcap)
+    out = torch.empty_like(q)
+    ops.paged_decode_attention(q, k_cache, v_cache, inputs.page_table, torch.tensor(inputs.context_lens),
+                               torch.arange(q.shape[0]), scale, out, window, softcap)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kernels import cpu_decode_ops
-from kernels.activation import silu_and_mul
+from kernels.activation import gelu_tanh_and_mul, silu_and_mul
 from kernels.paged_attention import store_kv
 from kernels.rms_norm import rms_norm_reference
 from kernels.rotary import RotaryEmbedding
@@ -80,6 +80,29 @@ def test_silu_and_mul_matches_reference(ops, num_threads, rows, inter):
     torch.testing.assert_close(ops.silu_and_mul(gate_up), silu_and_mul(gate_up), **TOL)
 
 
+@pytest.mark.parametrize("rows", [1, 17])
+@pytest.mark.parametrize("inter", [8, 64, 1536])
+def test_gelu_tanh_and_mul_matches_reference(ops, num_threads, rows, inter):
+    gen = _gen("gelu", rows, inter)
+    gate_up = torch.randn(rows, 2 * inter, generator=gen) * 4
+    torch.testing.assert_close(ops.gelu_tanh_and_mul(gate_up), _gelu_exact(gate_up), **TOL)
+
+
+def _gelu_exact(gate_up):
+    """The reference in float64: in float32, torch's 1 + tanh(u) loses the digits of a negative gate's
+    small result (the kernel's equal x * sigmoid(2u) keeps them)."""
+    return gelu_tanh_and_mul(gate_up.double()).float()
+
+
+def test_gelu_tanh_and_mul_extreme_gates(ops):
+    gate = torch.tensor([-1e20, -1000.0, -100.0, -20.0, -3.0, -1e-3, 0.0, 1e-3, 3.0, 20.0, 100.0, 1000.0, 1e20,
+                         -0.5, 0.5, 7.0])
+    gate_up = torch.cat([gate, torch.linspace(-2, 2, 16)])[None]  # (1, 32): I = 16
+    torch.testing.assert_close(ops.gelu_tanh_and_mul(gate_up), _gelu_exact(gate_up), **TOL)
+    gate_up[0, 3] = float("nan")
+    assert torch.isnan(ops.gelu_tanh_and_mul(gate_up)[0, 3])
+
+
 def test_silu_and_mul_extreme_gates(ops):
     gate = torch.tensor([-1000.0, -100.0, -88.5, -87.0, -20.0, -1e-3, 0.0, 1e-3, 20.0, 87.0, 100.0, 1000.0,
                          -5.0, 5.0, 0.5, -0.5])
@@ -106,10 +129,12 @@ def test_silu_and_mul_keeps_leading_dims(ops):
 @pytest.mark.parametrize("num_heads, num_kv_heads, head_dim", HEADS)
 @pytest.mark.parametrize("rows", [1, 3, 17])
 @pytest.mark.parametrize("table_rank", [3, 2])
+@pytest.mark.parametrize("rotary_part", [0, 8, 16], ids=["whole", "part-8", "part-16"])
 def test_rope_store_kv_matches_rotary_and_store_kv(ops, num_threads, num_heads, num_kv_heads, head_dim, rows,
-                                                   table_rank):
+                                                   table_rank, rotary_part):
+    """rotary_part: the head's last dimensions that do not rotate (partial rotary, Phi-3/4)."""
     gen = _gen("rope", num_heads, num_kv_heads, head_dim, rows)
-    rotary = RotaryEmbedding(head_dim, 4096, 10000.0, None, "cpu")
+    rotary = RotaryEmbedding(head_dim, 4096, 10000.0, None, "cpu", rotary_dim=head_dim - rotary_part)
     positions = torch.randint(0, 4096, (rows,), generator=gen)
     cos, sin = rotary.cos_sin(positions, torch.float32)  # (N, 1, D)
     if table_rank == 2:

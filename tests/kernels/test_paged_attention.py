@@ -175,3 +175,43 @@ def test_short_chunks_after_a_prefix_run_as_decode_rows_in_the_fused_kernel(ops)
     assert [(p.end - p.start) for p in plan.prefills] == [9, 17]
     _check(paged_attention(case.q, case.k_cache, case.v_cache, case.inputs, case.scale, policy, ops), case,
            torch.float32)
+
+
+@pytest.mark.parametrize("window", [1, 5, 24, 1000])
+@pytest.mark.parametrize("softcap", [None, 2.0])
+@pytest.mark.parametrize("policy", [AttentionPolicy(40, 7), CPU_ATTENTION, ONE_CALL_ATTENTION], ids=["small", "cpu", "one"])
+def test_sliding_window_and_soft_cap_match_the_reference(window, softcap, policy):
+    seqs = BATCHES["mixed"] + [(60, 23), (70, 70)]
+    case = make_case(seqs, page_size=4, num_kv_heads=2, group=3, dtype=torch.float32, device="cpu", seed=2)
+    args = (case.q, case.k_cache, case.v_cache, case.inputs, case.scale)
+    expected = paged_attention_reference(*args, window=window, softcap=softcap)
+    got = paged_attention(*args, policy, window=window, softcap=softcap)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    if window == 1000 and softcap is None:  # a window wider than every context changes nothing
+        _check(got, case, torch.float32)
+
+
+def test_a_window_hides_exactly_the_keys_it_should():
+    """Reference: a query at position p sees keys in (p - W, p]; here V is each key's position."""
+    page_size, window, context_len = 4, 5, 13
+    k_cache = torch.zeros(4, page_size, 1, 8)
+    v_cache = torch.arange(16, dtype=torch.float32).view(4, page_size, 1, 1).expand(4, page_size, 1, 8).clone()
+    inputs = AttentionInputs.build(list(range(context_len)), [context_len], [context_len], [[0, 1, 2, 3]], "cpu")
+    q = torch.zeros(context_len, 1, 8)  # equal scores: the output is the mean visible position
+    for fn in (paged_attention_reference, lambda *a, **kw: paged_attention(*a, CPU_ATTENTION, **kw)):
+        out = fn(q, k_cache, v_cache, inputs, 1.0, window=window)[:, 0, 0]
+        expected = torch.tensor([sum(range(max(0, p - window + 1), p + 1)) / min(p + 1, window)
+                                 for p in range(context_len)])
+        torch.testing.assert_close(out, expected)
+
+
+@pytest.mark.parametrize("window, softcap", [(5, None), (None, 2.0), (24, 2.0)])
+def test_the_fused_decode_kernel_applies_windows_and_soft_caps(ops, window, softcap):
+    """Decodes and short verify chunks (rows as decode) through the C kernel, prefills through SDPA."""
+    seqs = BATCHES["mixed"] + [(60, 23), (41, 4), (100, 1)]
+    case = make_case(seqs, page_size=4, num_kv_heads=2, group=3, dtype=torch.float32, device="cpu", seed=3)
+    args = (case.q, case.k_cache, case.v_cache, case.inputs, case.scale)
+    policy = AttentionPolicy(64, 16, fused_decode=True, max_rows_as_decode=4)
+    got = paged_attention(*args, policy, ops, window=window, softcap=softcap)
+    torch.testing.assert_close(got, paged_attention_reference(*args, window=window, softcap=softcap),
+                               atol=1e-5, rtol=1e-5)

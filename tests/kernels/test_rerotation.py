@@ -15,9 +15,9 @@ LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_fr
 ROPES = {"smollm2": (100000.0, None), "llama3": (500000.0, LLAMA3), "linear": (10000.0, {"type": "linear", "factor": 2.0})}
 
 
-def _rotary(name: str) -> RotaryEmbedding:
+def _rotary(name: str, rotary_dim: int = HEAD_DIM) -> RotaryEmbedding:
     theta, scaling = ROPES[name]
-    return RotaryEmbedding(HEAD_DIM, MAX_POSITIONS, theta, scaling, device="cpu")
+    return RotaryEmbedding(HEAD_DIM, MAX_POSITIONS, theta, scaling, device="cpu", rotary_dim=rotary_dim)
 
 
 def _k_at(rotary: RotaryEmbedding, raw_k: torch.Tensor, start: int) -> torch.Tensor:
@@ -46,9 +46,9 @@ def test_rotating_by_a_then_b_equals_by_a_plus_b(a, b):
         torch.testing.assert_close(twice, k, atol=1e-5, rtol=1e-5)
 
 
-def _stores(store, delta: int):
+def _stores(store, delta: int, rotary_dim: int = HEAD_DIM):
     """(k_cache, v_cache, k, v, slots) after `store` wrote 20 rows of k, v into shuffled slots."""
-    rotary = _rotary("smollm2")
+    rotary = _rotary("smollm2", rotary_dim)
     gen = torch.Generator().manual_seed(3)
     k, v = torch.randn(20, KV_HEADS, HEAD_DIM, generator=gen), torch.randn(20, KV_HEADS, HEAD_DIM, generator=gen)
     k_before = k.clone()
@@ -69,8 +69,9 @@ def test_torch_backend_stores_rotated_k_and_v_as_is(delta):
 
 
 @pytest.mark.parametrize("delta", [0, 123, -40])
-def test_c_kernel_equals_the_reference(ops, num_threads, delta):
-    got_k, got_v, want_k, want_v = _stores(ops.rerotate_store_kv, delta)
+@pytest.mark.parametrize("rotary_dim", [HEAD_DIM, 48])  # 48: partial rotary dimensions (Phi-3/4)
+def test_c_kernel_equals_the_reference(ops, num_threads, delta, rotary_dim):
+    got_k, got_v, want_k, want_v = _stores(ops.rerotate_store_kv, delta, rotary_dim)
     torch.testing.assert_close(got_k, want_k, atol=1e-6, rtol=1e-6)
     assert torch.equal(got_v, want_v)
 

@@ -104,3 +104,42 @@ def test_position_zero_is_identity():
     q, k, _ = _random_qkp(torch.float32, num_tokens=6)
     q_rot, k_rot = rotary(q, k, torch.zeros(6, dtype=torch.int64))
     assert torch.equal(q_rot, q) and torch.equal(k_rot, k)
+
+
+def test_freq_factors_divide_each_frequency():
+    """The GGUF importer's contract for a Llama-3 file's rope_freqs: inv_freq / factors, as llama.cpp applies it."""
+    factors = [1.0 + i for i in range(HEAD_DIM // 2)]
+    scaled = rope_inv_freq(HEAD_DIM, 500000.0, {"rope_type": "freq_factors", "factors": factors})
+    torch.testing.assert_close(scaled, rope_inv_freq(HEAD_DIM, 500000.0, None) / torch.tensor(factors))
+    with pytest.raises(ValueError, match="16 numbers"):
+        rope_inv_freq(HEAD_DIM, 500000.0, {"rope_type": "freq_factors", "factors": factors[:3]})
+
+
+def test_longrope_and_partial_rotary_match_hf():
+    from transformers import Phi3Config
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+    from transformers.models.phi3.modeling_phi3 import apply_rotary_pos_emb as phi3_apply
+
+    rotary_dim, original = HEAD_DIM // 2, 64
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+            "short_factor": [1.0 + 0.05 * i for i in range(rotary_dim // 2)],
+            "long_factor": [1.0 + 0.5 * i for i in range(rotary_dim // 2)],
+            "original_max_position_embeddings": original}
+    config = Phi3Config(hidden_size=NUM_HEADS * HEAD_DIM, num_attention_heads=NUM_HEADS, num_key_value_heads=NUM_KV_HEADS,
+                        max_position_embeddings=4 * original, original_max_position_embeddings=original,
+                        rope_parameters=dict(rope), pad_token_id=0)
+    assert config.rope_parameters["original_max_position_embeddings"] == original
+    hf = Phi3RotaryEmbedding(config)
+    scaling = {**rope, "factor": 4.0}
+    g = torch.Generator().manual_seed(3)
+    for length, long_context in ((original, False), (original + 9, True)):
+        ours = RotaryEmbedding(HEAD_DIM, 4 * original, 10000.0, scaling, device="cpu", rotary_dim=rotary_dim,
+                               long_context=long_context)
+        q = torch.randn(length, NUM_HEADS, HEAD_DIM, generator=g)
+        k = torch.randn(length, NUM_KV_HEADS, HEAD_DIM, generator=g)
+        positions = torch.arange(length)
+        cos, sin = hf(q, positions[None])
+        hf_q, hf_k = phi3_apply(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
+        our_q, our_k = ours(q, k, positions)
+        torch.testing.assert_close(our_q, hf_q[0].transpose(0, 1), atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(our_k, hf_k[0].transpose(0, 1), atol=1e-6, rtol=1e-5)

@@ -27,6 +27,7 @@ from litestar.testing import TestClient
 
 from assembly.tokenizer import Tokenizer
 from engine.engine_handle import EngineFacts
+from engine.cached_prefixes import CachedPrefix
 from engine.engine_config import EngineConfig
 from engine.metrics import EngineMetrics, EngineStats
 from engine.request import FinishReason, RequestOutput
@@ -190,6 +191,14 @@ class FakeEngine:
         self.precompute_contexts: list[list[list[int]] | None] = []  # and the contexts it was given
         self.tokens_per_output = 1  # > 1: outputs carry several tokens, as a speculating engine's do
         self.is_shut_down = False
+        self.prefix_reads: list[tuple[str | None, int]] = []  # each cached_prefixes call's (salt, limit)
+
+    async def cached_prefixes(self, cache_salt, limit):
+        """One made-up prefix of the tenant asked for (engine/cached_prefixes.py walks the real tree)."""
+        self.prefix_reads.append((cache_salt, limit))
+        return 1700000000.0, [CachedPrefix(num_tokens=32, num_pages=2, num_derived_tokens=0, hit_count=1,
+                                           num_ops_since_use=3, num_locking_requests=0, num_pinned_tokens=16,
+                                           pin_seconds_left=9.5, head_token_ids=(1, 2), tail_token_ids=())]
 
     def stats(self) -> EngineStats:
         return EngineStats(num_admitted=0, num_prefilling=0, num_waiting=self.num_waiting, num_pages=128, num_free_pages=128,

@@ -133,9 +133,9 @@ def test_tiny_add_bos_token_prepends_bos():
     assert tokenizer.encode("a", add_special_tokens=False).tokens == ["a"]
 
 
-def test_sentencepiece_vocabulary_is_refused():
-    with pytest.raises(ModelFormatError, match=r"tiny\.gguf: tokenizer model 'llama' is not supported"):
-        build_tokenizer(_tiny_metadata(**{"tokenizer.ggml.model": "llama"}), "tiny.gguf")
+def test_unknown_tokenizer_model_is_refused():
+    with pytest.raises(ModelFormatError, match=r"tiny\.gguf: tokenizer model 't5' is not supported"):
+        build_tokenizer(_tiny_metadata(**{"tokenizer.ggml.model": "t5"}), "tiny.gguf")
 
 
 def test_unknown_pre_tokenizer_is_refused():
