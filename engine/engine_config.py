@@ -110,6 +110,12 @@ class EngineConfig:
     # weight shape at load: it read a 1-row gate_up product as slower than oneDNN on a quiet machine and
     # cost batch-1 decode 75 -> 52 tok/s, so it is not the default)
     few_rows_crossover: str = "fixed"
+    # cpu: the C kernel variant (kernels.cpu_features.VARIANT_CHOICES; "auto": the best this CPU runs)
+    cpu_kernels: str = "auto"
+    # cpu: products over the GGUF blocks with int8 activations (kernels/cpu_gemm_q8.py), prefill and decode;
+    # else float32 activations (oneDNN, the float blocks kernel). Off by default until its quality against
+    # float32 is measured (bench/int8_activation_quality.py; docs/performance.md)
+    int8_activations: bool = False
     # The disk tier of KV pages (engine/kv_tier_link.py): its root (the model's tier is a
     # fingerprint-named directory under it), or None for no tier. `serve` turns it on by default.
     kv_disk_dir: Path | None = None

@@ -277,10 +277,10 @@ class CpuDecodeOps:
             raise ValueError(_ATTENTION_ERRORS[status % 4].format(b=status // 4))
 
 
-def load(build_dir: Path, compiler: str | None = native_build.FIND_COMPILER) -> CpuDecodeOps:
-    """Build (once, cached by source hash) and load the kernels; raises
-    native_build.NativeUnavailable where they cannot run here."""
-    return CpuDecodeOps(native_build.load_library("decode_ops", build_dir, compiler))
+def load(build_dir: Path, compiler: str | None = native_build.FIND_COMPILER, variant: str = "avx2") -> CpuDecodeOps:
+    """Build (once, cached by source hash) and load the kernels (kernels.cpu_features variant, or
+    the best below it they have); raises native_build.NativeUnavailable where they cannot run here."""
+    return CpuDecodeOps(native_build.load_library("decode_ops", build_dir, compiler, variant))
 
 
 def _bind(function):

@@ -80,7 +80,7 @@ class CpuMatvec:
         return out
 
 
-def load(build_dir: Path, compiler: str | None = FIND_COMPILER) -> CpuMatvec:
-    """Build (once, cached by source hash) and load the kernels; raises
-    native_build.NativeUnavailable where they cannot run here."""
-    return CpuMatvec(load_library("matvec", build_dir, compiler))
+def load(build_dir: Path, compiler: str | None = FIND_COMPILER, variant: str = "avx2") -> CpuMatvec:
+    """Build (once, cached by source hash) and load the kernels (kernels.cpu_features variant, or
+    the best below it they have); raises native_build.NativeUnavailable where they cannot run here."""
+    return CpuMatvec(load_library("matvec", build_dir, compiler, variant))

@@ -1,10 +1,13 @@
 """Building and loading the project's small C kernels (kernels/csrc).
 
-Each library is plain C with OpenMP and AVX2/FMA/F16C intrinsics (or, the
-PORTABLE_LIBRARIES, plain C built without instruction-set flags), built from
-the sources LIBRARIES names (plus the shared headers in csrc): no torch
-headers, so a build takes about a second with the system C compiler. The
-library is cached under `build_dir` by the hash of its sources, headers and
+Each library is plain C with OpenMP and intrinsics (or, the PORTABLE_LIBRARIES,
+plain C built without instruction-set flags), built from the sources LIBRARIES
+names (plus the shared headers in csrc): no torch headers, so a build takes
+about a second with the system C compiler. A library is built per kernel
+variant (kernels/cpu_features.py: "avx512_vnni", "avx2") with that variant's -m
+flags; LIBRARY_VARIANTS says which variants it has (most are AVX2 code, the int8
+GEMM has an AVX-512 VNNI one too), and `load_library` builds the best of them at
+or below the variant asked for. The library is cached under `build_dir` by the hash of its sources, headers and
 flags and loaded with ctypes. `load_library` raises NativeUnavailable, with the
 reason in one line, where it cannot run (not x86-64, no AVX2/FMA/F16C, no
 compiler, a failed build); callers then keep their torch path, which is also
@@ -22,9 +25,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from kernels.cpu_features import PORTABLE, VARIANTS, this_cpu
+
 SOURCE_DIR = Path(__file__).parent / "csrc"
-COMPILE_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
-REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
+COMPILE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")  # and the variant's -m flags (cpu_features.VARIANTS)
+REQUIRED_CPU_FLAGS = VARIANTS["avx2"][0]  # the least any library of LIBRARIES needs
 # The portable build: no instruction-set flags (plain C, what the compiler vectorizes for the
 # machine's baseline); its sources test __AVX2__ to choose their plain-C paths.
 PORTABLE_COMPILE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")
@@ -33,7 +38,10 @@ LIBRARIES = {
     "matvec": ("matvec.c",),
     "decode_ops": ("row_ops.c", "decode_attention.c"),
     "blocks": ("block_matmul.c",),
+    "gemm_q8": ("gemm_q8.c",),
 }
+# library name -> the variants it is written for, best first (default: avx2 only)
+LIBRARY_VARIANTS = {"gemm_q8": ("avx512_vnni", "avx2")}
 # library name -> its C sources, built with PORTABLE_COMPILE_FLAGS: runs on any CPU with a compiler
 PORTABLE_LIBRARIES = {
     "blocks_portable": ("block_matmul.c",),
@@ -53,13 +61,35 @@ def find_compiler() -> str | None:
     return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
 
 
-def load_library(name: str, build_dir: Path, compiler: str | None = FIND_COMPILER) -> ctypes.CDLL:
-    """Library `name` (LIBRARIES) built (once, cached by content) into build_dir and loaded.
-    `compiler`: a path, FIND_COMPILER, or None (no compiler: raises NativeUnavailable)."""
+def library_variant(name: str, variant: str) -> str | None:
+    """The variant library `name` (LIBRARIES) is built as when `variant` is asked for: the best
+    it has that is not above `variant` (VARIANTS' order); None for the portable variant or when
+    it has none."""
+    if variant == PORTABLE:
+        return None
+    order = list(VARIANTS)
+    return next((own for own in LIBRARY_VARIANTS.get(name, ("avx2",)) if order.index(own) >= order.index(variant)),
+                None)
+
+
+def load_library(name: str, build_dir: Path, compiler: str | None = FIND_COMPILER,
+                 variant: str = "avx2") -> ctypes.CDLL:
+    """Library `name` built (once, cached by content) into build_dir and loaded: one of
+    PORTABLE_LIBRARIES as plain C, one of LIBRARIES as the best of its variants at or below
+    `variant` (library_variant). `compiler`: a path, FIND_COMPILER, or None (no compiler:
+    raises NativeUnavailable)."""
     portable = name in PORTABLE_LIBRARIES
-    flags = PORTABLE_COMPILE_FLAGS if portable else COMPILE_FLAGS
-    if not portable and (platform.machine() not in ("x86_64", "AMD64") or not cpu_has_flags(REQUIRED_CPU_FLAGS)):
-        raise _unavailable(f"{name}: this CPU lacks {'/'.join(REQUIRED_CPU_FLAGS)}")
+    if portable:
+        flags = PORTABLE_COMPILE_FLAGS
+    else:
+        built_as = library_variant(name, variant)
+        if built_as is None:
+            raise _unavailable(f"{name}: the portable path was asked for" if variant == PORTABLE
+                               else f"{name}: no {variant} variant")
+        needs = VARIANTS[built_as][0]
+        if platform.machine() not in ("x86_64", "AMD64") or not cpu_has_flags(needs):
+            raise _unavailable(f"{name}: this CPU lacks {'/'.join(needs)}")
+        flags = (*COMPILE_FLAGS, *VARIANTS[built_as][1])
     if compiler == FIND_COMPILER:
         compiler = find_compiler()
     if compiler is None:
@@ -97,8 +127,4 @@ def _build(compiler: str, name: str, sources: list[Path], library_path: Path, fl
 
 
 def cpu_has_flags(flags: tuple[str, ...]) -> bool:
-    try:
-        words = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return False
-    return all(flag in words for flag in flags)
+    return this_cpu().has(*flags)

@@ -19,6 +19,8 @@ from store.errors import RadixserveError
 
 # model.backends.BACKEND_CHOICES, spelled out so that `--help` does not import torch (a test holds them equal)
 BACKEND_CHOICES = ("auto", "cpu", "torch")
+# kernels.cpu_features.VARIANT_CHOICES, spelled out for the same reason (a test holds them equal)
+CPU_KERNEL_CHOICES = ("auto", "avx512_vnni", "avx2", "portable")
 # engine.engine_config.SPECULATIVE_MODES, spelled out for the same reason (a test holds them equal); the serve
 # default is what bench/speculation_bench.py measured (docs/architecture.md, Speculation)
 SPECULATIVE_MODES = ("off", "ngram", "suffix")
@@ -169,6 +171,12 @@ def _add_serve_parser(commands, default_model: str) -> None:
                        help="also recompute the fraction R (0 to 1) of placed document tokens whose KV deviates "
                        "most in the new context (CacheBlend-style: found by a probe through the first two "
                        "layers; default: 0, off)")
+    serve.add_argument("--cpu-kernels", default="auto", choices=CPU_KERNEL_CHOICES,
+                       help="cpu backend: the C kernel variant (default auto: the best this CPU runs; a lower one, "
+                       "or portable for torch's ops alone, is for comparison)")
+    serve.add_argument("--int8-activations", action="store_true",
+                       help="cpu backend: products over the GGUF blocks with int8 activations (one kernel, prefill and "
+                       "decode; not the default until its quality is measured: docs/performance.md)")
     serve.add_argument("--no-gguf-blocks", action="store_true",
                        help="decode reads the float32 weights, not the GGUF blocks kept at conversion "
                        "(the same values; the blocks are 3.5-5x fewer bytes)")

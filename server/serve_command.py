@@ -9,6 +9,7 @@ import uvicorn
 
 from assembly.chat_template import ChatTemplate, TemplateError
 from engine.engine_config import EngineConfig, parse_kv_cache_memory, resolve_device, resolve_dtype
+from kernels.cpu_features import resolve_variant, this_cpu
 from model.backends import check_backend_choice
 from server.connection_deadline import with_receive_timeout
 from server.generation_defaults import generation_flags_from_args, resolve_generation_defaults
@@ -46,11 +47,13 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
                 engine_fields[name] = getattr(args, name)
         device = resolve_device(args.device)
         check_backend_choice(args.backend, device, resolve_dtype(args.dtype, device))
+        resolve_variant(args.cpu_kernels, this_cpu())  # a variant this CPU lacks is refused here, in one line
         engine_fields.update(_kv_disk_fields(args))
         engine_fields.update(_document_fields(args))
         engine = EngineConfig(model_dir=model_dir, device=args.device, dtype=args.dtype, schedule=args.schedule,
                               eviction_policy=args.eviction_policy, speculative=args.speculative,
                               enable_prefix_cache=not args.no_prefix_cache, gguf_blocks=not args.no_gguf_blocks, backend=args.backend,
+                              cpu_kernels=args.cpu_kernels, int8_activations=args.int8_activations,
                               **engine_fields)
         return ServerSettings(
             engine=engine,

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import torch
 
-from kernels import block_matmul, cpu_decode_ops, cpu_matvec, packed_linear
-from kernels.native_build import FIND_COMPILER, NativeUnavailable
+from kernels import block_matmul, cpu_decode_ops, cpu_gemm_q8, cpu_matvec, packed_linear
+from kernels.cpu_features import resolve_variant, this_cpu
+from kernels.native_build import FIND_COMPILER, NativeUnavailable, library_variant
 from model.backends.base import Backend, BackendPlan, LinearPlan, StepPolicy
 from model.backends.cpu_backend import MEASURE, CpuBackend
 from model.backends.torch_backend import TorchBackend
@@ -38,15 +39,24 @@ def _cpu_unfit(device: torch.device, dtype: torch.dtype) -> str | None:
     return None
 
 
-def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crossover: str) -> Backend:
-    fallbacks = []
+def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crossover: str, variant_choice: str,
+              int8_activations: bool) -> Backend:
+    features = this_cpu()
+    variant, skipped = resolve_variant(variant_choice, features)
+    fallbacks = list(skipped)
+    gemm_q8 = None
+    if int8_activations:
+        try:
+            gemm_q8 = cpu_gemm_q8.load(build_dir, compiler, variant)
+        except NativeUnavailable as error:
+            fallbacks.append(f"int8 GEMM over blocks off ({error}): oneDNN float32 and the float blocks kernel")
     try:
-        matvec = cpu_matvec.load(build_dir, compiler)
+        matvec = cpu_matvec.load(build_dir, compiler, variant)
     except NativeUnavailable as error:
         matvec = None
         fallbacks.append(f"few-rows C kernels off ({error}): oneDNN for every row count")
     try:
-        ops = cpu_decode_ops.load(build_dir, compiler)
+        ops = cpu_decode_ops.load(build_dir, compiler, variant)
     except NativeUnavailable as error:
         ops = None
         fallbacks.append(f"fused C ops off ({error}): torch ops")
@@ -54,8 +64,14 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
                                         config.num_kv_heads, config.head_dim):
         ops = None
         fallbacks.append("fused C ops off (the model's sizes are outside their limits): torch ops")
+    # what each loaded library was built as (the decode kernels are AVX2 code on an AVX-512 machine too)
+    loaded = (("int8 GEMM", "gemm_q8", gemm_q8), ("matvec", "matvec", matvec), ("decode ops", "decode_ops", ops))
+    builds = ", ".join(f"{label} {library_variant(library, variant)}" for label, library, kernels in loaded
+                       if kernels is not None)
+    instruction_sets = f"{features.describe()}; kernels: {variant}" + (f" ({builds})" if builds else "")
     return CpuBackend(matvec, ops, tuple(fallbacks), crossover,
-                      functools.partial(block_matmul.load_best, build_dir, compiler))
+                      functools.partial(block_matmul.load_best, build_dir, compiler), gemm_q8=gemm_q8,
+                      instruction_sets=instruction_sets)
 
 
 # name -> what it needs to run here (None: runs)
@@ -77,10 +93,15 @@ def check_backend_choice(choice: str, device: torch.device | str, dtype: torch.d
 
 
 def select_backend(device: torch.device | str, dtype: torch.dtype, config: ModelConfig, choice: str = "auto", *,
-                   build_dir: Path, compiler: str | None = FIND_COMPILER, crossover: str = MEASURE) -> Backend:
+                   build_dir: Path, compiler: str | None = FIND_COMPILER, crossover: str = MEASURE,
+                   cpu_kernels: str = "auto", int8_activations: bool = True) -> Backend:
     """The backend for a model of `config` on `device` in `dtype`. `build_dir` caches the C
     kernels; `compiler` None runs `cpu` as a machine without a C compiler gets it;
-    `crossover` "fixed" (default: the measured table) or "measure" sets how `cpu` picks its few-rows limits."""
+    `crossover` "fixed" (default: the measured table) or "measure" sets how `cpu` picks its few-rows limits;
+    `cpu_kernels` the kernel variant (kernels.cpu_features.VARIANT_CHOICES: "auto" is the best this CPU
+    runs, "avx2" or "portable" force a lower one); `int8_activations` whether `cpu` runs the products over
+    GGUF blocks with int8 activations (kernels/cpu_gemm_q8.py), prefill and decode, instead of oneDNN float32
+    for prefill and the float-activation blocks kernel for decode."""
     device = torch.device(device)
     check_backend_choice(choice, device, dtype)
     skipped = []
@@ -90,6 +111,6 @@ def select_backend(device: torch.device | str, dtype: torch.dtype, config: Model
             skipped.append(f"{name} not chosen ({reason})")
             continue
         if name == "cpu":
-            return _make_cpu(config, build_dir, compiler, crossover)
+            return _make_cpu(config, build_dir, compiler, crossover, cpu_kernels, int8_activations)
         return TorchBackend(device, dtype, tuple(skipped))
     raise AssertionError("torch runs everywhere")

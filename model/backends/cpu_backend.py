@@ -1,7 +1,12 @@
 """`cpu`: CPU float32 on oneDNN's prepacked GEMMs, C kernels for few-row products
 (float32 or GGUF blocks) and fused C ops for the small ops of a step.
 
-What a machine gets depends on what loaded, and describe() says which and why:
+What a machine gets depends on what loaded, and describe() says which and why (and which
+instruction sets the CPU has, and which kernel variant was built: kernels/cpu_features.py):
+- with int8 activations (gemm_q8): products over weights held as Q4_0, Q4_1, Q8_0 or Q4_K blocks,
+  prefill and decode alike, as int8 GEMMs with activations quantized per block of 32
+  (kernels/cpu_gemm_q8.py: AVX-512 VNNI or AVX2), the blocks repacked at load; other formats, and
+  every weight without it, as below;
 - oneDNN prepacked linear layers always (kernels/packed_linear.py);
 - with the C kernels built (kernels/native_build.py: a C compiler, AVX2/FMA/F16C):
   few-row products read the GGUF blocks of a converted model (or, without blocks, a kept
@@ -15,6 +20,7 @@ What a machine gets depends on what loaded, and describe() says which and why:
 from __future__ import annotations
 
 import dataclasses
+import sys
 import functools
 from collections.abc import Callable
 
@@ -24,6 +30,7 @@ from torch import Tensor, nn
 from kernels.attention_inputs import AttentionInputs
 from kernels.attention_plan import AttentionPolicy
 from kernels.cpu_decode_ops import CpuDecodeOps
+from kernels.cpu_gemm_q8 import CpuGemmQ8
 from kernels.block_formats import BlockWeight
 from kernels.block_matmul import BlockKernels
 from kernels.cpu_matvec import BLOCKS_MAX_ROWS, MATVEC_FORMATS, CpuMatvec
@@ -56,7 +63,8 @@ class CpuBackend(TorchBackend):
     name = "cpu"
 
     def __init__(self, matvec: CpuMatvec | None, ops: CpuDecodeOps | None, fallbacks: tuple[str, ...] = (),
-                 crossover: str = MEASURE, load_block_kernels: Callable[[], BlockKernels] | None = None):
+                 crossover: str = MEASURE, load_block_kernels: Callable[[], BlockKernels] | None = None,
+                 gemm_q8: CpuGemmQ8 | None = None, instruction_sets: str = ""):
         super().__init__(torch.device("cpu"), torch.float32, fallbacks)
         if crossover not in (MEASURE, FIXED):
             raise ValueError(f"crossover must be {MEASURE!r} or {FIXED!r}, got {crossover!r}")
@@ -66,6 +74,8 @@ class CpuBackend(TorchBackend):
         # build where AVX2 is missing); without them the loader dequantizes the blocks at load.
         # Built and loaded when a model first has blocks (a float32 model never pays the build).
         self._load_block_kernels = load_block_kernels
+        self.gemm_q8 = gemm_q8  # products over blocks with int8 activations (every row count); None: off
+        self.instruction_sets = instruction_sets  # the CPU's, and the kernel variant chosen
         self._block_kernels: BlockKernels | None = None
         self._resident: dict[str, int] = {}  # block format -> bytes held as blocks
         self._embedding_table: BlockWeight | None = None  # the embedding's blocks (a tied LM head shares them)
@@ -132,6 +142,13 @@ class CpuBackend(TorchBackend):
         if name != "lm_head" or not self._embedding_shares(parts):
             self._count_resident(parts)
         formats = "+".join(p.format for p in parts)
+        if self.gemm_q8 is not None and all(self.gemm_q8.fits(p) for p in parts):
+            # The blocks, repacked, serve every row count: one kernel, no float32 tile. At one row the int8
+            # kernel took a quarter of the float-activation blocks kernel's time (576x1536 Q4_1: 16 vs 65 us,
+            # one core), so decode runs on it too; a row's result does not depend on m.
+            packed = [self.gemm_q8.repack(p) for p in parts]
+            self._linears[name] = LinearPlan(f"int8 GEMM over {formats} blocks ({self.gemm_q8.variant})")
+            return BlockLinear(packed, layer.bias, self.gemm_q8, self.block_kernels.dequantize_rows, sys.maxsize)
         tuned = self.matvec is not None and all(p.format in MATVEC_FORMATS for p in parts)
         kernel = "C matvec" if tuned else f"C block matmul ({self.block_kernels.instruction_set})"
         limit = min(BLOCKS_MAX_ROWS.get(p.format, BLOCK_KERNEL_MAX_ROWS) for p in parts)
@@ -164,7 +181,7 @@ class CpuBackend(TorchBackend):
         return CpuLinear(packed, bias, out_features, few_rows if limit else None, limit)
 
     def plan(self) -> BackendPlan:
-        notes = ()
+        notes = (f"cpu: {self.instruction_sets}",) if self.instruction_sets else ()
         if self._resident:
             notes += ("weights resident as blocks: " + ", ".join(
                 f"{fmt} {size / 2**20:.0f} MiB" for fmt, size in sorted(self._resident.items())),)

@@ -125,3 +125,57 @@ def test_measured_limits_are_candidates_and_reported(build_dir):
     limit = ops.plan().linears["layers.0.mlp.down_proj"].few_rows_max
     assert limit in (0, *[m for m in CANDIDATE_ROWS if m <= 1])
     assert "measured few-rows limits float32 row-major (96x64)" in ops.describe()
+
+
+def _blocks_layer(block_format, rows, cols, seed):
+    """A Linear whose weight is the dequantization of gguf blocks, and those blocks."""
+    import numpy as np
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+
+    from kernels.block_formats import BlockWeight
+
+    values = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+    blocks = quantize(values, GGMLQuantizationType[block_format])
+    layer = Linear(cols, rows, bias=False)
+    layer.weight.data.copy_(torch.from_numpy(dequantize(blocks, GGMLQuantizationType[block_format])))
+    return layer, BlockWeight.from_gguf(block_format, blocks, cols)
+
+
+@pytest.mark.parametrize("variant", ["auto", "avx2", "portable"])
+def test_each_kernel_variant_runs_here_and_is_named(build_dir, variant):
+    """What an AVX2-only machine (and one without our kernels) gets, forced on this one."""
+    from kernels.cpu_features import this_cpu
+
+    if variant != "portable" and not this_cpu().has("avx2", "fma", "f16c"):
+        pytest.skip("this CPU lacks AVX2/FMA/F16C")
+    ops = select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, crossover="fixed",
+                         cpu_kernels=variant)
+    layer, blocks = _blocks_layer("Q8_0", 96, 64, seed=7)
+    linear = ops.make_linear("layers.0.mlp.down_proj", layer, [blocks] if ops.reads_blocks else None)
+    x = torch.randn(40, 64, generator=_gen(2))
+    expected = x.double() @ layer.weight.double().t()
+    # int8 activations: x's rounding (<= 1/254 of a block's max|x| an element) over 64 unit-scale products
+    # (tests/kernels/test_cpu_gemm_q8.py holds the kernel to its exact bound)
+    torch.testing.assert_close(linear(x).double(), expected, atol=0.3, rtol=0)
+    chosen = ops.gemm_q8.variant if ops.gemm_q8 is not None else "portable"
+    plan, text = ops.plan(), ops.describe()
+    assert f"kernels: {this_cpu().best_variant() if variant == 'auto' else variant}" in text
+    assert this_cpu().describe() in text
+    if variant == "portable":  # the plain-C block kernels and torch's ops
+        assert plan.row_ops == "torch ops" and ops.gemm_q8 is None
+        assert plan.linears["layers.0.mlp.down_proj"].large.startswith("torch GEMM over dequantized tiles")
+        assert any("portable path was asked for" in line for line in plan.fallbacks)
+    else:
+        assert plan.linears["layers.0.mlp.down_proj"].large == f"int8 GEMM over Q8_0 blocks ({chosen})"
+        assert plan.row_ops == "fused C kernels"
+
+
+def test_int8_activations_can_be_turned_off(build_dir):
+    ops = select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, crossover="fixed",
+                         int8_activations=False)
+    layer, blocks = _blocks_layer("Q4_1", 96, 64, seed=8)
+    linear = ops.make_linear("layers.0.mlp.down_proj", layer, [blocks])
+    x = torch.randn(40, 64, generator=_gen(3))
+    torch.testing.assert_close(linear(x), layer(x), atol=1e-4, rtol=1e-4)
+    assert ops.plan().linears["layers.0.mlp.down_proj"].large.startswith("torch GEMM over dequantized tiles")

@@ -94,7 +94,9 @@ def test_cache_route_reads_the_callers_tenant_only(make_client):
 def test_cache_route_says_when_the_engine_cannot_show_its_tree(make_client):
     client, engine = make_client()
     engine.cached_prefixes = None  # as the replica router's handle
-    body = client.get("/v1/cache").json()
+    response = client.get("/v1/cache")
+    assert response.status_code == 200, response.text
+    body = response.json()
     assert body["prefixes"] is None and "radix tree" in body["prefixes_unavailable"]
     assert body["pool"]["num_pages"] == 128
 

@@ -34,6 +34,16 @@ def test_the_step_budget_is_the_backends_unless_told(smollm2_dir):
     assert told.engine.max_num_batched_tokens == 4096
 
 
+def test_cpu_kernel_choice_reaches_the_engine(smollm2_dir):
+    from kernels.cpu_features import VARIANT_CHOICES
+
+    assert cli.CPU_KERNEL_CHOICES == VARIANT_CHOICES
+    engine = settings_from_args(_args("--cpu-kernels", "portable", "--int8-activations"), smollm2_dir).engine
+    assert (engine.cpu_kernels, engine.int8_activations) == ("portable", True)
+    default = settings_from_args(_args(), smollm2_dir).engine
+    assert (default.cpu_kernels, default.int8_activations) == ("auto", False)
+
+
 def test_backend_choice_reaches_the_engine_and_a_bad_one_is_one_line(smollm2_dir):
     from model.backends import BACKEND_CHOICES
 

@@ -1,0 +1,99 @@
+"""Quality of the cpu backend's int8 activations against float32 ones, on the default model.
+
+    .venv/bin/python -m bench.int8_activation_quality [--num-prompts 200] [--rows 32] [--cpu-kernels auto]
+
+Half chat prompts (a system prompt and a user turn about a passage of real text), half RAG
+prompts (bench/document_reuse_prompts.py, the three styles), built into token ids by the
+server's own prompt builder. The float32 engine answers each greedily (16 tokens); then both
+engines, prefix cache off, prefill prompt + answer cold and return the logits of its last
+`--rows` positions (teacher-forced: the same tokens for both). Reported: top-1 agreement and
+mean KL(float32 || int8) per token, and the first answer token's agreement. The int8 path
+is the default only where top-1 agreement is >= 0.99 (docs/performance.md).
+"""
+
+import argparse
+import random
+import sys
+import time
+from collections.abc import Sequence
+
+import torch
+
+from assembly.chat_template import ChatTemplate
+from assembly.prompt_builder import PromptBuilder
+from assembly.segment_tokenizer import SegmentTokenizer
+from assembly.tokenizer import Tokenizer
+from bench import corpus
+from bench.document_reuse_metrics import row_kl, row_top1_agreement
+from bench.document_reuse_prompts import rag_prompts
+from engine.engine_config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from store.model_store import pull
+
+NUM_ANSWER_TOKENS = 16
+KV_CACHE_BYTES = 256 << 20
+CHAT_SYSTEM = "You are a helpful assistant. Answer briefly and precisely."
+CHAT_ASKS = ("Summarize this in two sentences:", "What is the main point of this passage?",
+             "Explain this to a beginner:", "List the key terms used here:")
+
+
+def chat_messages(num_prompts: int, seed: int) -> list[list[dict]]:
+    rng = random.Random(f"{seed}-quantized-prefill-chat")
+    paragraphs = corpus.paragraphs()
+    return [[{"role": "system", "content": CHAT_SYSTEM},
+             {"role": "user", "content": f"{rng.choice(CHAT_ASKS)}\n\n{rng.choice(paragraphs)}"}]
+            for _ in range(num_prompts)]
+
+
+def _engine(model_dir, int8_activations: bool, cpu_kernels: str) -> LLMEngine:
+    return LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", kv_cache_bytes=KV_CACHE_BYTES,
+                                  enable_prefix_cache=False, int8_activations=int8_activations,
+                                  cpu_kernels=cpu_kernels))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--num-prompts", type=int, default=200)
+    parser.add_argument("--rows", type=int, default=32, help="teacher-forced positions compared per prompt")
+    parser.add_argument("--cpu-kernels", default="auto")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    model_dir = pull(args.model)
+    builder = PromptBuilder(SegmentTokenizer(Tokenizer(model_dir)), ChatTemplate.from_model_dir(model_dir))
+    num_chat = args.num_prompts // 2
+    _, rag = rag_prompts(args.num_prompts - num_chat, 24, 4, 120, args.seed)
+    prompts = [builder.build(messages) for messages in chat_messages(num_chat, args.seed)]
+    prompts += [builder.build(list(p.messages), documents=[dict(d) for d in p.documents] or None) for p in rag]
+    reference, quantized = _engine(model_dir, False, args.cpu_kernels), _engine(model_dir, True, args.cpu_kernels)
+    print(f"float32: {reference.backend.describe()}\nint8: {quantized.backend.describe()}", file=sys.stderr)
+    answers = reference.generate(prompts, SamplingParams(max_tokens=NUM_ANSWER_TOKENS, temperature=0.0))
+    kls, agreements, first_same = [], [], []
+    for index, (prompt, answer) in enumerate(zip(prompts, answers)):
+        tokens = prompt + answer
+        rows = min(args.rows, len(tokens))
+        exact = reference.prompt_tail_logits(tokens, rows).float()
+        approx = quantized.prompt_tail_logits(tokens, rows).float()
+        kls.append(row_kl(exact, approx))
+        agreements.append(row_top1_agreement(exact, approx))
+        first = rows - len(answer) - 1  # the row that scores the first answer token
+        first_same.append(bool(agreements[-1][first]))
+        if (index + 1) % 40 == 0:
+            print(f"  {index + 1}/{len(prompts)}", file=sys.stderr, flush=True)
+    kl, agree = torch.cat(kls), torch.cat(agreements).double()
+    lengths = [len(p) for p in prompts]
+    print(f"{len(prompts)} prompts ({num_chat} chat, {len(prompts) - num_chat} RAG; {min(lengths)}-{max(lengths)} "
+          f"tokens, mean {sum(lengths) / len(lengths):.0f}), {kl.numel()} teacher-forced positions, "
+          f"kernels {quantized.backend.gemm_q8.variant if quantized.backend.gemm_q8 else 'none'}:")
+    print(f"  top-1 agreement int8 vs float32: {agree.mean():.4f}")
+    print(f"  mean KL(float32 || int8) per token: {kl.mean():.2e} nats (p99 {kl.quantile(0.99):.2e}, "
+          f"max {kl.max():.2e})")
+    print(f"  first answer token agreement: {sum(first_same) / len(first_same):.4f}")
+    print(f"  ({time.perf_counter() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

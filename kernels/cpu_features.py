@@ -1,0 +1,98 @@
+"""The CPU's instruction sets, read once, and the kernel variant they admit.
+
+The C kernels are built per variant (kernels/native_build.py) with the -m flags of
+the instruction sets it uses; the backend takes the best variant this CPU runs
+(`best_variant`) unless told to take a lower one (`serve --cpu-kernels`,
+EngineConfig.cpu_kernels: for comparison, and for tests of what other machines get). Below every variant there is the
+portable path: torch's own ops, which need no compiler and no particular CPU.
+
+Variants, best first:
+- "avx512_vnni": AVX-512 F/BW/VL + VNNI (`vpdpbusd` over 16 lanes), plus AVX2/FMA/F16C;
+- "avx2": AVX2 + FMA + F16C (`maddubs` for int8 products);
+- "portable": no C kernels (torch / oneDNN only).
+AVX_VNNI (VEX-coded `vpdpbusd` of 256 bits, Alder Lake and later), AVX512_BF16 and AMX
+are detected and named; no kernel of ours uses them (oneDNN picks AMX and BF16 itself
+where its GEMMs can use them).
+"""
+
+import functools
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+# /proc/cpuinfo flag -> the name said in describe()
+KNOWN_FLAGS = {
+    "avx2": "AVX2", "fma": "FMA", "f16c": "F16C",
+    "avx512f": "AVX-512F", "avx512bw": "AVX-512BW", "avx512vl": "AVX-512VL",
+    "avx512_vnni": "AVX512_VNNI", "avx_vnni": "AVX_VNNI", "avx512_bf16": "AVX512_BF16",
+    "amx_tile": "AMX-TILE", "amx_int8": "AMX-INT8", "amx_bf16": "AMX-BF16",
+}
+PORTABLE = "portable"
+# variant -> (the cpuinfo flags it needs, the compiler flags that build it); best first
+VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "avx512_vnni": (("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma", "f16c"),
+                    ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx2", "-mfma", "-mf16c")),
+    "avx2": (("avx2", "fma", "f16c"), ("-mavx2", "-mfma", "-mf16c")),
+}
+VARIANT_CHOICES = ("auto", *VARIANTS, PORTABLE)
+
+
+@dataclass(frozen=True)
+class CpuFeatures:
+    machine: str  # platform.machine()
+    flags: frozenset[str]  # the KNOWN_FLAGS this CPU has
+
+    def has(self, *flags: str) -> bool:
+        return self.machine in ("x86_64", "AMD64") and all(flag in self.flags for flag in flags)
+
+    def best_variant(self) -> str:
+        return next((name for name, (needs, _) in VARIANTS.items() if self.has(*needs)), PORTABLE)
+
+    def describe(self) -> str:
+        """e.g. "x86_64 with AVX2, FMA, F16C, AVX-512F, ..." in KNOWN_FLAGS' order."""
+        present = [label for flag, label in KNOWN_FLAGS.items() if flag in self.flags]
+        return f"{self.machine} with {', '.join(present) if present else 'none of ' + '/'.join(KNOWN_FLAGS.values())}"
+
+
+def resolve_variant(choice: str, features: "CpuFeatures") -> tuple[str, tuple[str, ...]]:
+    """(the variant to build, the fallbacks on the way, one line each) for `choice` in
+    VARIANT_CHOICES: "auto" takes the best; a named variant this CPU lacks is an error."""
+    if choice not in VARIANT_CHOICES:
+        raise ValueError(f"cpu kernel variant must be one of {', '.join(VARIANT_CHOICES)}, got {choice!r}")
+    best = features.best_variant()
+    if choice == "auto":
+        skipped = [f"{name} kernels not built (this CPU lacks {_missing(name, features)})"
+                   for name in VARIANTS if list(VARIANTS).index(name) < _rank(best)]
+        return best, tuple(skipped)
+    if choice != PORTABLE and not features.has(*VARIANTS[choice][0]):
+        raise ValueError(f"cpu kernel variant {choice} needs {_missing(choice, features)}, which this CPU lacks")
+    return choice, (f"{best} kernels not used ({choice} asked for)",) if choice != best else ()
+
+
+def _rank(variant: str) -> int:
+    return list(VARIANTS).index(variant) if variant in VARIANTS else len(VARIANTS)
+
+
+def _missing(variant: str, features: "CpuFeatures") -> str:
+    if features.machine not in ("x86_64", "AMD64"):
+        return "x86-64"
+    return "/".join(KNOWN_FLAGS.get(flag, flag) for flag in VARIANTS[variant][0] if flag not in features.flags)
+
+
+def read_features(cpuinfo: Path = Path("/proc/cpuinfo")) -> CpuFeatures:
+    """This machine's features from the first processor's flags in /proc/cpuinfo (none when unreadable)."""
+    flags: set[str] = set()
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    return CpuFeatures(platform.machine(), frozenset(flags & KNOWN_FLAGS.keys()))
+
+
+@functools.cache
+def this_cpu() -> CpuFeatures:
+    """read_features() of this machine, read once per process."""
+    return read_features()

@@ -1,0 +1,326 @@
+/* Prefill GEMM over GGUF blocks with int8 activations (OpenMP), llama.cpp's vec_dot scheme:
+   y (m, rows) = x (m, cols) @ W^T with W kept as quantized blocks of 32 along a row and x
+   quantized per block of 32 to int8 (Q8: d_x = max|x| / 127, q_x = round(x / d_x)), so each
+   block's dot product is an integer one, scaled once by d_w * d_x.
+
+   Weights are repacked once at load (gemm_q8_repack) from BlockWeight's bytes (the formats'
+   table and layouts: kernels/block_formats.py; codes: block_decode.h) into groups of R rows
+   interleaved by 4 bytes (ik_llama.cpp's "_R8" idea), R = 16 with AVX-512 (a zmm holds 4 bytes
+   of each of 16 rows), 8 with AVX2, in one of three layouts, per group and 32 columns:
+     d    R floats, the rows' scales of these 32 weights
+     min  R floats (LAYOUT_SCALE_MIN only)
+     q    LAYOUT_BYTES (Q8_0): 8 vectors k = 0..7 of R x 4 bytes: bytes 4k..4k+3 of each row's
+               32; AVX-512: q + 128 as unsigned (vpdpbusd is u8 x s8), AVX2: q (sign trick)
+          LAYOUT_SCALE_MIN (Q4_1; Q4_K, its 32-groups' d * sc and -dmin * m exact in float32)
+          and LAYOUT_NIBBLES (Q4_0, w = d * (q - 8)): 4 vectors j = 0..3 of R x 4 bytes: low
+               nibbles elements 4j..4j+3, high nibbles elements 4(j+4)..4(j+4)+3 of each row's 32
+   One vector of weights times x's 4 bytes broadcast gives, lane r, row r's partial dot
+   product: no horizontal sums. Rows past the weight's last (a partial group) are zero.
+
+   A micro-kernel multiplies one group (R rows) by up to TOKENS x rows, block by block,
+   the block's weight vectors loaded once for all of them; OpenMP splits the groups. The sum
+   over blocks runs in block order in float32 for every m, so a row's result does not depend
+   on how many rows share the call. */
+#include <immintrin.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "block_decode.h"
+
+#define BLOCK 32
+#define TOKENS 8
+enum { LAYOUT_SCALE_MIN = 0, LAYOUT_BYTES = 1, LAYOUT_NIBBLES = 2 };
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define R 16
+#define VARIANT "avx512_vnni"
+#else
+#define R 8
+#define VARIANT "avx2"
+#endif
+
+const char* gemm_q8_variant(void) { return VARIANT; }
+int gemm_q8_interleave(void) { return R; }
+
+/* the layout a source format is repacked into; -1: none */
+int gemm_q8_layout(int format) {
+  switch (format) {
+    case FORMAT_Q4_1: case FORMAT_Q4_K: return LAYOUT_SCALE_MIN;
+    case FORMAT_Q8_0: return LAYOUT_BYTES;
+    case FORMAT_Q4_0: return LAYOUT_NIBBLES;
+    default: return -1;
+  }
+}
+
+static int64_t scale_bytes(int layout) { return (layout == LAYOUT_SCALE_MIN ? 2 : 1) * R * 4; }
+static int64_t quant_bytes(int layout) { return (layout == LAYOUT_BYTES ? 32 : 16) * R; }
+static int64_t group_block_bytes(int layout) { return scale_bytes(layout) + quant_bytes(layout); }
+
+int64_t gemm_q8_packed_bytes(int layout, int64_t rows, int64_t cols) {
+  return (rows + R - 1) / R * (cols / BLOCK) * group_block_bytes(layout);
+}
+
+/* element e (0..31) of 16 nibble bytes: e < 16 low nibble of byte e, else high nibble of byte e - 16 */
+static inline uint8_t nibble(const uint8_t* nibbles, int e) {
+  return e < 16 ? nibbles[e] & 15 : nibbles[e - 16] >> 4;
+}
+
+/* The 32 weights b (a 32-column block index) of one source row: scale, min, and the 32 quantized
+   values (as stored in the layout: unsigned nibble values, or Q8_0's signed bytes). */
+static void source_group(int format, const uint8_t* row, int64_t b, float* d, float* m, uint8_t q[32]) {
+  if (format == FORMAT_Q4_1) {
+    const uint8_t* block = row + b * 24;
+    *d = load_f32(block), *m = load_f32(block + 4);
+    for (int e = 0; e < 32; e++) q[e] = nibble(block + 8, e);
+  } else if (format == FORMAT_Q8_0) {
+    const uint8_t* block = row + b * 36;
+    *d = load_f32(block), *m = 0.0f;
+    memcpy(q, block + 4, 32);
+  } else if (format == FORMAT_Q4_0) {
+    const uint8_t* block = row + b * 18;
+    *d = load_f16(block), *m = 0.0f;
+    for (int e = 0; e < 32; e++) q[e] = nibble(block + 2, e);
+  } else {  /* FORMAT_Q4_K: group g of a 256-block; w = d * sc * q - dmin * mn */
+    const uint8_t* block = row + (b / 8) * 144;
+    int g = (int)(b % 8), sc, mn;
+    scale_min_k4(block + 4, g, &sc, &mn);
+    *d = load_f16(block) * (float)sc, *m = -(load_f16(block + 2) * (float)mn);
+    const uint8_t* qs = block + 16 + 32 * (g / 2);
+    for (int e = 0; e < 32; e++) q[e] = g % 2 ? qs[e] >> 4 : qs[e] & 15;
+  }
+}
+
+/* src: BlockWeight bytes (rows, bytes per row) of `format` -> dst (gemm_q8_packed_bytes of its layout) */
+void gemm_q8_repack(int format, const uint8_t* src, int64_t src_row_bytes, uint8_t* dst, int64_t rows,
+                    int64_t cols) {
+  int layout = gemm_q8_layout(format);
+  int64_t nb = cols / BLOCK, gbb = group_block_bytes(layout), groups = (rows + R - 1) / R;
+  #pragma omp parallel for schedule(static)
+  for (int64_t g = 0; g < groups; g++) {
+    for (int64_t b = 0; b < nb; b++) {
+      uint8_t* out = dst + (g * nb + b) * gbb;
+      memset(out, 0, (size_t)gbb);
+      float* d = (float*)out;
+      uint8_t* q = out + scale_bytes(layout);
+      for (int r = 0; r < R && g * R + r < rows; r++) {
+        float scale, min;
+        uint8_t values[32];
+        source_group(format, src + (g * R + r) * src_row_bytes, b, &scale, &min, values);
+        d[r] = scale;
+        if (layout == LAYOUT_SCALE_MIN) d[R + r] = min;
+        if (layout == LAYOUT_BYTES) {
+          for (int k = 0; k < 8; k++)
+            for (int i = 0; i < 4; i++) q[(k * R + r) * 4 + i] = values[4 * k + i] ^ (R == 16 ? 0x80 : 0);
+        } else {
+          for (int j = 0; j < 4; j++)
+            for (int i = 0; i < 4; i++) q[(j * R + r) * 4 + i] = values[4 * j + i] | values[4 * (j + 4) + i] << 4;
+        }
+      }
+    }
+  }
+}
+
+/* x (m, cols) -> q (m, cols) int8, d (m, nb) float, and per block the term the layout's
+   kernel adds (corr, m x nb): SCALE_MIN d_x * sum(q_x) as float (times min); as int32 added to
+   the integer dot product, NIBBLES -8 * sum(q_x) (w = d * (q - 8)), BYTES with AVX-512
+   -128 * sum(q_x) (the +128 of the unsigned weights taken back), with AVX2 0. */
+static void quantize_rows(int layout, const float* x, int8_t* q, float* d, int32_t* corr, int64_t m, int64_t cols,
+                          int num_threads) {
+  int64_t nb = cols / BLOCK;
+  #pragma omp parallel for schedule(static) num_threads(num_threads)
+  for (int64_t index = 0; index < m * nb; index++) {
+    const float* xb = x + index * BLOCK;
+    int8_t* qb = q + index * BLOCK;
+    __m256 amax = _mm256_setzero_ps();
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int k = 0; k < 4; k++) amax = _mm256_max_ps(amax, _mm256_and_ps(_mm256_loadu_ps(xb + 8 * k), abs_mask));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    float scale = _mm_cvtss_f32(m4) / 127.0f;
+    float inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
+    __m256 iv = _mm256_set1_ps(inverse);
+    int32_t sum = 0;
+    for (int k = 0; k < 4; k++) {
+      __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * k), iv));  /* nearest, ties to even */
+      int32_t lanes[8];
+      _mm256_storeu_si256((__m256i*)lanes, v);
+      for (int i = 0; i < 8; i++) {
+        qb[8 * k + i] = (int8_t)lanes[i];
+        sum += lanes[i];
+      }
+    }
+    d[index] = scale;
+    if (layout == LAYOUT_SCALE_MIN) {
+      float term = scale * (float)sum;
+      memcpy(corr + index, &term, 4);
+    } else {
+      corr[index] = layout == LAYOUT_NIBBLES ? -8 * sum : R == 16 ? -128 * sum : 0;
+    }
+  }
+}
+
+static inline int32_t x4(const int8_t* p) {
+  int32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+
+#if R == 16
+static inline void store_rows(float* out, __m512 v, int valid) {
+  _mm512_mask_storeu_ps(out, (__mmask16)((1u << valid) - 1), v);
+}
+/* One group (16 rows) x nt tokens over all nb blocks -> acc[t] (16 rows' sums). */
+static inline __attribute__((always_inline)) void group_tile(
+    const int layout, const int nt, const uint8_t* group, int64_t nb, const int8_t* xq, const float* xd,
+    const int32_t* xc, int64_t cols, float* out, int64_t out_stride, int valid) {
+  __m512 acc[TOKENS];
+  const int64_t gbb = group_block_bytes(layout);
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; b++) {
+    const uint8_t* p = group + b * gbb;
+    __m512 dw = _mm512_loadu_ps((const float*)p);
+    __m512i w[8];
+    if (layout != LAYOUT_BYTES) {
+      const uint8_t* q = p + scale_bytes(layout);
+      for (int j = 0; j < 4; j++) {
+        __m512i v = _mm512_loadu_si512((const void*)(q + 64 * j));
+        w[j] = _mm512_and_si512(v, low);
+        w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      }
+    } else {
+      const uint8_t* q = p + R * 4;
+      for (int k = 0; k < 8; k++) w[k] = _mm512_loadu_si512((const void*)(q + 64 * k));
+    }
+    if (layout == LAYOUT_SCALE_MIN) {
+      __m512 mw = _mm512_loadu_ps((const float*)p + R);
+      for (int t = 0; t < nt; t++) {
+        const int8_t* xb = xq + t * cols + b * BLOCK;
+        __m512i i = _mm512_setzero_si512();
+        for (int k = 0; k < 8; k++) i = _mm512_dpbusd_epi32(i, w[k], _mm512_set1_epi32(x4(xb + 4 * k)));
+        float dx, term;
+        dx = xd[t * nb + b];
+        memcpy(&term, xc + t * nb + b, 4);
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(dw, _mm512_set1_ps(dx)), acc[t]);
+        acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(term), acc[t]);
+      }
+    } else {
+      for (int t = 0; t < nt; t++) {
+        const int8_t* xb = xq + t * cols + b * BLOCK;
+        __m512i i = _mm512_set1_epi32(xc[t * nb + b]);
+        for (int k = 0; k < 8; k++) i = _mm512_dpbusd_epi32(i, w[k], _mm512_set1_epi32(x4(xb + 4 * k)));
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(dw, _mm512_set1_ps(xd[t * nb + b])), acc[t]);
+      }
+    }
+  }
+  for (int t = 0; t < nt; t++) store_rows(out + t * out_stride, acc[t], valid);
+}
+#else
+static inline void store_rows(float* out, __m256 v, int valid) {
+  if (valid == R) {
+    _mm256_storeu_ps(out, v);
+  } else {
+    float lanes[R];
+    _mm256_storeu_ps(lanes, v);
+    memcpy(out, lanes, (size_t)valid * sizeof(float));
+  }
+}
+/* AVX2: maddubs (u8 x s8 -> saturating int16 pairs). Q8_0 takes |w| and x with w's sign
+   (pairs <= 2 * 128 * 127, no saturation); Q4_1's nibbles are unsigned and small, so its 8
+   int16 partials add up without saturating (8 * 2 * 15 * 127 < 32768) before one madd. */
+static inline __attribute__((always_inline)) void group_tile(
+    const int layout, const int nt, const uint8_t* group, int64_t nb, const int8_t* xq, const float* xd,
+    const int32_t* xc, int64_t cols, float* out, int64_t out_stride, int valid) {
+  __m256 acc[TOKENS];
+  const int64_t gbb = group_block_bytes(layout);
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; b++) {
+    const uint8_t* p = group + b * gbb;
+    __m256 dw = _mm256_loadu_ps((const float*)p);
+    __m256i w[8];
+    if (layout != LAYOUT_BYTES) {
+      const uint8_t* q = p + scale_bytes(layout);
+      for (int j = 0; j < 4; j++) {
+        __m256i v = _mm256_loadu_si256((const __m256i*)(q + 32 * j));
+        w[j] = _mm256_and_si256(v, low);
+        w[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      }
+      __m256 mw = layout == LAYOUT_SCALE_MIN ? _mm256_loadu_ps((const float*)p + R) : _mm256_setzero_ps();
+      for (int t = 0; t < nt; t++) {
+        const int8_t* xb = xq + t * cols + b * BLOCK;
+        __m256i s = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(x4(xb)));
+        for (int k = 1; k < 8; k++) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[k], _mm256_set1_epi32(x4(xb + 4 * k))));
+        __m256i i = _mm256_madd_epi16(s, ones);
+        if (layout == LAYOUT_NIBBLES) i = _mm256_add_epi32(i, _mm256_set1_epi32(xc[t * nb + b]));
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(dw, _mm256_set1_ps(xd[t * nb + b])), acc[t]);
+        if (layout == LAYOUT_SCALE_MIN) {
+          float term;
+          memcpy(&term, xc + t * nb + b, 4);
+          acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(term), acc[t]);
+        }
+      }
+    } else {
+      const uint8_t* q = p + R * 4;
+      __m256i u[8];
+      for (int k = 0; k < 8; k++) {
+        w[k] = _mm256_loadu_si256((const __m256i*)(q + 32 * k));
+        u[k] = _mm256_abs_epi8(w[k]);
+      }
+      for (int t = 0; t < nt; t++) {
+        const int8_t* xb = xq + t * cols + b * BLOCK;
+        __m256i i = _mm256_setzero_si256();
+        for (int k = 0; k < 8; k++) {
+          __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(x4(xb + 4 * k)), w[k]);
+          i = _mm256_add_epi32(i, _mm256_madd_epi16(_mm256_maddubs_epi16(u[k], signed_x), ones));
+        }
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(dw, _mm256_set1_ps(xd[t * nb + b])), acc[t]);
+      }
+    }
+  }
+  for (int t = 0; t < nt; t++) store_rows(out + t * out_stride, acc[t], valid);
+}
+#endif
+
+#define TILE_CASE(NT)                                                                                         \
+  case NT:                                                                                                    \
+    if (layout == LAYOUT_SCALE_MIN) group_tile(LAYOUT_SCALE_MIN, NT, group, nb, xq, xd, xc, cols, out, out_stride, valid); \
+    else if (layout == LAYOUT_BYTES) group_tile(LAYOUT_BYTES, NT, group, nb, xq, xd, xc, cols, out, out_stride, valid);    \
+    else group_tile(LAYOUT_NIBBLES, NT, group, nb, xq, xd, xc, cols, out, out_stride, valid);                             \
+    break;
+
+static void tile_dispatch(int layout, int nt, const uint8_t* group, int64_t nb, const int8_t* xq, const float* xd,
+                          const int32_t* xc, int64_t cols, float* out, int64_t out_stride, int valid) {
+  switch (nt) { TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6) TILE_CASE(7) TILE_CASE(8) }
+}
+
+/* packed: gemm_q8_repack's output in `layout`; x (m, cols) float32 -> y (m, rows). Returns 0, or
+   -1 when the quantized copy of x cannot be allocated. */
+int gemm_q8(int layout, const uint8_t* packed, const float* x, float* y, int64_t m, int64_t rows, int64_t cols,
+            int num_threads) {
+  int64_t nb = cols / BLOCK, groups = (rows + R - 1) / R, gbb = group_block_bytes(layout);
+  int8_t* xq = (int8_t*)malloc((size_t)(m * cols));
+  float* xd = (float*)malloc((size_t)(m * nb) * sizeof(float));
+  int32_t* xc = (int32_t*)malloc((size_t)(m * nb) * sizeof(int32_t));
+  if (!xq || !xd || !xc) {
+    free(xq), free(xd), free(xc);
+    return -1;
+  }
+  quantize_rows(layout, x, xq, xd, xc, m, cols, num_threads);
+  /* dynamic: on a shared machine a thread that loses its core leaves its groups to the others */
+  #pragma omp parallel for schedule(dynamic, 2) num_threads(num_threads)
+  for (int64_t g = 0; g < groups; g++) {
+    const uint8_t* group = packed + g * nb * gbb;
+    int valid = rows - g * R < R ? (int)(rows - g * R) : R;
+    for (int64_t t0 = 0; t0 < m; t0 += TOKENS) {
+      int nt = m - t0 < TOKENS ? (int)(m - t0) : TOKENS;
+      tile_dispatch(layout, nt, group, nb, xq + t0 * cols, xd + t0 * nb, xc + t0 * nb, cols,
+                    y + t0 * rows + g * R, rows, valid);
+    }
+  }
+  free(xq), free(xd), free(xc);
+  return 0;
+}

@@ -1,0 +1,49 @@
+"""Reading the CPU's instruction sets and choosing the kernel variant from them."""
+
+import pytest
+
+from kernels import native_build
+from kernels.cpu_features import PORTABLE, CpuFeatures, read_features, resolve_variant
+
+AVX2_ONLY = CpuFeatures("x86_64", frozenset({"avx2", "fma", "f16c"}))
+AVX512 = CpuFeatures("x86_64", frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+                                          "avx512_bf16"}))
+
+
+def test_reads_the_flags_line(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma f16c avx512f avx512bw avx512vl avx512_vnni "
+                       "avx512_bf16 amx_tile\n\nprocessor\t: 1\nflags\t\t: fpu\n")
+    features = read_features(cpuinfo)
+    assert features.flags == {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+                              "avx512_bf16", "amx_tile"}
+    assert features.describe() == ("x86_64 with AVX2, FMA, F16C, AVX-512F, AVX-512BW, AVX-512VL, AVX512_VNNI, "
+                                   "AVX512_BF16, AMX-TILE")
+    assert read_features(tmp_path / "missing").flags == frozenset()
+
+
+def test_best_variant_per_machine():
+    assert AVX512.best_variant() == "avx512_vnni"
+    assert AVX2_ONLY.best_variant() == "avx2"
+    assert CpuFeatures("x86_64", frozenset({"avx2"})).best_variant() == PORTABLE  # no FMA
+    assert CpuFeatures("aarch64", AVX512.flags).best_variant() == PORTABLE
+
+
+def test_resolve_names_every_fallback():
+    assert resolve_variant("auto", AVX512) == ("avx512_vnni", ())
+    variant, fallbacks = resolve_variant("auto", AVX2_ONLY)
+    assert variant == "avx2"
+    assert fallbacks == ("avx512_vnni kernels not built (this CPU lacks AVX-512F/AVX-512BW/AVX-512VL/AVX512_VNNI)",)
+    assert resolve_variant("avx2", AVX512) == ("avx2", ("avx512_vnni kernels not used (avx2 asked for)",))
+    assert resolve_variant(PORTABLE, AVX2_ONLY)[0] == PORTABLE
+    with pytest.raises(ValueError, match="needs AVX-512F"):
+        resolve_variant("avx512_vnni", AVX2_ONLY)
+    with pytest.raises(ValueError, match="must be one of"):
+        resolve_variant("sse2", AVX512)
+
+
+def test_libraries_take_their_best_variant_at_or_below_the_one_asked():
+    assert native_build.library_variant("gemm_q8", "avx512_vnni") == "avx512_vnni"
+    assert native_build.library_variant("gemm_q8", "avx2") == "avx2"
+    assert native_build.library_variant("matvec", "avx512_vnni") == "avx2"  # AVX2 code only
+    assert native_build.library_variant("matvec", PORTABLE) is None

@@ -1,0 +1,96 @@
+"""The int8 GEMM over GGUF blocks, every variant this CPU runs, against float64 references.
+
+Two references over the blocks' dequantized values (gguf's own dequantization):
+- with x quantized as the kernel does (per block of 32, scale max|x| / 127, round half to
+  even, in float32): only float32 summation separates the two, so the tolerance is tight;
+- with x as given: the kernel may differ by the activations' rounding, at most half an x
+  block's scale times the block's |w| summed, plus float32 summation; asserted as that bound.
+"""
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+from kernels import cpu_gemm_q8
+from kernels.cpu_features import VARIANTS, this_cpu
+from kernels.block_formats import FORMATS, BlockWeight
+from kernels.native_build import find_compiler
+
+RUNNABLE = [name for name, (needs, _) in VARIANTS.items() if this_cpu().has(*needs)]
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def gemm(request, tmp_path_factory):
+    if request.param not in RUNNABLE or find_compiler() is None:
+        pytest.skip(f"this machine cannot build or run the {request.param} variant")
+    kernels = cpu_gemm_q8.load(tmp_path_factory.mktemp("kernels"), variant=request.param)
+    assert kernels.variant == request.param
+    return kernels
+
+
+def _block_weight(block_format: str, rows: int, cols: int, seed: int) -> tuple[BlockWeight, np.ndarray]:
+    """Blocks and their values (gguf's dequantization): gguf's quantization of normal values, or for
+    the K-quants, which gguf cannot quantize, random bytes with small finite fp16 d and dmin."""
+    rng = np.random.default_rng(seed)
+    if block_format.endswith("_K"):
+        spec = FORMATS[block_format]
+        blocks = rng.integers(0, 256, (rows, cols // spec.block_size, spec.gguf_bytes), dtype=np.uint8)
+        scales = rng.uniform(0.001, 0.05, (rows, cols // spec.block_size, 2)).astype(np.float16)
+        blocks[:, :, :4] = scales.view(np.uint8)  # d and dmin
+        blocks = blocks.reshape(rows, -1)
+    else:
+        blocks = quantize(rng.standard_normal((rows, cols)).astype(np.float32), GGMLQuantizationType[block_format])
+    dequantized = dequantize(blocks, GGMLQuantizationType[block_format]).reshape(rows, cols).astype(np.float64)
+    return BlockWeight.from_gguf(block_format, blocks, cols), dequantized
+
+
+def _quantized_x(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x (m, cols) float32 -> (its Q8 values times scales as float64, the scales (m, cols / 32))."""
+    blocks = x.reshape(x.shape[0], -1, 32)
+    scale = (np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)).astype(np.float32)
+    inverse = np.where(scale != 0, np.float32(1) / np.where(scale != 0, scale, 1), 0).astype(np.float32)
+    values = np.rint(blocks * inverse).astype(np.float64) * scale
+    return values.reshape(x.shape).astype(np.float64), scale[..., 0]
+
+
+@pytest.mark.parametrize("block_format", ["Q4_0", "Q4_1", "Q8_0", "Q4_K"])
+@pytest.mark.parametrize("rows, cols", [(1, 256), (40, 768)])
+@pytest.mark.parametrize("m", [1, 19])
+def test_matches_float64_over_dequantized_weights(gemm, block_format, rows, cols, m):
+    weight, values = _block_weight(block_format, rows, cols, seed=rows + cols)
+    x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m)) * 3
+    x[0, :32] = 0  # an all-zero block: scale 0
+    got = gemm(x, gemm.repack(weight)).double().numpy()
+    assert got.shape == (m, rows)
+    x_values, x_scales = _quantized_x(x.numpy())
+    same_x = x_values @ values.T
+    np.testing.assert_allclose(got, same_x, rtol=1e-5, atol=1e-4)
+    # against the true x: within half an x block's scale per element, over |w|
+    abs_w = np.abs(values).reshape(rows, -1, 32).sum(axis=-1)  # (rows, blocks)
+    bound = 0.5 * x_scales.astype(np.float64) @ abs_w.T + 1e-4 * (1 + np.abs(same_x))
+    assert np.all(np.abs(got - x.double().numpy() @ values.T) <= bound)
+
+
+@pytest.mark.parametrize("block_format", ["Q4_0", "Q4_1", "Q8_0", "Q4_K"])
+def test_a_row_does_not_depend_on_the_rows_beside_it(gemm, block_format):
+    weight, _ = _block_weight(block_format, 33, 256, seed=3)
+    packed = gemm.repack(weight)
+    x = torch.randn(21, 256, generator=torch.Generator().manual_seed(5))
+    together = gemm(x, packed)
+    for i in (0, 8, 20):
+        assert torch.equal(gemm(x[i : i + 1], packed), together[i : i + 1])
+
+
+def test_refuses_what_it_cannot_run(gemm):
+    weight, _ = _block_weight("Q8_0", 4, 64, seed=1)
+    packed = gemm.repack(weight)
+    with pytest.raises(ValueError, match="wants x"):
+        gemm(torch.randn(2, 32), packed)
+    with pytest.raises(ValueError, match="wants x"):
+        gemm(torch.randn(2, 64, dtype=torch.float64), packed)
+    q6, _ = _block_weight("Q6_K", 4, 256, seed=2)
+    assert not gemm.fits(q6)
+    with pytest.raises(ValueError, match="gemm_q8 reads"):
+        gemm.repack(q6)
