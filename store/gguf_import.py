@@ -41,7 +41,7 @@ from store.gguf_families import (
 from store.gguf_tokenizer import build_tokenizer, special_token_str
 
 # Bumped when the converter's output changes, so models converted earlier are redone.
-CONVERTER_VERSION = 4
+CONVERTER_VERSION = 5
 
 GGUF_MAGIC = b"GGUF"
 
