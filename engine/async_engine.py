@@ -70,6 +70,7 @@ class AsyncEngine:
     """One LLMEngine on its own thread: an engine.engine_handle.EngineHandle."""
 
     precompute_unavailable = None  # computes document KV into its own store
+    cached_prefixes_unavailable = None  # its one tree is read between steps
     prometheus_collectors = ()  # every series it has is the server's own
 
     def __init__(self, engine: LLMEngine):

@@ -3,7 +3,7 @@
 Two handles implement it: `engine.async_engine.AsyncEngine` (one engine on its own thread in this
 process) and `replicas.replica_engine.ReplicaEngine` (N engines behind Ray Serve). The server is
 typed against `EngineHandle` and never asks a handle what it has (`hasattr`): what differs between
-handles is a declared fact (`precompute_unavailable`, `prometheus_collectors`).
+handles is a declared fact (`precompute_unavailable`, `cached_prefixes_unavailable`, `prometheus_collectors`).
 tests/engine/test_engine_handle.py checks that both conform, signatures included, without Ray.
 
 Threads: every method is called from the server's event loop; `stats()` and `facts` never block;
@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from engine.cached_prefixes import CachedPrefix
 from engine.metrics import EngineMetrics, EngineStats
 from engine.request import RequestOutput
 from engine.request_options import DEFAULT_REQUEST_OPTIONS, RequestOptions
@@ -40,6 +41,8 @@ class EngineHandle(Protocol):
     metrics: EngineMetrics
     # Why `precompute_documents` cannot run on this handle (a sentence for the API's error), or None when it can.
     precompute_unavailable: str | None
+    # Why `cached_prefixes` cannot run on this handle (a sentence the console shows), or None when it can.
+    cached_prefixes_unavailable: str | None
     # Prometheus collectors of the handle's own series (replicas: per-replica shares), registered by /metrics
     # beside the series every handle has; () for none.
     prometheus_collectors: tuple
@@ -65,6 +68,11 @@ class EngineHandle(Protocol):
         """Store each list's span KV, computed after its context when given (LLMEngine.precompute_documents);
         returns the prompt tokens computed. Raises RequestError when a list can never be served, or when
         `precompute_unavailable` is set."""
+        ...
+
+    async def cached_prefixes(self, cache_salt: str | None, limit: int) -> tuple[float, list[CachedPrefix]]:
+        """(when read, the `limit` longest cached prefixes of tenant `cache_salt`), read between engine steps
+        (engine/cached_prefixes.py). Raises RequestError when `cached_prefixes_unavailable` is set."""
         ...
 
     def stats(self) -> EngineStats:

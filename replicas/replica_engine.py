@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from cache.page_hash import ROOT_PAGE_HASH, hash_pages
+from engine.cached_prefixes import CachedPrefix
 from engine.engine_handle import EngineFacts
 from engine.errors import RequestError
 from engine.metrics import EngineMetrics, EngineStats
@@ -68,6 +69,8 @@ class ReplicaEngine:
         self.precompute_unavailable = None if can_target_replicas else (
             "with --replica-router pow2 a collection's document KV cannot be sent to every replica; "
             "use the prefix router to precompute it")
+        self.cached_prefixes_unavailable = ("this server's engine handle does not show its radix tree "
+                                            "(with --replicas each replica has its own)")
         self.routing = routing
         self.metrics = EngineMetrics()
         self.prometheus_collectors = (ReplicaStatsCollector(routing),)
@@ -149,6 +152,10 @@ class ReplicaEngine:
         """Sent to the replica the router finds holding this prefix (fire and forget)."""
         work = self._work(f"pin-{next(self._num_pins)}", token_ids, SamplingParams(), cache_salt, None)
         self._pin_handle.pin.remote(work, seconds)
+
+    async def cached_prefixes(self, cache_salt: str | None, limit: int) -> tuple[float, list[CachedPrefix]]:
+        """Each replica has its own tree: refused (`cached_prefixes_unavailable`)."""
+        raise RequestError(self.cached_prefixes_unavailable)
 
     async def precompute_documents(self, token_id_lists: list[list[int]], cache_salt: str | None = None,
                                    context_token_id_lists: list[list[int]] | None = None) -> int:

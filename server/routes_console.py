@@ -99,13 +99,10 @@ async def get_cache(request: Request, state: State,
         "document_store": ({"num_bytes": stats.num_document_store_bytes, "max_bytes": settings.document_store_bytes,
                             "num_entries": stats.num_document_store_entries} if settings.document_reuse else None),
     }
-    read_prefixes = getattr(engine, "cached_prefixes", None)
-    if read_prefixes is None:  # the replica router's handle (replicas/): each replica has its own tree
-        return {**body, "prefixes": None,
-                "prefixes_unavailable": "this server's engine handle does not show its radix tree (with --replicas "
-                                        "each replica has its own)"}
+    if engine.cached_prefixes_unavailable is not None:  # the replica router's handle (replicas/)
+        return {**body, "prefixes": None, "prefixes_unavailable": engine.cached_prefixes_unavailable}
     salt = caller_of(request).cache_salt(None)
-    read_at, prefixes = await read_prefixes(salt, limit)
+    read_at, prefixes = await engine.cached_prefixes(salt, limit)
     decode = state.service.prompts.tokenizer.decode
     return {**body, "read_at": round(read_at, 3), "prefixes": [
         {"num_tokens": p.num_tokens, "num_pages": p.num_pages, "num_derived_tokens": p.num_derived_tokens,

@@ -168,6 +168,7 @@ class FakeEngine:
     recording closes."""
 
     precompute_unavailable = None
+    cached_prefixes_unavailable = None
     prometheus_collectors = ()
 
     def __init__(self, config: EngineConfig, script: list[int]):

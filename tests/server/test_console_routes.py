@@ -93,7 +93,7 @@ def test_cache_route_reads_the_callers_tenant_only(make_client):
 
 def test_cache_route_says_when_the_engine_cannot_show_its_tree(make_client):
     client, engine = make_client()
-    engine.cached_prefixes = None  # as the replica router's handle
+    engine.cached_prefixes_unavailable = "each replica has its own radix tree"  # as the replica router's handle
     response = client.get("/v1/cache")
     assert response.status_code == 200, response.text
     body = response.json()
