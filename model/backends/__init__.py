@@ -94,7 +94,7 @@ def check_backend_choice(choice: str, device: torch.device | str, dtype: torch.d
 
 def select_backend(device: torch.device | str, dtype: torch.dtype, config: ModelConfig, choice: str = "auto", *,
                    build_dir: Path, compiler: str | None = FIND_COMPILER, crossover: str = FIXED,
-                   cpu_kernels: str = "auto", int8_activations: bool = True) -> Backend:
+                   cpu_kernels: str = "auto", int8_activations: bool = False) -> Backend:
     """The backend for a model of `config` on `device` in `dtype`. `build_dir` caches the C
     kernels; `compiler` None runs `cpu` as a machine without a C compiler gets it;
     `crossover` "fixed" (default: the measured table) or "measure" sets how `cpu` picks its few-rows limits;

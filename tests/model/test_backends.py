@@ -150,7 +150,7 @@ def test_each_kernel_variant_runs_here_and_is_named(build_dir, variant):
     if variant != "portable" and not this_cpu().has("avx2", "fma", "f16c"):
         pytest.skip("this CPU lacks AVX2/FMA/F16C")
     ops = select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, crossover="fixed",
-                         cpu_kernels=variant)
+                         cpu_kernels=variant, int8_activations=True)
     layer, blocks = _blocks_layer("Q8_0", 96, 64, seed=7)
     linear = ops.make_linear("layers.0.mlp.down_proj", layer, [blocks] if ops.reads_blocks else None)
     x = torch.randn(40, 64, generator=_gen(2))

@@ -6,6 +6,7 @@ import transformers
 
 from engine.generate import greedy_generate, load
 from model.weights import load_model
+from tests.model.hf_reference import hf_reference_model
 
 TINY = dict(
     vocab_size=128,
@@ -117,7 +118,7 @@ def test_tiny_bf16_close_to_fp32(tiny_model_dir):
 
 @pytest.mark.model
 def test_smollm2_logits_match_transformers(smollm2_dir, backend):
-    hf_model = transformers.LlamaForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    hf_model = hf_reference_model(smollm2_dir)
     token_ids = torch.randint(0, 49152, (200,), generator=torch.Generator().manual_seed(2)).tolist()
     with torch.no_grad():
         expected = hf_model(torch.tensor([token_ids])).logits[0].float()
@@ -139,7 +140,7 @@ def test_smollm2_greedy_matches_transformers(smollm2_dir, backend):
 
     template = ChatTemplate.from_model_dir(smollm2_dir)
     tokenizer = Tokenizer(smollm2_dir)
-    hf_model = transformers.LlamaForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    hf_model = hf_reference_model(smollm2_dir)
     model = load(smollm2_dir, dtype="float32", device="cpu", backend=backend)
     for prompt in CHAT_PROMPTS:
         prompt_ids = tokenizer.encode(template.render([{"role": "user", "content": prompt}]))

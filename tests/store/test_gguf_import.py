@@ -3,18 +3,16 @@
 import json
 import os
 
-import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
 
-from gguf import GGMLQuantizationType
-from gguf.quants import dequantize
 
 from store import model_store
 from store.block_file import BLOCKS_FILE, read_block_file
 from store.errors import ModelFormatError
 from store.gguf_import import convert_gguf
+from tests.model.hf_reference import dequantized_state_dict
 
 transformers = pytest.importorskip("transformers")
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint  # noqa: E402
@@ -28,17 +26,6 @@ def _reference_state_dict(gguf_path) -> dict[str, torch.Tensor]:
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
     return load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=model)["tensors"]
-
-
-def _our_state_dict(model_dir) -> dict[str, torch.Tensor]:
-    """model.safetensors' tensors and the block file's, dequantized by gguf (no tensor is in both)."""
-    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
-        tensors = {name: f.get_tensor(name) for name in f.keys()}
-    for name, blocks in read_block_file(model_dir).items():
-        assert name not in tensors, f"{name} is both float32 and blocks"
-        values = dequantize(blocks.rows, GGMLQuantizationType[blocks.format]).astype(np.float32)
-        tensors[name] = torch.from_numpy(values.reshape(blocks.rows.shape[0], blocks.cols))
-    return tensors
 
 
 def _assert_same_tensors(ours: dict, reference: dict, atol: float = 1e-6) -> None:
@@ -56,7 +43,7 @@ def _assert_same_tensors(ours: dict, reference: dict, atol: float = 1e-6) -> Non
 @pytest.mark.model
 @pytest.mark.slow
 def test_smollm2_weights_match_transformers(smollm2_dir, smollm2_gguf):
-    _assert_same_tensors(_our_state_dict(smollm2_dir), _reference_state_dict(smollm2_gguf))
+    _assert_same_tensors(dequantized_state_dict(smollm2_dir), _reference_state_dict(smollm2_gguf))
 
 
 @pytest.mark.model
@@ -73,7 +60,7 @@ def test_smollm2_config(smollm2_dir, smollm2_gguf):
     assert (config["vocab_size"], config["hidden_size"], config["num_hidden_layers"]) == (49152, 576, 30)
     assert (config["num_attention_heads"], config["num_key_value_heads"]) == (9, 3)
     assert config["tie_word_embeddings"] is True and "rope_scaling" not in config
-    assert "lm_head.weight" not in _our_state_dict(smollm2_dir)
+    assert "lm_head.weight" not in dequantized_state_dict(smollm2_dir)
     generation = json.loads((smollm2_dir / "generation_config.json").read_text())
     assert generation == {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}
 
@@ -113,7 +100,7 @@ def test_tiny_conversion_recovers_hf_weights(tmp_path, tiny_gguf, arch, tie, bia
     """Written as llama.cpp would (q/k permuted for llama), read back as the HF originals."""
     hf = tiny_gguf(tmp_path / "tiny.gguf", arch, tie_word_embeddings=tie, qkv_bias=bias)
     out = convert_gguf(tmp_path / "tiny.gguf", tmp_path / "out", progress=False)
-    ours = _our_state_dict(out)
+    ours = dequantized_state_dict(out)
     _assert_same_tensors(ours, {name: torch.from_numpy(array) for name, array in hf.items()}, atol=0)
     config = json.loads((out / "config.json").read_text())
     assert config["tie_word_embeddings"] is tie
@@ -125,7 +112,7 @@ def test_tiny_conversion_recovers_hf_weights(tmp_path, tiny_gguf, arch, tie, bia
 def test_tiny_conversion_matches_transformers(tmp_path, tiny_gguf, arch):
     tiny_gguf(tmp_path / "tiny.gguf", arch, tie_word_embeddings=False, qkv_bias=arch == "qwen2")
     out = convert_gguf(tmp_path / "tiny.gguf", tmp_path / "out", progress=False)
-    _assert_same_tensors(_our_state_dict(out), _reference_state_dict(tmp_path / "tiny.gguf"))
+    _assert_same_tensors(dequantized_state_dict(out), _reference_state_dict(tmp_path / "tiny.gguf"))
 
 
 def test_tiny_safetensors_header_is_aligned(tmp_path, tiny_gguf):
@@ -176,7 +163,7 @@ def test_quantized_conversion_keeps_blocks_of_the_same_values(tmp_path, tiny_ggu
     layout, q/k rows un-permuted), with no float32 copy; they decode to exactly the weights."""
     hf = tiny_gguf(tmp_path / "tiny.gguf", arch, tie_word_embeddings=tie, quantized=True)
     out = convert_gguf(tmp_path / "tiny.gguf", tmp_path / "out", progress=False)
-    _assert_same_tensors(_our_state_dict(out), {name: torch.from_numpy(array) for name, array in hf.items()}, atol=0)
+    _assert_same_tensors(dequantized_state_dict(out), {name: torch.from_numpy(array) for name, array in hf.items()}, atol=0)
     blocks = read_block_file(out)
     expected_formats = {name: "Q8_0" if "embed_tokens" in name else "Q4_1"
                         for name, array in hf.items() if array.ndim == 2 and array.shape[1] % 32 == 0}
