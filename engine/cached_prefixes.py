@@ -7,6 +7,7 @@ tenant's tokens. Runs on the engine thread (the tree is not thread-safe); O(cach
 """
 
 import heapq
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -39,6 +40,7 @@ def largest_cached_prefixes(tree: RadixTree, pins: PrefixPins, cache_salt: str |
     pinned = pins.pinned_nodes()
     now_tick = tree.clock
     leaves: list[tuple[int, int, list[TreeNode]]] = []  # (num_tokens, tie-break, path)
+    tie_breaks = itertools.count()  # unique, so equal lengths never compare paths (TreeNodes have no order)
     salts = (cache_salt, derived_salt)
     stack = [[child] for child in tree.root.children.values() if child.cache_salt in salts]
     while stack:
@@ -46,7 +48,7 @@ def largest_cached_prefixes(tree: RadixTree, pins: PrefixPins, cache_salt: str |
         children = [child for child in path[-1].children.values() if child.cache_salt in salts]
         if not children:
             num_tokens = sum(len(node.token_ids) for node in path)
-            entry = (num_tokens, len(leaves), path)
+            entry = (num_tokens, next(tie_breaks), path)
             if len(leaves) < limit:
                 heapq.heappush(leaves, entry)
             else:

@@ -68,3 +68,12 @@ def test_the_async_handle_reads_them_on_the_engine_thread(tiny_llama_dir):
 
     read_at, prefixes = asyncio.run(main())
     assert read_at > 0 and [p.num_tokens for p in prefixes] == [32]
+
+
+def test_more_prefixes_of_one_length_than_the_limit(tiny_llama_dir):
+    """Equal lengths past the limit: the heap's tie-break must never compare the paths themselves."""
+    engine = LLMEngine(_config(tiny_llama_dir))
+    for seed in range(4):
+        _run(engine, _tokens(10 + seed, 32), "a")  # 32 prompt + 2 out: 2 full pages each
+    prefixes = largest_cached_prefixes(engine.scheduler.tree, engine.pins, "a", limit=2)
+    assert [p.num_tokens for p in prefixes] == [32, 32]
