@@ -71,7 +71,7 @@ def _our_logits(model, token_ids: list[int], chunk_sizes: list[int]) -> torch.Te
     config = model.config
     page_size = 4
     num_pages = len(token_ids) // page_size + 2
-    dtype = model.embed_tokens.weight.dtype
+    dtype = model.norm.weight.dtype  # (the embedding may be GGUF blocks)
     shape = KVPoolShape(config.num_layers, config.num_kv_heads, config.head_dim, page_size, dtype)
     pool = KVPool(shape, num_pages, torch.device("cpu"))
     # Pages deliberately out of order: the model must only go through the table.
