@@ -64,7 +64,8 @@ def _wait_until_healthy(process: subprocess.Popen, url: str, name: str, log_path
         time.sleep(0.25)
 
 
-def _stop(process: subprocess.Popen) -> None:
+def stop_process(process: subprocess.Popen) -> None:
+    """SIGINT, then kill after STOP_TIMEOUT_S; a process already gone is left alone."""
     if process.poll() is not None:
         return
     process.send_signal(signal.SIGINT)  # both servers shut down gracefully on Ctrl-C
@@ -90,7 +91,7 @@ def local_server(argv_for_port: Callable[[int], Sequence[str]], *, name: str, lo
         _wait_until_healthy(process, url, name, log_path, timeout_s)
         yield url
     finally:
-        _stop(process)
+        stop_process(process)
 
 
 @contextmanager

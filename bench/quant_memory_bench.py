@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 import httpx
 
 from bench.llama_server import find_or_build_llama_server
+from bench.local_server import stop_process
 from bench.random_gguf import SHAPES, random_gguf
 
 PROMPT = "Write a long story about a lighthouse keeper and the sea."
@@ -58,18 +58,8 @@ def start(argv: list[str], port: int, log_path: Path, timeout_s: float = 900) ->
         except httpx.HTTPError:
             pass
         time.sleep(1)
-    stop(process)
+    stop_process(process)
     raise RuntimeError(f"{argv[0]} not healthy after {timeout_s} s; log: {log_path}")
-
-
-def stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def decode_tokens_per_s(port: int, max_tokens: int) -> tuple[float, int]:
@@ -98,7 +88,7 @@ def measure(name: str, argv: list[str], port: int, log_path: Path, max_tokens: i
         tokens_per_s, tokens = decode_tokens_per_s(port, max_tokens)
         rss = peak_rss_bytes(process.pid)
     finally:
-        stop(process)
+        stop_process(process)
     return {"server": name, "peak_rss_gib": rss / 2**30, "decode_tokens_per_s": tokens_per_s, "tokens": tokens}
 
 
