@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from engine.kv_dtype_config import KVDtypeConfig
 from engine.speculation_config import SpeculationConfig
 
 DEFAULT_KV_DISK_BYTES = 4 << 30  # the disk tier's bound when serving (server/serve_command.py)
@@ -133,6 +134,8 @@ class EngineConfig:
     document_min_span_tokens: int = 64  # shorter spans are not worth storing
     # Draft-model-free speculative decoding (engine/speculation_config.py; engine/draft_proposer.py runs it)
     speculation: SpeculationConfig = SpeculationConfig()
+    # The KV cache's stored formats, K and V (engine/kv_dtype_config.py; kernels/kv_format.py)
+    kv_dtype: KVDtypeConfig = KVDtypeConfig()
 
     def __post_init__(self):
         if self.page_size <= 0 or self.page_size & (self.page_size - 1):

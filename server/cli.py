@@ -142,6 +142,9 @@ def _add_serve_parser(commands, default_model: str) -> None:
     from server.config_flags import add_config_flags
 
     add_config_flags(serve, SpeculationConfig)
+    from engine.kv_dtype_config import KVDtypeConfig
+
+    add_config_flags(serve, KVDtypeConfig)  # --kv-dtype, --kv-dtype-k, --kv-dtype-v
     serve.add_argument("--kv-disk-dir", metavar="DIR",
                        help="where KV pages outlive the pool and restarts, one subdirectory per model and KV "
                        "layout (default: $RADIXSERVE_HOME/kv)")

@@ -11,6 +11,7 @@ from assembly.chat_template import ChatTemplate, TemplateError
 from engine.engine_config import EngineConfig, parse_kv_cache_memory, resolve_device, resolve_dtype
 from kernels.cpu_features import resolve_variant, this_cpu
 from model.backends import check_backend_choice
+from engine.kv_dtype_config import KVDtypeConfig
 from engine.speculation_config import SpeculationConfig
 from server.config_flags import config_from_args
 from server.connection_deadline import with_receive_timeout
@@ -55,6 +56,7 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
         engine = EngineConfig(model_dir=model_dir, device=args.device, dtype=args.dtype, schedule=args.schedule,
                               eviction_policy=args.eviction_policy,
                               speculation=config_from_args(SpeculationConfig, args),
+                              kv_dtype=config_from_args(KVDtypeConfig, args),
                               enable_prefix_cache=not args.no_prefix_cache, gguf_blocks=not args.no_gguf_blocks, backend=args.backend,
                               cpu_kernels=args.cpu_kernels, int8_activations=args.int8_activations,
                               **engine_fields)
