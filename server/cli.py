@@ -171,9 +171,11 @@ def _add_serve_parser(commands, default_model: str) -> None:
     serve.add_argument("--cpu-kernels", default="auto", choices=CPU_KERNEL_CHOICES,
                        help="cpu backend: the C kernel variant (default auto: the best this CPU runs; a lower one, "
                        "or portable for torch's ops alone, is for comparison)")
-    serve.add_argument("--int8-activations", action="store_true",
+    serve.add_argument("--int8-activations", action=argparse.BooleanOptionalAction,
+                       default=False,
                        help="cpu backend: products over the GGUF blocks with int8 activations (one kernel, prefill and "
-                       "decode; not the default until its quality is measured: docs/performance.md)")
+                       "decode; the LM head keeps float activations). Default: off "
+                       "(its quality against float32: docs/performance.md)")
     serve.add_argument("--no-gguf-blocks", action="store_true",
                        help="decode reads the float32 weights, not the GGUF blocks kept at conversion "
                        "(the same values; the blocks are 3.5-5x fewer bytes)")
