@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from cache import check_tree_invariants
+from engine.document_reuse_config import DocumentReuseConfig
 from engine.engine_config import EngineConfig
+from engine.kv_disk_config import KVDiskConfig
 from engine.kv_dtype_config import KVDtypeConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
@@ -19,7 +21,8 @@ POOL_BYTES = 32 * 8192  # tiny_llama: 2 layers, 2 KV heads of 16 dims -> 8 KiB a
 
 def _engine(model_dir, kv_disk_dir=None, kv_dtype="int8", **overrides) -> LLMEngine:
     settings = dict(model_dir=model_dir, device="cpu", dtype="float32", page_size=PAGE_SIZE,
-                    kv_cache_bytes=POOL_BYTES, kv_disk_dir=kv_disk_dir, kv_dtype=KVDtypeConfig(kv_dtype))
+                    kv_cache_bytes=POOL_BYTES, kv_disk=KVDiskConfig(directory=kv_disk_dir),
+                    kv_dtype=KVDtypeConfig(kv_dtype))
     return LLMEngine(EngineConfig(**{**settings, **overrides}))
 
 
@@ -99,7 +102,7 @@ def test_document_spans_are_stored_in_the_format_and_come_back_from_disk_bit_for
     from engine.request_options import RequestOptions
 
     doc, system, question = _prompt(5, 48), _prompt(6, 12), _prompt(7, 8)
-    settings = dict(document_reuse=True, document_min_span_tokens=16, document_boundary_tokens=4,
+    settings = dict(documents=DocumentReuseConfig(enabled=True, min_span_tokens=16, boundary_tokens=4),
                     kv_cache_bytes=4 << 20)
     first = _engine(tiny_llama_dir, tmp_path, **settings)
     first.precompute_documents([doc])
