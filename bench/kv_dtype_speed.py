@@ -1,7 +1,7 @@
 """Decode speed over quantized KV pages (--kv-dtype) against float32 KV, side by side in one run.
 
     nice .venv/bin/python -m bench.kv_dtype_speed [--context 4096] [--batches 1,8] [--kv-dtypes float32,bfloat16,int8]
-        [--tokens 32] [--rounds 3] [--attention-only]
+        [--tokens 32] [--rounds 3] [--attention-only] [--rerotate-only]
 
 In-process, one engine per KV dtype on the default model (cpu backend as served, prefix cache on),
 all alive at once. Each sequence of a batch is a shared prefix of `context` - 64 random tokens (prefilled once per
@@ -15,6 +15,10 @@ CPU's instruction sets and the backend's plan: the numbers belong to them.
 each dtype in the default model's shapes (9 query heads, 3 KV heads of 64), every sequence at `context`
 positions on its own pages, one layer's call timed (best of `rounds` x 20 calls, the dtypes interleaved),
 on torch's thread count.
+
+--rerotate-only: document reuse's placing of a stored span (C rerotate_store_kv: K rotated by a position
+delta, K and V stored; int8: dequantized before, quantized again on store), a 512-token span of one
+layer, best of `rounds` x 50 calls, per dtype.
 """
 
 import argparse
@@ -32,6 +36,7 @@ from engine.sampling_params import SamplingParams
 from kernels import cpu_decode_ops
 from kernels.cpu_features import this_cpu
 from kernels.kv_format import KVPages
+from kernels.rotary import rerotation_cos_sin
 from store.model_store import radixserve_home
 from store.model_store import pull
 
@@ -90,6 +95,25 @@ def attention_seconds(kv_dtypes: list[str], batches: list[int], context: int, ro
     return best
 
 
+def rerotate_seconds(kv_dtypes: list[str], rounds: int) -> dict:
+    """kv_dtype -> best seconds of placing a 512-token span into one layer's pages."""
+    ops = cpu_decode_ops.load(radixserve_home() / "kernels")
+    span, kv_heads, head_dim = 512, 3, 64
+    gen = torch.Generator().manual_seed(0)
+    k, v = torch.randn(span, kv_heads, head_dim, generator=gen), torch.randn(span, kv_heads, head_dim, generator=gen)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+    cos, sin = rerotation_cos_sin(inv_freq, 37, torch.float32)
+    best = {}
+    for _ in range(rounds):
+        for kv_dtype in kv_dtypes:
+            pages = [KVPages.zeros(kv_dtype, (span // 16, 16, kv_heads, head_dim), "cpu") for _ in range(2)]
+            started = time.perf_counter()
+            for _ in range(50):
+                ops.rerotate_store_kv(k, v, cos, sin, *pages, torch.arange(span))
+            best[kv_dtype] = min(best.get(kv_dtype, float("inf")), (time.perf_counter() - started) / 50)
+    return best
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -99,9 +123,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--attention-only", action="store_true")
+    parser.add_argument("--rerotate-only", action="store_true")
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
     kv_dtypes = args.kv_dtypes.split(",")
+    if args.rerotate_only:
+        best = rerotate_seconds(kv_dtypes, args.rounds)
+        print(f"cpu: {this_cpu()}, {torch.get_num_threads()} threads; placing a 512-token document span into one "
+              f"layer (C rerotate_store_kv), best of {args.rounds} x 50 calls: " +
+              ", ".join(f"{kv_dtype} {seconds * 1e6:.0f} us" for kv_dtype, seconds in best.items()))
+        return 0
     if args.attention_only:
         best = attention_seconds(kv_dtypes, batches, args.context, args.rounds)
         print(f"cpu: {this_cpu()}, {torch.get_num_threads()} threads; decode attention, one layer, {args.context} "
