@@ -2,7 +2,7 @@
 
 With the KV disk tier configured, every document store entry is also written to `documents/` in the
 tier's fingerprinted, locked directory (cache/document_disk.py: same restart-safety rules as the
-pages, by the same code), within `EngineConfig.document_disk_bytes`. A lookup that misses memory
+pages, by the same code), within `DocumentReuseConfig.disk_bytes`. A lookup that misses memory
 loads the entry from there on the engine thread (cache/document_store.py), so a restarted engine
 reuses precomputed documents without computing them.
 

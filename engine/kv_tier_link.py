@@ -29,7 +29,7 @@ from cache.kv_pool import KVPool
 from cache.kv_tier import KVTier
 from cache.page_events import PageEvent, PageEventKind
 from cache.page_hash import ROOT_PAGE_HASH, hash_pages
-from engine.engine_config import KV_DISK_POLICIES
+from engine.kv_disk_config import KV_DISK_POLICIES
 from engine.kv_source import KVSource, max_source_pages
 from engine.kv_tier_fingerprint import kv_tier_fingerprint
 from engine.metrics import EngineMetrics

@@ -1,5 +1,5 @@
 """CacheBlend-style selective recompute (EuroSys'25) of placed document KV, behind
-EngineConfig.document_recompute_fraction = r > 0 (`serve --document-recompute-fraction`).
+DocumentReuseConfig.recompute_fraction = r > 0 (`serve --document-recompute-fraction`).
 
 Placed KV (engine/document_kv_copy.py) was computed with its span alone; in the new context a few
 of its tokens would have very different KV. For each request whose spans were placed this step,
