@@ -28,6 +28,7 @@ def engine_stats(engine) -> EngineStats:
         num_prefix_hit_tokens=scheduler.num_prefix_hit_tokens,
         num_preemptions=scheduler.num_preemptions,
         num_evicted_pages=tree.num_evicted_pages,
+        num_kv_cache_tokens=allocator.num_pages * engine.kv_pool.page_size,
         kv_disk=kv_disk_stats(engine.kv_tier),
         documents=document_reuse_stats(engine.documents, engine.document_disk),
         speculation=speculation_stats(engine.metrics),

@@ -96,6 +96,8 @@ class EngineStats:
                                   "Requests preempted for lack of KV pages (recomputed later).", default=0)
     num_evicted_pages: int = metric("kv_cache_evicted_pages", "counter", "Cached KV pages evicted from the prefix tree.",
                                     default=0)
+    num_kv_cache_tokens: int = metric("kv_cache_capacity_tokens", "gauge",
+                                      "Tokens the KV pool holds (its pages x page size, in its KV format).", default=0)
     # Each feature's series, in its own file (a new counter is one field there)
     kv_disk: KVDiskStats = field(default_factory=KVDiskStats)  # engine/kv_disk_stats.py
     documents: DocumentReuseStats = field(default_factory=DocumentReuseStats)  # engine/document_reuse_stats.py

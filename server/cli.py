@@ -87,6 +87,7 @@ def _add_serve_parser(commands, default_model: str) -> None:
     # Each feature's flags come from its config's fields (pure Python: no torch for --help)
     from engine.document_reuse_config import DocumentReuseConfig
     from engine.kv_disk_config import KVDiskConfig
+    from engine.kv_dtype_config import KVDtypeConfig
     from engine.pin_config import PinConfig
     from engine.speculation_config import SpeculationConfig
     from replicas.replica_config import ReplicaConfig
@@ -137,6 +138,7 @@ def _add_serve_parser(commands, default_model: str) -> None:
                        "fewest hits (keeps a hot system prompt through bursts of one-off prompts)")
     serve.add_argument("--no-prefix-cache", action="store_true", help="do not reuse KV of shared prefixes")
     add_config_flags(serve, SpeculationConfig)
+    add_config_flags(serve, KVDtypeConfig)  # --kv-dtype, --kv-dtype-k, --kv-dtype-v
     add_config_flags(serve, KVDiskConfig)
     serve.add_argument("--no-kv-disk", action="store_true", help="no disk tier for KV pages")
     add_config_flags(serve, DocumentReuseConfig)
@@ -144,9 +146,11 @@ def _add_serve_parser(commands, default_model: str) -> None:
     serve.add_argument("--cpu-kernels", default="auto", choices=CPU_KERNEL_CHOICES,
                        help="cpu backend: the C kernel variant (default auto: the best this CPU runs; a lower one, "
                        "or portable for torch's ops alone, is for comparison)")
-    serve.add_argument("--int8-activations", action="store_true",
+    serve.add_argument("--int8-activations", action=argparse.BooleanOptionalAction,
+                       default=False,
                        help="cpu backend: products over the GGUF blocks with int8 activations (one kernel, prefill and "
-                       "decode; not the default until its quality is measured: docs/performance.md)")
+                       "decode; the LM head keeps float activations). Default: off "
+                       "(its quality against float32: docs/performance.md)")
     serve.add_argument("--no-gguf-blocks", action="store_true",
                        help="decode reads the float32 weights, not the GGUF blocks kept at conversion "
                        "(the same values; the blocks are 3.5-5x fewer bytes)")
