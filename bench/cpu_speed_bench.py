@@ -4,7 +4,7 @@ against the machine's limits, side by side in one run.
     nice .venv/bin/python -m bench.cpu_speed_bench [--models default,q4_k_m,q8_0] [--lengths 1024,4096]
         [--threads N] [--also-float-activations]
 
-One command (about 10 minutes on a quiet 2-core machine). First the machine's limits on one weight
+One command (an estimated 10 minutes on a quiet 2-core machine). First the machine's limits on one weight
 shape (2048 x 2048, 512 rows): our int8 GEMM over Q8_0 blocks (kernels/cpu_gemm_q8.py), torch's
 fbgemm dynamic int8 linear, oneDNN's bfloat16 and float32 GEMMs (GOP/s, interleaved, best of 3),
 and copy bandwidth (GB/s, read + write). Then, per model, each server started alone on the model's
