@@ -13,9 +13,8 @@ llama-server from bench/llama_server.py, prompt caching off per request), the sa
 HTTP (/v1/completions, token-id prompts of random ids, greedy, ignore_eos):
 - prefill tokens/s, cold: a prompt of L random tokens, one output token, wall time of the request
   (the median of 3 at 1024, one at 4096);
-- decode tokens/s at batch 1 and 8: B streamed requests at once, 32-token prompts, DECODE_TOKENS
-  tokens each; tokens after each stream's first over the time from the last first token to the
-  last token;
+- decode tokens/s at batch 1 and 8: B streamed requests at once, 32-token prompts, DECODE_TOKENS + 1
+  tokens each; B x DECODE_TOKENS over the time from the last stream's first chunk to the last chunk;
 - the server's peak RSS (VmHWM of /proc/PID/status, read before it is stopped).
 Then per model: prefill's linear layers as GOP/s (2 x their weights a token; the LM head runs for
 the last token only, attention not counted) against the int8 GEMM's measured rate, and batch-1
@@ -181,7 +180,9 @@ class Client:
             thread.join()
         if any(len(t) < 2 for t in times):
             raise RuntimeError(f"streams returned {[len(t) for t in times]} chunks")
-        return sum(len(t) - 1 for t in times) / (max(t[-1] for t in times) - max(t[0] for t in times))
+        # ignore_eos: each stream made DECODE_TOKENS + 1 tokens, whatever chunks carried them (a token may
+        # end mid-character and send no text; a last chunk may carry only the finish reason)
+        return batch * DECODE_TOKENS / (max(t[-1] for t in times) - max(t[0] for t in times))
 
 
 def measure_server(name: str, argv: list[str], port: int, vocab: int, lengths: list[int], log_path: Path) -> dict:
