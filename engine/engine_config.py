@@ -9,6 +9,7 @@ import torch
 
 from engine.document_reuse_config import DocumentReuseConfig
 from engine.kv_disk_config import KVDiskConfig
+from engine.kv_dtype_config import KVDtypeConfig
 from engine.setting import SIZE_UNITS
 from engine.speculation_config import SpeculationConfig
 
@@ -113,6 +114,8 @@ class EngineConfig:
     documents: DocumentReuseConfig = DocumentReuseConfig()  # document KV reuse (engine/document_reuse_config.py)
     # Draft-model-free speculative decoding (engine/speculation_config.py; engine/draft_proposer.py runs it)
     speculation: SpeculationConfig = SpeculationConfig()
+    # The KV cache's stored formats, K and V (engine/kv_dtype_config.py; kernels/kv_format.py)
+    kv_dtype: KVDtypeConfig = KVDtypeConfig()
 
     def __post_init__(self):
         if self.page_size <= 0 or self.page_size & (self.page_size - 1):

@@ -40,6 +40,7 @@ from engine.scheduler import ScheduledChunk, Scheduler
 from engine.selective_recompute import SelectiveRecompute
 from engine.span_breaks import span_breaks
 from engine.speculative_verify import AcceptedTokens, sample_and_verify
+from kernels.kv_format import kv_dtype_name
 from model.backends import select_backend
 from model.config import ModelConfig
 from model.weights import load_model
@@ -72,15 +73,15 @@ class LLMEngine:
                                  model_config.max_position_embeddings)
 
         shape = KVPoolShape(model_config.num_layers, model_config.num_kv_heads, model_config.head_dim,
-                            config.page_size, self.dtype)
+                            config.page_size, self.dtype, *config.kv_dtype.resolve(kv_dtype_name(self.dtype)))
         pool_bytes, pool_reason = kv_pool_bytes(config, shape.bytes_per_page // config.page_size, self.max_model_len,
                                                 self.device)
         num_pages = shape.num_pages_for(pool_bytes)
         if num_pages < 1:
             raise ValueError(f"a KV cache of {pool_bytes} bytes holds no page of {shape.bytes_per_page} bytes")
         self.kv_pool = KVPool(shape, num_pages, self.device)
-        logger.info("radixserve: KV cache of %d tokens (%d pages), %.0f MiB (%s)", num_pages * config.page_size,
-                    num_pages, self.kv_pool.num_bytes / 2**20, pool_reason)
+        logger.info("radixserve: KV cache of %d tokens (%d pages), %.0f MiB, KV %s (%s)", num_pages * config.page_size,
+                    num_pages, self.kv_pool.num_bytes / 2**20, shape.kv_dtype_label, pool_reason)
         self.metrics = EngineMetrics()
         self.kv_tier = None
         if config.kv_disk.directory is not None and config.enable_prefix_cache:

@@ -87,6 +87,7 @@ def _add_serve_parser(commands, default_model: str) -> None:
     # Each feature's flags come from its config's fields (pure Python: no torch for --help)
     from engine.document_reuse_config import DocumentReuseConfig
     from engine.kv_disk_config import KVDiskConfig
+    from engine.kv_dtype_config import KVDtypeConfig
     from engine.pin_config import PinConfig
     from engine.speculation_config import SpeculationConfig
     from replicas.replica_config import ReplicaConfig
@@ -137,6 +138,7 @@ def _add_serve_parser(commands, default_model: str) -> None:
                        "fewest hits (keeps a hot system prompt through bursts of one-off prompts)")
     serve.add_argument("--no-prefix-cache", action="store_true", help="do not reuse KV of shared prefixes")
     add_config_flags(serve, SpeculationConfig)
+    add_config_flags(serve, KVDtypeConfig)  # --kv-dtype, --kv-dtype-k, --kv-dtype-v
     add_config_flags(serve, KVDiskConfig)
     serve.add_argument("--no-kv-disk", action="store_true", help="no disk tier for KV pages")
     add_config_flags(serve, DocumentReuseConfig)

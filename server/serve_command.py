@@ -14,6 +14,7 @@ from kernels.cpu_features import resolve_variant, this_cpu
 from model.backends import check_backend_choice
 from engine.document_reuse_config import DocumentReuseConfig
 from engine.kv_disk_config import KVDiskConfig
+from engine.kv_dtype_config import KVDtypeConfig
 from engine.pin_config import PinConfig
 from engine.speculation_config import SpeculationConfig
 from server.config_flags import config_from_args
@@ -59,6 +60,7 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
                               speculation=config_from_args(SpeculationConfig, args),
                               kv_disk=_kv_disk_config(args),
                               documents=config_from_args(DocumentReuseConfig, args),
+                              kv_dtype=config_from_args(KVDtypeConfig, args),
                               enable_prefix_cache=not args.no_prefix_cache, gguf_blocks=not args.no_gguf_blocks, backend=args.backend,
                               cpu_kernels=args.cpu_kernels, int8_activations=args.int8_activations,
                               **engine_fields)

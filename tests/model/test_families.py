@@ -185,7 +185,7 @@ def test_document_reuse_re_rotates_each_layer_by_its_own_rope(name, tmp_path, ba
         while request.num_computed_tokens < len(tokens):
             engine.step()
         slots = torch.tensor(slot_ids_of(request.page_ids, 0, len(tokens), 4))
-        k = engine.kv_pool.slot_rows(0)[0].index_select(0, slots).clone()
+        k = engine.kv_pool.layers[0].k.gather(slots, torch.float32)
         while engine.has_unfinished():
             engine.step()
         return k
