@@ -71,6 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--float-activation-layers", default=",".join(INT8_FLOAT_ACTIVATION_LAYERS),
                         help="projections (last name part, comma-separated) the int8 engine keeps on float activations")
     args = parser.parse_args(argv)
+    if args.rows <= NUM_ANSWER_TOKENS:  # the first answer token's row must be among them
+        parser.error(f"--rows must be more than the {NUM_ANSWER_TOKENS} answer tokens")
     started = time.perf_counter()
     model_dir = pull(args.model)
     builder = PromptBuilder(SegmentTokenizer(Tokenizer(model_dir)), ChatTemplate.from_model_dir(model_dir))
