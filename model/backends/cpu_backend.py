@@ -56,9 +56,11 @@ CPU_VERIFY_ROW_COSTS = (1.0, 1.22, 1.47, 1.71, 1.92, 2.14, 2.35, 2.58)
 # Up to this many rows the block kernels (kernels/block_matmul.py) run a projection; past it, the
 # tiled GEMM over dequantized rows. The kernels decode each block once for up to 8 rows.
 BLOCK_KERNEL_MAX_ROWS = 8
-# With int8 activations, the projections that keep float activations all the same: the LM head
-# (quality, bench/int8_activation_quality.py; it runs on the few rows that are sampled only).
-INT8_FLOAT_ACTIVATION_LAYERS = ("lm_head",)
+# With int8 activations, the projections (last part of the name: "lm_head", "down_proj") that keep float
+# activations all the same. None by default: keeping the LM head on float activations was not shown to
+# raise top-1 agreement (docs/performance.md) and would slow its decode product; bench/int8_activation_quality.py
+# --float-activation-layers measures a choice.
+INT8_FLOAT_ACTIVATION_LAYERS: tuple[str, ...] = ()
 
 
 class CpuBackend(TorchBackend):
