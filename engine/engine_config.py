@@ -12,6 +12,7 @@ from engine.kv_disk_config import KVDiskConfig
 from engine.kv_dtype_config import KVDtypeConfig
 from engine.setting import SIZE_UNITS
 from engine.speculation_config import SpeculationConfig
+from model.backends.cpu_backend import FLOAT_PREFILL_MAX_BYTES
 
 # The KV pool when not told its size: this many full contexts (room for that many requests at full length, or
 # many short ones beside their cached prefixes; pages beyond it live on in the disk tier), as llama.cpp sizes by
@@ -109,6 +110,9 @@ class EngineConfig:
     # else float32 activations (oneDNN, the float blocks kernel). Off by default until its quality against
     # float32 is measured (bench/int8_activation_quality.py; docs/performance.md)
     int8_activations: bool = False
+    # cpu: a model whose projections fit in this many bytes as float32 keeps a float32 copy of them for
+    # prefill beside its blocks (model/backends/cpu_backend.py); 0: prefill over the blocks always
+    float_prefill_max_bytes: int = FLOAT_PREFILL_MAX_BYTES
     # Each feature's settings, in its own file (flags derived from their fields: server/config_flags.py)
     kv_disk: KVDiskConfig = KVDiskConfig()  # the disk tier of KV pages (engine/kv_disk_config.py)
     documents: DocumentReuseConfig = DocumentReuseConfig()  # document KV reuse (engine/document_reuse_config.py)
