@@ -1,6 +1,10 @@
-"""Quality of the cpu backend's int8 activations against float32 ones, on the default model.
+"""Quality of the cpu backend's int8 (or int16) activations against float32 ones, on the default model.
 
     .venv/bin/python -m bench.int8_activation_quality [--num-prompts 200] [--rows 32] [--cpu-kernels auto]
+        [--path int8|int16-decode]
+
+`--path int16-decode` scores the decode kernels' int16 activations (kernels/block_matmul.py's
+matmul_q16), run for every row of the teacher-forced prefill, against the float32 engine.
 
 Half chat prompts (a system prompt and a user turn about a passage of real text), half RAG
 prompts (bench/document_reuse_prompts.py, the three styles), built into token ids by the
@@ -29,6 +33,7 @@ from bench.document_reuse_prompts import rag_prompts
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from model.backends.cpu_linear import BlockLinear
 from store.model_store import pull
 
 NUM_ANSWER_TOKENS = 16
@@ -46,10 +51,21 @@ def chat_messages(num_prompts: int, seed: int) -> list[list[dict]]:
             for _ in range(num_prompts)]
 
 
-def _engine(model_dir, int8_activations: bool, cpu_kernels: str) -> LLMEngine:
+def _engine(model_dir, int8_activations: bool, cpu_kernels: str, decode_activations: str = "float32") -> LLMEngine:
     return LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", kv_cache_bytes=KV_CACHE_BYTES,
                                   enable_prefix_cache=False, int8_activations=int8_activations,
-                                  cpu_kernels=cpu_kernels))
+                                  cpu_kernels=cpu_kernels, decode_activations=decode_activations))
+
+
+def _int16_decode_engine(model_dir, cpu_kernels: str) -> LLMEngine:
+    """An engine whose every product over blocks runs the int16-activation decode kernel
+    (kernels/block_matmul.py's matmul_q16), prefill rows included: teacher-forced positions then
+    score what decode computes."""
+    engine = _engine(model_dir, False, cpu_kernels, "int16")
+    for module in engine.model.modules():
+        if isinstance(module, BlockLinear):
+            module.few_rows_max = sys.maxsize
+    return engine
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -59,6 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=32, help="teacher-forced positions compared per prompt")
     parser.add_argument("--cpu-kernels", default="auto")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--path", choices=("int8", "int16-decode"), default="int8",
+                        help="int8: the int8 GEMM (prefill and decode); int16-decode: the few-rows kernels with "
+                             "int16 activations, forced for every row")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     model_dir = pull(args.model)
@@ -67,7 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     _, rag = rag_prompts(args.num_prompts - num_chat, 24, 4, 120, args.seed)
     prompts = [builder.build(messages) for messages in chat_messages(num_chat, args.seed)]
     prompts += [builder.build(list(p.messages), documents=[dict(d) for d in p.documents] or None) for p in rag]
-    reference, quantized = _engine(model_dir, False, args.cpu_kernels), _engine(model_dir, True, args.cpu_kernels)
+    reference = _engine(model_dir, False, args.cpu_kernels)
+    quantized = (_engine(model_dir, True, args.cpu_kernels) if args.path == "int8"
+                 else _int16_decode_engine(model_dir, args.cpu_kernels))
     print(f"float32: {reference.backend.describe()}\nint8: {quantized.backend.describe()}", file=sys.stderr)
     answers = reference.generate(prompts, SamplingParams(max_tokens=NUM_ANSWER_TOKENS, temperature=0.0))
     kls, agreements, first_same = [], [], []
@@ -86,9 +107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     lengths = [len(p) for p in prompts]
     print(f"{len(prompts)} prompts ({num_chat} chat, {len(prompts) - num_chat} RAG; {min(lengths)}-{max(lengths)} "
           f"tokens, mean {sum(lengths) / len(lengths):.0f}), {kl.numel()} teacher-forced positions, "
-          f"kernels {quantized.backend.gemm_q8.variant if quantized.backend.gemm_q8 else 'none'}:")
-    print(f"  top-1 agreement int8 vs float32: {agree.mean():.4f}")
-    print(f"  mean KL(float32 || int8) per token: {kl.mean():.2e} nats (p99 {kl.quantile(0.99):.2e}, "
+          f"path {args.path}, kernels {quantized.backend.instruction_sets}:")
+    print(f"  top-1 agreement {args.path} vs float32: {agree.mean():.4f}")
+    print(f"  mean KL(float32 || {args.path}) per token: {kl.mean():.2e} nats (p99 {kl.quantile(0.99):.2e}, "
           f"max {kl.max():.2e})")
     print(f"  first answer token agreement: {sum(first_same) / len(first_same):.4f}")
     print(f"  ({time.perf_counter() - started:.0f} s)")

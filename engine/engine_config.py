@@ -114,6 +114,11 @@ class EngineConfig:
     # else float32 activations (oneDNN, the float blocks kernel). Off by default until its quality against
     # float32 is measured (bench/int8_activation_quality.py; docs/performance.md)
     int8_activations: bool = False
+    # cpu: what the few-rows (decode) kernels over GGUF blocks multiply with: "int16" (activations quantized
+    # per group of 32, integer dot products; ~1.6x faster decode; opt-in until its top-1 agreement with
+    # float32 is measured >= 0.99, docs/performance.md) or "float32" (each weight decoded to its float32
+    # value; exact up to summation order)
+    decode_activations: str = "float32"
     # The disk tier of KV pages (engine/kv_tier_link.py): its root (the model's tier is a
     # fingerprint-named directory under it), or None for no tier. `serve` turns it on by default.
     kv_disk_dir: Path | None = None

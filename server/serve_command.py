@@ -52,6 +52,8 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
         resolve_variant(args.cpu_kernels, this_cpu())  # a variant this CPU lacks is refused here, in one line
         engine_fields.update(_kv_disk_fields(args))
         engine_fields.update(_document_fields(args))
+        if args.decode_activations is not None:
+            engine_fields["decode_activations"] = args.decode_activations
         engine = EngineConfig(model_dir=model_dir, device=args.device, dtype=args.dtype, schedule=args.schedule,
                               eviction_policy=args.eviction_policy,
                               speculation=config_from_args(SpeculationConfig, args),

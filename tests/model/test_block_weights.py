@@ -83,10 +83,11 @@ def write_block_model(path, tokenizer_source, tie: bool, embedding_format: str) 
     writer.close()
 
 
-def _engine(model_dir, backend: str, gguf_blocks: bool = True) -> LLMEngine:
+def _engine(model_dir, backend: str, gguf_blocks: bool = True, decode_activations: str = "float32") -> LLMEngine:
     return LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", kv_cache_bytes=16 << 20,
                                   max_num_batched_tokens=2048, gguf_blocks=gguf_blocks, backend=backend,
-                                  few_rows_crossover="fixed", speculation=SpeculationConfig("off")))
+                                  few_rows_crossover="fixed", speculation=SpeculationConfig("off"),
+                                  decode_activations=decode_activations))
 
 
 @pytest.mark.parametrize("tie, embedding_format", [(True, "Q6_K"), (False, "F16")])
@@ -117,6 +118,11 @@ def test_every_block_type_runs_as_blocks_and_matches_dequantized(tmp_path, tiny_
     assert dequantized.generate(prompts, params) == expected
     assert on_blocks.generate(prompts, params) == expected  # batched: decode rows share the kernels
     assert [on_blocks.generate([p], params)[0] for p in prompts] == expected  # one at a time
+
+    on_int16 = _engine(model_dir, "cpu", decode_activations="int16")  # every format through matmul_q16
+    assert "int16 activations" in on_int16.backend.plan().linears["layers.0.mlp.gate_up_proj"].few_rows
+    batched = on_int16.generate(prompts, params)
+    assert [on_int16.generate([p], params)[0] for p in prompts] == batched  # a path agrees with itself
 
 
 def test_blocks_file_is_read_without_the_float32_file_growing(tmp_path, tiny_gguf):
