@@ -1,47 +1,65 @@
-"""The cpu backend's speed against the machine's limits, int8 and float32 activations side by side.
+"""Prefill and decode speed of radixserve against llama-server on the same GGUF files, and both
+against the machine's limits, side by side in one run.
 
-    nice .venv/bin/python -m bench.cpu_speed_bench [--model smollm2-135m-instruct] [--threads N]
-        [--lengths 1024,4096] [--llama-server PATH]
+    nice .venv/bin/python -m bench.cpu_speed_bench [--models default,q4_k_m,q8_0] [--lengths 1024,4096]
+        [--threads N] [--also-float-activations]
 
-One run, one process, every timing alternating between the variants (the median of 3):
-- the machine's limits on one weight shape (2048 x 2048, 512 rows): the int8 GEMM over Q8_0 blocks
-  (kernels/cpu_gemm_q8.py), torch's fbgemm dynamic int8 linear, oneDNN's bfloat16 and float32 GEMMs,
-  in GOP/s; and copy bandwidth (a 256 MiB tensor copied), GB/s;
-- radixserve in-process (engine/llm_engine.py), int8 activations (the default) and float32 ones:
-  cold prefill tokens/s at each length (prefix cache off), decode tokens/s at batch 1 and 8
-  (64 tokens each, fixed); prefill's
-  rate as GOP/s of the linear layers (2 x their weights a token) against the int8 GEMM's;
-- with --llama-server (a built binary; none is built here), llama-server on the model's GGUF file,
-  the same prompts over HTTP, its own timings (prompt_per_second, predicted_per_second).
-Prints the CPU's instruction sets and the kernel variant: the numbers belong to them.
+One command (about 10 minutes on a quiet 2-core machine). First the machine's limits on one weight
+shape (2048 x 2048, 512 rows): our int8 GEMM over Q8_0 blocks (kernels/cpu_gemm_q8.py), torch's
+fbgemm dynamic int8 linear, oneDNN's bfloat16 and float32 GEMMs (GOP/s, interleaved, best of 3),
+and copy bandwidth (GB/s, read + write). Then, per model, each server started alone on the model's
+GGUF file (radixserve `serve --model FILE --int8-activations`, prefix cache and KV disk tier off;
+llama-server from bench/llama_server.py, prompt caching off per request), the same client over
+HTTP (/v1/completions, token-id prompts of random ids, greedy, ignore_eos):
+- prefill tokens/s, cold: a prompt of L random tokens, one output token, wall time of the request
+  (the median of 3 at 1024, one at 4096);
+- decode tokens/s at batch 1 and 8: B streamed requests at once, 32-token prompts, DECODE_TOKENS
+  tokens each; tokens after each stream's first over the time from the last first token to the
+  last token;
+- the server's peak RSS (VmHWM of /proc/PID/status, read before it is stopped).
+Then per model: prefill's linear layers as GOP/s (2 x their weights a token; the LM head runs for
+the last token only, attention not counted) against the int8 GEMM's measured rate, and batch-1
+decode against the bandwidth limit (the file's bytes read once a token at the copy bandwidth).
+Models: `default` (SmolLM2-135M-Instruct Q4_1, the pulled default) and the random files in
+Llama-3.2-1B's shapes (bench/random_gguf.py: made once by llama-quantize). Prints the CPU's
+instruction sets: the numbers belong to them. Results go to docs/performance.md by hand.
 """
 
 import argparse
 import json
+import os
 import random
 import statistics
+import subprocess
 import sys
+import tempfile
+import threading
 import time
-import urllib.request
 from pathlib import Path
 
+import httpx
 import torch
 
-from engine.engine_config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
+from bench.llama_server import find_or_build_llama_server, llama_server_version
+from bench.local_server import stop_process
+from bench.quant_memory_bench import peak_rss_bytes, start
+from bench.random_gguf import random_gguf
 from kernels import cpu_gemm_q8
 from kernels.block_formats import BlockWeight
 from kernels.cpu_features import this_cpu
 from kernels.packed_linear import pack_weight, packed_linear
-from store.model_store import pull, radixserve_home
+from store.gguf_import import read_metadata
+from store.model_store import radixserve_home
 
-REPEATS = 3
 DECODE_TOKENS = 64
-KV_CACHE_BYTES = 512 << 20
+DECODE_PROMPT_TOKENS = 32
+PREFILL_REPEATS = {1024: 3}  # other lengths: one request (a 4k prefill of a 1B model is tens of seconds)
+CONTEXT = 4352  # tokens a llama-server slot holds: a 4096-token prompt and its answer
+NUM_SLOTS = 8  # decode at batch 8
+MODEL_FILES = {"default": None, "q4_k_m": ("llama-3.2-1b", "Q4_K_M"), "q8_0": ("llama-3.2-1b", "Q8_0")}
 
 
-def _best_of(fn, repeats: int = 5) -> float:
+def _best_of(fn, repeats: int) -> float:
     fn()
     best = float("inf")
     for _ in range(repeats):
@@ -62,8 +80,7 @@ def machine_limits() -> dict[str, float]:
     from gguf.quants import quantize
 
     kernels = cpu_gemm_q8.load(radixserve_home() / "kernels", variant=this_cpu().best_variant())
-    blocks = BlockWeight.from_gguf("Q8_0", quantize(weight.numpy(), GGMLQuantizationType.Q8_0), cols)
-    packed = kernels.repack(blocks)
+    packed = kernels.repack(BlockWeight.from_gguf("Q8_0", quantize(weight.numpy(), GGMLQuantizationType.Q8_0), cols))
     linear = torch.nn.Linear(cols, rows, bias=False)
     linear.weight.data.copy_(weight)
     dynamic = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(linear), {torch.nn.Linear},
@@ -77,135 +94,179 @@ def machine_limits() -> dict[str, float]:
         "oneDNN float32 GEMM (prepacked)": lambda: packed_linear(x, packed_f32, None),
     }
     best = {name: float("inf") for name in paths}
-    for _ in range(REPEATS):  # interleaved: noise hits every path alike
+    for _ in range(3):  # interleaved: noise hits every path alike
         for name, fn in paths.items():
             best[name] = min(best[name], _best_of(fn, 2))
     limits = {name: ops / seconds / 1e9 for name, seconds in best.items()}
     source = torch.empty(64 << 20, dtype=torch.float32).normal_()
     target = torch.empty_like(source)
-    seconds = _best_of(lambda: target.copy_(source))
-    limits["copy GB/s (read + write)"] = 2 * source.numel() * 4 / seconds / 1e9
+    limits["copy GB/s (read + write)"] = 2 * source.numel() * 4 / _best_of(lambda: target.copy_(source), 5) / 1e9
     return limits
 
 
-def _engine(model_dir: Path, int8: bool) -> LLMEngine:
-    return LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", kv_cache_bytes=KV_CACHE_BYTES,
-                                  enable_prefix_cache=False, max_num_batched_tokens=4096, int8_activations=int8))
+def model_file(name: str) -> Path:
+    """The GGUF file a model name stands for (the default model's as pulled)."""
+    if MODEL_FILES[name] is None:
+        files = sorted((radixserve_home() / "downloads").rglob("*.gguf"))
+        matches = [f for f in files if "smollm2-135m" in f.name.lower() and "q4_1" in f.name.lower()]
+        if not matches:
+            raise SystemExit(f"no SmolLM2-135M Q4_1 GGUF under {radixserve_home() / 'downloads'}: "
+                             "run `radixserve pull` first")
+        return matches[0]
+    shape, type_name = MODEL_FILES[name]
+    return random_gguf(shape, type_name)
 
 
-def _prefill_seconds(engine: LLMEngine, prompt: list[int]) -> float:
-    started = time.perf_counter()
-    engine.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
-    return time.perf_counter() - started
+def gguf_metadata(gguf_path: Path) -> dict:
+    from gguf import GGUFReader
+
+    return read_metadata(GGUFReader(gguf_path))
 
 
-def _decode_rate(engine: LLMEngine, prompts: list[list[int]]) -> float:
-    """Tokens/s of DECODE_TOKENS tokens each for len(prompts) sequences together, prefill excluded."""
-    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-    prefill = time.perf_counter()
-    engine.generate(prompts, params)
-    prefill = time.perf_counter() - prefill
-    params = SamplingParams(max_tokens=DECODE_TOKENS + 1, temperature=0.0, ignore_eos=True)
-    started = time.perf_counter()
-    engine.generate(prompts, params)
-    return len(prompts) * DECODE_TOKENS / (time.perf_counter() - started - prefill)
+def llama_kv_bytes(meta: dict) -> int:
+    """llama-server's KV cache here: f16 K and V of every layer for NUM_SLOTS * CONTEXT tokens. radixserve's
+    pool gets the same bytes (float32: half the tokens, enough for a 4k prompt and 8 short streams)."""
+    arch = meta["general.architecture"]
+    heads, kv_heads = meta[f"{arch}.attention.head_count"], meta[f"{arch}.attention.head_count_kv"]
+    head_dim = meta.get(f"{arch}.attention.key_length", meta[f"{arch}.embedding_length"] // heads)
+    return 2 * meta[f"{arch}.block_count"] * NUM_SLOTS * CONTEXT * kv_heads * head_dim * 2
 
 
-def linear_weight_elements(engine: LLMEngine) -> int:
-    """Weights of the linear layers a prefill token multiplies (lm_head once per sequence: left out)."""
-    config = engine.model.config
-    per_layer = config.hidden_size * (config.num_heads + 2 * config.num_kv_heads) * config.head_dim \
-        + config.num_heads * config.head_dim * config.hidden_size + 3 * config.hidden_size * config.intermediate_size
-    return per_layer * config.num_layers
+def linear_weight_elements(meta: dict) -> int:
+    """Weights a prefill token multiplies in the linear layers (the LM head, once a sequence, left out)."""
+    arch = meta["general.architecture"]
+    hidden, ffn, layers = (meta[f"{arch}.embedding_length"], meta[f"{arch}.feed_forward_length"],
+                           meta[f"{arch}.block_count"])
+    heads, kv_heads = meta[f"{arch}.attention.head_count"], meta[f"{arch}.attention.head_count_kv"]
+    head_dim = hidden // heads
+    per_layer = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden + 3 * hidden * ffn
+    return per_layer * layers
 
 
-def radixserve_rates(model_dir: Path, lengths: list[int]) -> dict[str, dict[str, float]]:
-    engines = {"int8 activations": _engine(model_dir, True), "float32 activations": _engine(model_dir, False)}
-    for name, engine in engines.items():
-        print(f"  {name}: {engine.backend.describe()}", flush=True)
-    rng = random.Random(0)
-    vocab = engines["int8 activations"].vocab_size
+class Client:
+    def __init__(self, port: int, vocab: int, seed: int):
+        self.url = f"http://127.0.0.1:{port}/v1/completions"
+        self.model = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=30).json()["data"][0]["id"]
+        self.vocab, self.rng = vocab, random.Random(seed)
 
-    def prompt(length: int) -> list[int]:
-        return [rng.randrange(100, vocab) for _ in range(length)]
+    def prompt(self, length: int) -> list[int]:
+        return [self.rng.randrange(100, self.vocab - 100) for _ in range(length)]
 
-    results: dict[str, dict[str, float]] = {name: {} for name in engines}
-    for engine in engines.values():
-        _prefill_seconds(engine, prompt(64))  # warm-up
-    for length in lengths:
-        samples = {name: [] for name in engines}
-        for _ in range(REPEATS):
-            for name, engine in engines.items():
-                samples[name].append(_prefill_seconds(engine, prompt(length)))
-        for name in engines:
-            results[name][f"prefill tok/s @{length}"] = length / statistics.median(samples[name])
-    for batch in (1, 8):
-        samples = {name: [] for name in engines}
-        for _ in range(REPEATS):
-            for name, engine in engines.items():
-                samples[name].append(_decode_rate(engine, [prompt(32) for _ in range(batch)]))
-        for name in engines:
-            results[name][f"decode tok/s @batch {batch}"] = statistics.median(samples[name])
-    linear_ops = 2 * linear_weight_elements(engines["int8 activations"])
-    for name in engines:
-        best_prefill = max(v for k, v in results[name].items() if k.startswith("prefill"))
-        results[name]["linear GOP/s at the best prefill"] = best_prefill * linear_ops / 1e9
-    return results
+    def body(self, prompt: list[int], max_tokens: int, stream: bool) -> dict:
+        return {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                "ignore_eos": True, "stream": stream, "cache_prompt": False}
+
+    def prefill_seconds(self, length: int) -> float:
+        started = time.perf_counter()
+        response = httpx.post(self.url, json=self.body(self.prompt(length), 1, False), timeout=1800)
+        response.raise_for_status()
+        return time.perf_counter() - started
+
+    def _stream_times(self, prompt: list[int], times: list) -> None:
+        with httpx.stream("POST", self.url, json=self.body(prompt, DECODE_TOKENS + 1, True), timeout=1800) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    if any(c.get("text") is not None for c in json.loads(line[6:]).get("choices", [])):
+                        times.append(time.perf_counter())
+
+    def decode_rate(self, batch: int) -> float:
+        """Tokens/s after the first token of each of `batch` concurrent streams."""
+        prompts = [self.prompt(DECODE_PROMPT_TOKENS) for _ in range(batch)]
+        times = [[] for _ in range(batch)]
+        threads = [threading.Thread(target=self._stream_times, args=(p, t)) for p, t in zip(prompts, times)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if any(len(t) < 2 for t in times):
+            raise RuntimeError(f"streams returned {[len(t) for t in times]} chunks")
+        return sum(len(t) - 1 for t in times) / (max(t[-1] for t in times) - max(t[0] for t in times))
 
 
-def llama_server_rates(binary: Path, gguf_path: Path, lengths: list[int], vocab: int) -> dict[str, float]:
-    from bench.llama_server import llama_server
-
-    rng = random.Random(1)
-    results = {}
-    # 8 slots of 4352 tokens: a 4096-token prompt and its answer fit one
-    with llama_server(binary, gguf_path, num_slots=8, model_name="bench",
-                      extra_args=("--ctx-size", str(8 * 4352), "--threads", str(torch.get_num_threads()))) as url:
-        def complete(tokens: list[int], n_predict: int) -> dict:
-            body = json.dumps({"prompt": tokens, "n_predict": n_predict, "cache_prompt": False,
-                               "ignore_eos": True, "temperature": 0}).encode()
-            request = urllib.request.Request(f"{url}/completion", body, {"Content-Type": "application/json"})
-            with urllib.request.urlopen(request, timeout=600) as response:
-                return json.loads(response.read())["timings"]
-
+def measure_server(name: str, argv: list[str], port: int, vocab: int, lengths: list[int], log_path: Path) -> dict:
+    process = start(argv, port, log_path)
+    try:
+        client = Client(port, vocab, seed=len(lengths))  # both servers get the same prompts
+        client.prefill_seconds(64)  # warm-up
+        results = {}
         for length in lengths:
-            rates = [complete([rng.randrange(100, vocab) for _ in range(length)], 1)["prompt_per_second"]
-                     for _ in range(REPEATS)]
-            results[f"prefill tok/s @{length}"] = statistics.median(rates)
-        results["decode tok/s @batch 1"] = statistics.median(
-            complete([rng.randrange(100, vocab) for _ in range(32)], DECODE_TOKENS)["predicted_per_second"]
-            for _ in range(REPEATS))
+            seconds = [client.prefill_seconds(length) for _ in range(PREFILL_REPEATS.get(length, 1))]
+            results[f"prefill tok/s @{length}"] = length / statistics.median(seconds)
+        for batch in (1, NUM_SLOTS):
+            results[f"decode tok/s @batch {batch}"] = client.decode_rate(batch)
+        results["peak RSS GiB"] = peak_rss_bytes(process.pid) / 2**30
+    finally:
+        stop_process(process)
+    print(f"    {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in results.items()), flush=True)
     return results
+
+
+def radixserve_argv(gguf_path: Path, port: int, kv_bytes: int, extra: list[str]) -> list[str]:
+    return [sys.executable, "-m", "server.cli", "serve", "--model", str(gguf_path), "--host", "127.0.0.1",
+            "--port", str(port), "--dtype", "float32", "--kv-cache-memory", str(kv_bytes), "--no-prefix-cache",
+            "--no-kv-disk", "--speculative", "off", "--max-num-batched-tokens", "4096", *extra]
+
+
+def llama_argv(binary: Path, gguf_path: Path, port: int, threads: int) -> list[str]:
+    return [str(binary), "-m", str(gguf_path), "--host", "127.0.0.1", "--port", str(port), "--parallel",
+            str(NUM_SLOTS), "--ctx-size", str(NUM_SLOTS * CONTEXT), "--threads", str(threads), "--no-webui"]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--models", default=",".join(MODEL_FILES), help=f"of {', '.join(MODEL_FILES)}")
     parser.add_argument("--lengths", default="1024,4096")
-    parser.add_argument("--llama-server", type=Path, help="a built llama-server binary (run on the same GGUF file)")
-    parser.add_argument("--gguf", type=Path, help="the GGUF file the model was converted from (for llama-server)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--also-float-activations", action="store_true",
+                        help="a third column: radixserve with int8 activations off")
+    parser.add_argument("--log-dir", type=Path, default=Path(tempfile.gettempdir()))
     args = parser.parse_args(argv)
+    started = time.perf_counter()
     torch.set_num_threads(args.threads)
     lengths = [int(v) for v in args.lengths.split(",")]
-    print(f"cpu: {this_cpu().describe()}; kernels: {this_cpu().best_variant()}; {args.threads} threads")
-    print("machine limits (one weight shape, 2048 x 2048 x 512 rows):")
+    binary = find_or_build_llama_server()
+    print(f"cpu: {this_cpu().describe()}; best kernels {this_cpu().best_variant()}; {args.threads} threads; "
+          f"load average {os.getloadavg()[0]:.1f}; llama-server {llama_server_version(binary)}")
     limits = machine_limits()
+    print("machine limits (2048 x 2048 weight, 512 rows):")
     for name, value in limits.items():
         print(f"  {name}: {value:.1f}" + ("" if "GB/s" in name else " GOP/s"))
-    model_dir = pull(args.model)
-    print(f"radixserve on {model_dir.name}:")
-    results = radixserve_rates(model_dir, lengths)
-    if args.llama_server:
-        results["llama-server"] = llama_server_rates(args.llama_server, args.gguf, lengths, 49152)
-    metrics = sorted({metric for values in results.values() for metric in values},
-                     key=lambda m: (not m.startswith("prefill"), m))
-    print(f"  {'':40s}" + "".join(f"{name:>24s}" for name in results))
-    for metric in metrics:
-        print(f"  {metric:40s}" + "".join(f"{values.get(metric, float('nan')):24.1f}" for values in results.values()))
-    int8_limit = next(value for name, value in limits.items() if name.startswith("int8 GEMM"))
-    best = results["int8 activations"]["linear GOP/s at the best prefill"]
-    print(f"  int8 prefill's linear layers at {100 * best / int8_limit:.0f}% of the int8 GEMM's rate")
+    int8_rate = next(v for k, v in limits.items() if k.startswith("int8 GEMM"))
+    copy_rate = limits["copy GB/s (read + write)"]
+    servers = ["radixserve", "llama-server"] + (["radixserve float32 activations"] if args.also_float_activations else [])
+    # radixserve's columns name their activations explicitly, whatever the default is
+    tables = {}
+    for model in filter(None, args.models.split(",")):
+        gguf_path = model_file(model)
+        meta = gguf_metadata(gguf_path)
+        vocab = len(meta["tokenizer.ggml.tokens"])
+        print(f"{model}: {gguf_path.name} ({gguf_path.stat().st_size / 2**30:.2f} GiB)", flush=True)
+        rows = {}
+        for server in servers:
+            port = random.randrange(18000, 19000)
+            log_path = args.log_dir / f"cpu_speed_bench_{model}_{server.replace(' ', '_')}.log"
+            command = (llama_argv(binary, gguf_path, port, args.threads) if server == "llama-server" else
+                       radixserve_argv(gguf_path, port, llama_kv_bytes(meta), ["--int8-activations"] if server == "radixserve"
+                                       else ["--no-int8-activations"]))
+            rows[server] = measure_server(server, command, port, vocab, lengths, log_path)
+        linear_ops = 2 * linear_weight_elements(meta)
+        for values in rows.values():
+            best_prefill = max(v for k, v in values.items() if k.startswith("prefill"))
+            values["prefill linear GOP/s"] = best_prefill * linear_ops / 1e9
+            values["% of int8 GEMM rate"] = 100 * values["prefill linear GOP/s"] / int8_rate
+            values["% of bandwidth limit @batch 1"] = (100 * values["decode tok/s @batch 1"]
+                                                       * gguf_path.stat().st_size / (copy_rate * 1e9))
+        tables[model] = rows
+    print(f"\nload average at the end {os.getloadavg()[0]:.1f}; {time.perf_counter() - started:.0f} s")
+    for model, rows in tables.items():
+        print(f"\n{model} ({model_file(model).name})\n")
+        print("| | " + " | ".join(rows) + " | radixserve / llama-server |")
+        print("|---|" + "---|" * (len(rows) + 1))
+        for metric in rows["radixserve"]:
+            ours, peer = rows["radixserve"][metric], rows["llama-server"][metric]
+            print(f"| {metric} | " + " | ".join(f"{values[metric]:.1f}" for values in rows.values())
+                  + f" | {ours / peer:.2f} |")
     return 0
 
 

@@ -7,12 +7,14 @@ Each candidate setting is sent as the request's own sampling fields (the `server
 none, so the server's defaults apply: the README's curl), with a `max_tokens` cap of --cap,
 over the everyday questions below (the README's "What is the capital of France?" first), once
 per seed. Per setting: the share of answers that end by themselves (finish_reason "stop"),
-their completion tokens and seconds (median and max). One request at a time, so the seconds
-are one request's. docs/performance.md has the table and the choice (server/generation_defaults.py).
+their completion tokens and seconds (median and max). One request at a time by default, so the
+seconds are one request's; `--concurrency N` sends N at once (finish reasons and tokens of seeded
+requests do not depend on it, the seconds do: a table says which it ran). docs/performance.md has the table and the choice (server/generation_defaults.py).
 """
 
 import argparse
 import statistics
+from concurrent.futures import ThreadPoolExecutor
 import sys
 import time
 from contextlib import nullcontext
@@ -44,6 +46,16 @@ SETTINGS = {
     "cool+min-p0.1": {"temperature": 0.7, "top_k": 40, "top_p": 0.95, "min_p": 0.1},
     "smollm2-card": {"temperature": 0.2, "top_p": 0.9},  # the model card's example
     "greedy": {"temperature": 0.0},
+    # against loops (a 135M model's runaways repeat a line or a list item): penalties on what was generated
+    "llama.cpp+presence0.5": {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "presence_penalty": 0.5},
+    "llama.cpp+presence1.0": {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "presence_penalty": 1.0},
+    "llama.cpp+frequency0.3": {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "frequency_penalty": 0.3},
+    # DRY (engine/dry_penalty.py): the penalty grows with the length of the repeat a token would extend
+    "llama.cpp+dry0.8": {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "dry_multiplier": 0.8},
+    "llama.cpp+dry0.8-allowed3": {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05,
+                                  "dry_multiplier": 0.8, "dry_allowed_length": 3},
+    "llama.cpp+dry0.8+rep1.1": {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "dry_multiplier": 0.8,
+                                "repetition_penalty": 1.1},
 }
 
 
@@ -85,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="max_tokens sent with each request (0: none, the server's default applies)")
     parser.add_argument("--server-args", nargs=argparse.REMAINDER, default=[],
                         help="more `serve` flags for the server this bench starts (last)")
+    parser.add_argument("--concurrency", type=int, default=1, help="requests in flight at once (seconds then "
+                        "are each request's under that load)")
     parser.add_argument("--show-text", action="store_true", help="print each answer's first 100 characters")
     args = parser.parse_args(argv)
 
@@ -94,13 +108,13 @@ def main(argv: list[str] | None = None) -> int:
         lines = ["| setting | ended by themselves | tokens (median) | tokens (max) | seconds (median) | seconds (max) |",
                  "|---|---|---|---|---|---|"]
         for name in args.settings:
-            rows = []
-            for seed in args.seeds:
-                for question in QUESTIONS:
-                    row = ask(client, question, SETTINGS[name], args.cap or None, seed)
-                    rows.append(row)
-                    print(f"{name} seed {seed}: {row['finish_reason']} {row['tokens']} tokens {row['seconds']:.1f} s"
-                          + (f"  {row['text'][:100]!r}" if args.show_text else ""), file=sys.stderr, flush=True)
+            jobs = [(seed, question) for seed in args.seeds for question in QUESTIONS]
+            with ThreadPoolExecutor(max_workers=args.concurrency) as pool:
+                rows = list(pool.map(lambda job: ask(client, job[1], SETTINGS[name], args.cap or None, job[0]), jobs))
+            for (seed, question), row in zip(jobs, rows):
+                print(f"{name} seed {seed}: {row['finish_reason']} {row['tokens']} tokens {row['seconds']:.1f} s"
+                      + (f"  {question[:30]!r} {row['text'][-300:]!r}" if args.show_text else ""),
+                      file=sys.stderr, flush=True)
             lines.append(summarize(name, rows))
             print(lines[-1], file=sys.stderr, flush=True)
     print("\n".join(lines))

@@ -19,7 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from engine.document_reuse_config import DocumentReuseConfig
 from engine.engine_config import EngineConfig
+from engine.kv_disk_config import KVDiskConfig
 from engine.llm_engine import LLMEngine
 from engine.request_options import RequestOptions
 from engine.sampling_params import SamplingParams
@@ -32,7 +34,8 @@ ANSWER_TOKENS = 4
 
 def _engine(model_dir: Path, kv_disk_dir: Path | None) -> LLMEngine:
     return LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", kv_cache_bytes=256 << 20,
-                                  max_num_batched_tokens=2048, document_reuse=True, kv_disk_dir=kv_disk_dir))
+                                  max_num_batched_tokens=2048, kv_disk=KVDiskConfig(directory=kv_disk_dir),
+                                  documents=DocumentReuseConfig(enabled=True)))
 
 
 def _prompt(system, documents, question) -> tuple[list[int], RequestOptions]:

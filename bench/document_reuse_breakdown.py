@@ -42,6 +42,7 @@ from bench import corpus
 from bench.rag_collection_workload import COLLECTION, collection_passages, rag_collection_workload
 from bench.workload_sizes import WorkloadSizes
 from bench.workloads import build_workload
+from engine.document_reuse_config import DocumentReuseConfig
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.request import Request
@@ -206,16 +207,17 @@ def report(name: str, breakdown: Breakdown, reuse_off_per_request: list[int] | N
 
 
 def engine_for(model_dir: Path, args: argparse.Namespace, document_reuse: bool) -> LLMEngine:
-    return LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", document_reuse=document_reuse,
-                                  document_boundary_tokens=args.boundary_tokens, max_num_seqs=args.concurrency,
-                                  kv_cache_bytes=KV_CACHE_BYTES))
+    return LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", max_num_seqs=args.concurrency,
+                                  kv_cache_bytes=KV_CACHE_BYTES,
+                                  documents=DocumentReuseConfig(enabled=document_reuse,
+                                                                boundary_tokens=args.boundary_tokens)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--boundary-tokens", type=int, default=EngineConfig.document_boundary_tokens)
+    parser.add_argument("--boundary-tokens", type=int, default=DocumentReuseConfig().boundary_tokens)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-reuse-off", action="store_true", help="do not run reuse off for the ratio")
     args = parser.parse_args(argv)

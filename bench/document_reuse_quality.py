@@ -45,6 +45,7 @@ from bench.document_reuse_exact_cache import (ExactAnswer, current_commit, load_
 from bench.document_reuse_metrics import PromptComparison, compare_prompt
 from bench.document_reuse_prompts import PLAIN_STYLES, RagPrompt, answer_is_correct, rag_prompts
 from bench.document_reuse_report import QualityRun, VariantResult, write_quality_report
+from engine.document_reuse_config import DocumentReuseConfig
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.request_options import RequestOptions
@@ -93,12 +94,11 @@ def _options(built: BuiltPrompt, document_reuse: bool) -> RequestOptions:
 
 
 def _engine(model_dir: Path, variant: Variant) -> LLMEngine:
-    fields = dict(document_reuse=variant.document_reuse, document_store_bytes=DOCUMENT_STORE_BYTES,
-                  document_boundary_tokens=variant.boundary_tokens)
-    if variant.recompute_fraction > 0:
-        fields["document_recompute_fraction"] = variant.recompute_fraction
+    documents = DocumentReuseConfig(enabled=variant.document_reuse, store_bytes=DOCUMENT_STORE_BYTES,
+                                    boundary_tokens=variant.boundary_tokens,
+                                    recompute_fraction=variant.recompute_fraction)
     return LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", kv_cache_bytes=KV_CACHE_BYTES,
-                                  **fields))
+                                  documents=documents))
 
 
 def _answer_window(engine: LLMEngine, window: Sequence[BuiltPrompt]) -> list[tuple[list[int], int]]:
@@ -180,7 +180,7 @@ def variants_for(k_values: Sequence[int], precomputed_k_values: Sequence[int], r
 def recompute_fraction_error(model_dir: Path, fraction: float) -> str | None:
     """Why this engine refuses selective recompute at `fraction`, or None when it accepts it."""
     try:
-        EngineConfig(model_dir=model_dir, document_recompute_fraction=fraction)
+        EngineConfig(model_dir=model_dir, documents=DocumentReuseConfig(recompute_fraction=fraction))
     except (TypeError, ValueError) as error:
         return str(error)
     return None

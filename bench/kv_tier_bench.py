@@ -26,6 +26,7 @@ from pathlib import Path
 
 from bench.engine_bench import run_alone
 from engine.engine_config import EngineConfig
+from engine.kv_disk_config import KVDiskConfig
 from engine.llm_engine import LLMEngine
 from store.model_store import DEFAULT_MODEL, pull
 
@@ -45,7 +46,7 @@ def _tokens(rng: random.Random, num_tokens: int, vocab_size: int) -> list[int]:
 def _engine(model_dir: Path, num_pool_bytes: int, kv_disk_dir: Path | None, policy: str = "write-through"):
     return LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", page_size=PAGE_SIZE,
                                   kv_cache_bytes=num_pool_bytes, max_num_batched_tokens=2048,
-                                  kv_disk_dir=kv_disk_dir, kv_disk_policy=policy, kv_disk_bytes=8 << 30))
+                                  kv_disk=KVDiskConfig(directory=kv_disk_dir, policy=policy, max_bytes=8 << 30)))
 
 
 def _run(engine: LLMEngine, prompt: list[int], max_tokens: int) -> tuple[float, list[int], int]:

@@ -2,9 +2,13 @@
 by the position delta, V as is) before the forward that first needs them, and copying spans that
 missed the store out of a request's pages as soon as they are computed.
 
-A store entry's KV is a (K, V) pair of (num_layers, L + T, KVH, D) tensors in the pool's dtype, as
-the model wrote them at positions entry.position - L .. entry.position + T - 1 (K already rotated),
+A store entry's KV is a (K, V) pair of StoredRows (kernels/kv_format.py): (num_layers, L + T, KVH, D)
+values in the pool's K and V formats (int8 with their (num_layers, L + T, KVH) scales), as the model
+wrote them at positions entry.position - L .. entry.position + T - 1 (K already rotated),
 L = len(entry.lead_ids) rows of the tokens before the span first.
+
+Placing quantized K: dequantize, rotate, quantize again on the store (the backend's
+store_rerotated_kv); V is dequantized and quantized again, which gives back the same int8 values.
 """
 
 import torch
@@ -15,6 +19,7 @@ from engine.document_reuse import DocumentPlan
 from engine.request import Request
 from engine.scheduler import ScheduledChunk
 from kernels.attention_inputs import slot_ids_of
+from kernels.kv_format import StoredRows
 from kernels.rotary import rerotation_cos_sin
 
 
@@ -49,13 +54,15 @@ class DocumentKVCopier:
         rows = slice(copy.source_start, copy.source_start + copy.num_tokens)
         slots = self._slots(request, copy.start, copy.start + copy.num_tokens)
         tables = {}  # one (cos, sin) per distinct RoPE
+        dtype = self.kv_pool.shape.dtype  # the model's: what K is rotated in
         for layer, (k_cache, v_cache) in enumerate(self.kv_pool.layers):
             inv_freq = self.layer_inv_freqs[layer]
             if id(inv_freq) not in tables:
-                tables[id(inv_freq)] = rerotation_cos_sin(inv_freq, copy.delta, k_stored.dtype)
+                tables[id(inv_freq)] = rerotation_cos_sin(inv_freq, copy.delta, dtype)
             cos, sin = tables[id(inv_freq)]
-            self.backend.store_rerotated_kv(k_stored[layer, rows], v_stored[layer, rows], cos, sin,
-                                            k_cache, v_cache, slots)
+            self.backend.store_rerotated_kv(k_stored[layer, rows].dequantized(dtype),
+                                            v_stored[layer, rows].dequantized(dtype), cos, sin, k_cache, v_cache,
+                                            slots)
 
     def fill(self, chunks: list[ScheduledChunk]) -> None:
         """For the step's prefilling requests: copy each span that missed the store from their pages
@@ -72,19 +79,17 @@ class DocumentKVCopier:
                     continue
                 lead_start = span.start - span.num_lead_tokens
                 k, v = self._gather(request, lead_start, span.end)  # the lead's rows first
-                num_bytes = k.numel() * k.element_size() * 2
+                num_bytes = k.num_bytes + v.num_bytes
                 if self.store.insert(key, (k, v), num_bytes, span.start, span.predecessor,
                                      request.prompt_token_ids[lead_start:span.start]) is not None:
                     self.num_stored_spans += 1
             if computed:
                 plan.to_store = [span for span in plan.to_store if span.end > request.num_computed_tokens]
 
-    def _gather(self, request: Request, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(K, V) (num_layers, T, KVH, D) of positions [start, end), copied out of the pool."""
+    def _gather(self, request: Request, start: int, end: int) -> tuple[StoredRows, StoredRows]:
+        """(K, V) (num_layers, T, KVH, D) of positions [start, end), copied out of the pool as stored."""
         slots = self._slots(request, start, end)
-        rows = [self.kv_pool.slot_rows(layer) for layer in range(self.kv_pool.shape.num_layers)]
-        return (torch.stack([k.index_select(0, slots) for k, _ in rows]),
-                torch.stack([v.index_select(0, slots) for _, v in rows]))
+        return tuple(_stack([layer[half].take_rows(slots) for layer in self.kv_pool.layers]) for half in (0, 1))
 
     def _slots(self, request: Request, start: int, end: int) -> torch.Tensor:
         page_size = self.kv_pool.page_size
@@ -97,3 +102,10 @@ def _distinct_requests(chunks: list[ScheduledChunk]) -> list[Request]:
     for chunk in chunks:
         seen.setdefault(id(chunk.request), chunk.request)
     return list(seen.values())
+
+
+def _stack(layers: list[StoredRows]) -> StoredRows:
+    """Per-layer rows (T, KVH, D) -> (num_layers, T, KVH, D)."""
+    first = layers[0]
+    scales = None if first.scales is None else torch.stack([rows.scales for rows in layers])
+    return StoredRows(first.kv_dtype, torch.stack([rows.values for rows in layers]), scales)

@@ -19,7 +19,7 @@ After the radix tree's exact prefix match (P tokens), for a request with reuse o
    ranges run as chunks attending causally to all KV before them (Request.next_compute_ranges).
 4. Exactness: KV from the first placed position on (and everything computed after it) is derived;
    Request.num_exact_tokens makes the scheduler cache those pages under the derived key only.
-5. Optional selective recompute (engine/selective_recompute.py, EngineConfig.document_recompute_fraction):
+5. Optional selective recompute (engine/selective_recompute.py, DocumentReuseConfig.recompute_fraction):
    after placement, the placed tokens whose KV deviates most in this context leave the stitched runs
    and are recomputed too; count_selective_recompute moves them from reused to computed.
 6. Store fill: spans that missed the store (and start at or after Request.document_store_start)
@@ -109,9 +109,9 @@ class DocumentReuse(KVSource):
         plans only). `selective`: engine/selective_recompute.py's SelectiveRecompute, or None (off)."""
         self.copier = copier
         self.selective = selective
-        self.default_on = config.document_reuse
-        self.boundary_tokens = config.document_boundary_tokens
-        self.min_span_tokens = config.document_min_span_tokens
+        self.default_on = config.documents.enabled
+        self.boundary_tokens = config.documents.boundary_tokens
+        self.min_span_tokens = config.documents.min_span_tokens
         self.breaks = breaks
         self.page_size = config.page_size
         self.store = store

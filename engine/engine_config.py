@@ -7,35 +7,30 @@ from pathlib import Path
 
 import torch
 
+from engine.document_reuse_config import DocumentReuseConfig
+from engine.kv_disk_config import KVDiskConfig
+from engine.kv_dtype_config import KVDtypeConfig
+from engine.setting import SIZE_UNITS
 from engine.speculation_config import SpeculationConfig
 
-DEFAULT_KV_DISK_BYTES = 4 << 30  # the disk tier's bound when serving (server/serve_command.py)
-DEFAULT_DOCUMENT_STORE_BYTES = 1 << 30
-# The document store's files in the disk tier's directory: a budget of their own beside kv_disk_bytes, so
-# precomputed collections never compete with pages for the tier's LRU (server/serve_command.py).
-DEFAULT_DOCUMENT_DISK_BYTES = 4 << 30
-KV_DISK_POLICIES = ("write-through", "write-back")  # every page at once / a page when the pool evicts it
 # The KV pool when not told its size: this many full contexts (room for that many requests at full length, or
 # many short ones beside their cached prefixes; pages beyond it live on in the disk tier), as llama.cpp sizes by
 # context, never more than MAX_DEFAULT_KV_CACHE_FRACTION of free memory (docs/performance.md: RSS at rest)
 DEFAULT_KV_CACHE_CONTEXTS = 4
 MAX_DEFAULT_KV_CACHE_FRACTION = 0.25
 
-_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
-
-
 def parse_kv_cache_memory(text: str) -> tuple[int | None, float | None]:
     """'2GiB', '500MB', '1073741824' -> (bytes, None); '0.3' -> (None, fraction of free memory)."""
     value = text.strip().lower()
     match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-z]*)", value)
-    if not match or match.group(2) not in _SIZE_UNITS:
+    if not match or match.group(2) not in SIZE_UNITS:
         raise ValueError(f"--kv-cache-memory: expected bytes like '2GiB' or a fraction like '0.3', got {text!r}")
     number = float(match.group(1))
     if match.group(2) == "" and number < 1:
         if number <= 0:
             raise ValueError(f"--kv-cache-memory fraction must be in (0, 1), got {text!r}")
         return None, number
-    return int(number * _SIZE_UNITS[match.group(2)]), None
+    return int(number * SIZE_UNITS[match.group(2)]), None
 
 
 def available_memory_bytes(device: torch.device) -> int:
@@ -119,25 +114,13 @@ class EngineConfig:
     # float32 is measured >= 0.99, docs/performance.md) or "float32" (each weight decoded to its float32
     # value; exact up to summation order)
     decode_activations: str = "float32"
-    # The disk tier of KV pages (engine/kv_tier_link.py): its root (the model's tier is a
-    # fingerprint-named directory under it), or None for no tier. `serve` turns it on by default.
-    kv_disk_dir: Path | None = None
-    kv_disk_bytes: int = DEFAULT_KV_DISK_BYTES
-    kv_disk_policy: str = "write-through"
-    # With the disk tier: the document store's entries are written to its directory too (documents/,
-    # engine/document_kv_disk.py), within this many bytes of their own.
-    document_disk_bytes: int = DEFAULT_DOCUMENT_DISK_BYTES
-    # Document KV reuse (engine/document_reuse.py): stored spans' KV placed at any position, K re-rotated.
-    # The default for requests that do not say (RequestOptions.document_reuse None).
-    document_reuse: bool = False
-    document_store_bytes: int = DEFAULT_DOCUMENT_STORE_BYTES  # the document KV store's bound
-    document_boundary_tokens: int = 4  # k: the first k tokens of a reused span are recomputed (docs/performance.md)
-    # r: CacheBlend-style selective recompute (engine/selective_recompute.py) of the fraction r of placed
-    # tokens whose KV deviates most in the new context (0.0: off)
-    document_recompute_fraction: float = 0.0
-    document_min_span_tokens: int = 64  # shorter spans are not worth storing
+    # Each feature's settings, in its own file (flags derived from their fields: server/config_flags.py)
+    kv_disk: KVDiskConfig = KVDiskConfig()  # the disk tier of KV pages (engine/kv_disk_config.py)
+    documents: DocumentReuseConfig = DocumentReuseConfig()  # document KV reuse (engine/document_reuse_config.py)
     # Draft-model-free speculative decoding (engine/speculation_config.py; engine/draft_proposer.py runs it)
     speculation: SpeculationConfig = SpeculationConfig()
+    # The KV cache's stored formats, K and V (engine/kv_dtype_config.py; kernels/kv_format.py)
+    kv_dtype: KVDtypeConfig = KVDtypeConfig()
 
     def __post_init__(self):
         if self.page_size <= 0 or self.page_size & (self.page_size - 1):
@@ -155,18 +138,3 @@ class EngineConfig:
                              f"got {self.eviction_policy!r}")
         if self.schedule not in ("fcfs", "lpm"):
             raise ValueError(f"schedule must be 'fcfs' or 'lpm', got {self.schedule!r}")
-        if self.kv_disk_bytes <= 0:
-            raise ValueError(f"kv_disk_bytes must be positive, got {self.kv_disk_bytes}")
-        if self.kv_disk_policy not in KV_DISK_POLICIES:
-            raise ValueError(f"kv_disk_policy must be one of {', '.join(KV_DISK_POLICIES)}, "
-                             f"got {self.kv_disk_policy!r}")
-        if self.document_disk_bytes <= 0:
-            raise ValueError(f"document_disk_bytes must be positive, got {self.document_disk_bytes}")
-        if self.document_store_bytes <= 0:
-            raise ValueError(f"document_store_bytes must be positive, got {self.document_store_bytes}")
-        if self.document_boundary_tokens < 0:
-            raise ValueError(f"document_boundary_tokens must be >= 0, got {self.document_boundary_tokens}")
-        if not 0.0 <= self.document_recompute_fraction <= 1.0:
-            raise ValueError(f"document_recompute_fraction must be in [0, 1], got {self.document_recompute_fraction}")
-        if self.document_min_span_tokens < 1:
-            raise ValueError(f"document_min_span_tokens must be >= 1, got {self.document_min_span_tokens}")

@@ -25,6 +25,7 @@ def engine_stats(engine) -> EngineStats:
         num_prefix_hit_tokens=scheduler.num_prefix_hit_tokens,
         num_preemptions=scheduler.num_preemptions,
         num_evicted_pages=tree.num_evicted_pages,
+        num_kv_cache_tokens=allocator.num_pages * engine.kv_pool.page_size,
         num_document_reused_spans=engine.documents.num_reused_spans,
         num_document_reused_tokens=engine.documents.num_reused_tokens,
         num_document_recomputed_tokens=engine.documents.num_recomputed_tokens,

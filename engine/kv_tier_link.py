@@ -1,8 +1,10 @@
 """Moves KV pages between the pool and a tier below it: the tier as a KV source (engine/kv_source.py).
 
-Payload layout of one page (KV_PAYLOAD_LAYOUT_VERSION 1), contiguous, in the pool's dtype:
-
-    (2 * num_layers, page_size, num_kv_heads, head_dim)   rows 0..L-1: K of layer l, L..2L-1: V
+Payload layout of one page (KV_PAYLOAD_LAYOUT_VERSION 1), contiguous bytes: the page's row of each
+of the pool's planes (KVPool.tier_planes), K of every layer first, then V; a layer's K is its values
+(page_size, num_kv_heads, head_dim) in K's format, then, for int8, its scales (page_size,
+num_kv_heads) float32. In float32 that is (2 * num_layers, page_size, num_kv_heads, head_dim) floats,
+rows 0..L-1: K of layer l, L..2L-1: V. The formats are part of the tier's fingerprint.
 
 Writes (engine thread): the pages are copied out of the pool into a host tensor, and the tier
 gets a view of each page of it; the file I/O happens on the tier's writer thread. The copy is
@@ -29,7 +31,7 @@ from cache.kv_pool import KVPool
 from cache.kv_tier import KVTier
 from cache.page_events import PageEvent, PageEventKind
 from cache.page_hash import ROOT_PAGE_HASH, hash_pages
-from engine.engine_config import KV_DISK_POLICIES
+from engine.kv_disk_config import KV_DISK_POLICIES
 from engine.kv_source import KVSource, max_source_pages
 from engine.kv_tier_fingerprint import kv_tier_fingerprint
 from engine.metrics import EngineMetrics
@@ -50,8 +52,8 @@ class KVTierLink(KVSource):
         self._pool = kv_pool
         self._metrics = metrics
         shape = kv_pool.shape
-        self._num_layers = shape.num_layers
-        self._page_shape = (2 * shape.num_layers, shape.page_size, shape.num_kv_heads, shape.head_dim)
+        self._planes = kv_pool.tier_planes
+        self._plane_bytes = [plane[0].numel() * plane.element_size() for plane in self._planes]  # per page
         if tier.page_num_bytes != shape.bytes_per_page:
             raise ValueError(f"the tier keeps pages of {tier.page_num_bytes} bytes, "
                              f"the pool's are {shape.bytes_per_page}")
@@ -84,12 +86,14 @@ class KVTierLink(KVSource):
             self.tier.store(page_hash, _byte_view(pages[row]))
 
     def _copy_out(self, page_ids: list[int]) -> torch.Tensor:
-        pool, num_layers = self._pool, self._num_layers
-        index = torch.tensor(page_ids, device=pool.k_caches[0].device)
-        pages = torch.empty((len(page_ids), *self._page_shape), dtype=pool.shape.dtype, device="cpu")
-        for layer in range(num_layers):
-            pages[:, layer].copy_(pool.k_caches[layer].index_select(0, index))
-            pages[:, num_layers + layer].copy_(pool.v_caches[layer].index_select(0, index))
+        """(N, bytes_per_page) uint8 on the host: the pages' payloads."""
+        index = torch.tensor(page_ids, device=self._pool.device)
+        pages = torch.empty((len(page_ids), sum(self._plane_bytes)), dtype=torch.uint8, device="cpu")
+        offset = 0
+        for plane, num_bytes in zip(self._planes, self._plane_bytes):
+            rows = plane.index_select(0, index).view(len(page_ids), -1).view(torch.uint8)
+            pages[:, offset:offset + num_bytes].copy_(rows)
+            offset += num_bytes
         return pages
 
     # ---- reads ----------------------------------------------------------
@@ -162,7 +166,7 @@ class KVTierLink(KVSource):
     def _load(self, page_hashes: Sequence[bytes], page_ids: list[int]) -> int:
         """Load pages from the tier into ``page_ids``, in order, up to the first miss; returns
         how many were loaded."""
-        pages = torch.empty((len(page_ids), *self._page_shape), dtype=self._pool.shape.dtype, device="cpu")
+        pages = torch.empty((len(page_ids), sum(self._plane_bytes)), dtype=torch.uint8, device="cpu")
         num_loaded = 0
         for row, page_hash in enumerate(page_hashes):
             started = time.perf_counter()
@@ -172,12 +176,13 @@ class KVTierLink(KVSource):
             if self._metrics is not None:
                 self._metrics.observe("kv_disk_load", time.perf_counter() - started)
         if num_loaded:
-            pool, num_layers = self._pool, self._num_layers
-            index = torch.tensor(page_ids[:num_loaded], device=pool.k_caches[0].device)
-            loaded = pages[:num_loaded].to(pool.k_caches[0].device)
-            for layer in range(num_layers):
-                pool.k_caches[layer].index_copy_(0, index, loaded[:, layer])
-                pool.v_caches[layer].index_copy_(0, index, loaded[:, num_layers + layer])
+            index = torch.tensor(page_ids[:num_loaded], device=self._pool.device)
+            loaded = pages[:num_loaded].to(self._pool.device)
+            offset = 0
+            for plane, num_bytes in zip(self._planes, self._plane_bytes):
+                rows = loaded[:, offset:offset + num_bytes].contiguous().view(plane.dtype)
+                plane.index_copy_(0, index, rows.view(num_loaded, *plane.shape[1:]))
+                offset += num_bytes
         return num_loaded
 
     def close(self) -> None:
@@ -196,7 +201,7 @@ def open_disk_tier_link(
     """The disk tier of this model and KV layout under ``root``, linked to ``kv_pool``; None (and a
     warning saying why) when the directory cannot be used: the engine then serves without a tier."""
     shape = kv_pool.shape
-    fingerprint = kv_tier_fingerprint(model_dir, str(shape.dtype).removeprefix("torch."), device_type,
+    fingerprint = kv_tier_fingerprint(model_dir, shape.tier_dtype_name, device_type,
                                       shape.page_size, shape.num_layers, shape.num_kv_heads, shape.head_dim)
     on_store = (lambda seconds: metrics.observe("kv_disk_store", seconds)) if metrics is not None else None
     try:

@@ -40,6 +40,7 @@ from engine.scheduler import ScheduledChunk, Scheduler
 from engine.selective_recompute import SelectiveRecompute
 from engine.span_breaks import span_breaks
 from engine.speculative_verify import AcceptedTokens, sample_and_verify
+from kernels.kv_format import kv_dtype_name
 from model.backends import select_backend
 from model.config import ModelConfig
 from model.weights import load_model
@@ -73,32 +74,32 @@ class LLMEngine:
                                  model_config.max_position_embeddings)
 
         shape = KVPoolShape(model_config.num_layers, model_config.num_kv_heads, model_config.head_dim,
-                            config.page_size, self.dtype)
+                            config.page_size, self.dtype, *config.kv_dtype.resolve(kv_dtype_name(self.dtype)))
         pool_bytes, pool_reason = kv_pool_bytes(config, shape.bytes_per_page // config.page_size, self.max_model_len,
                                                 self.device)
         num_pages = shape.num_pages_for(pool_bytes)
         if num_pages < 1:
             raise ValueError(f"a KV cache of {pool_bytes} bytes holds no page of {shape.bytes_per_page} bytes")
         self.kv_pool = KVPool(shape, num_pages, self.device)
-        logger.info("radixserve: KV cache of %d tokens (%d pages), %.0f MiB (%s)", num_pages * config.page_size,
-                    num_pages, self.kv_pool.num_bytes / 2**20, pool_reason)
+        logger.info("radixserve: KV cache of %d tokens (%d pages), %.0f MiB, KV %s (%s)", num_pages * config.page_size,
+                    num_pages, self.kv_pool.num_bytes / 2**20, shape.kv_dtype_label, pool_reason)
         self.metrics = EngineMetrics()
         self.kv_tier = None
-        if config.kv_disk_dir is not None and config.enable_prefix_cache:
-            self.kv_tier = open_disk_tier_link(config.kv_disk_dir, config.kv_disk_bytes, config.kv_disk_policy,
+        if config.kv_disk.directory is not None and config.enable_prefix_cache:
+            self.kv_tier = open_disk_tier_link(config.kv_disk.directory, config.kv_disk.max_bytes, config.kv_disk.policy,
                                                model_dir, self.kv_pool, self.device.type, self.metrics)
         # Document KV (engine/document_reuse.py): spans' KV stored once, placed at any position; with the
         # disk tier, also on disk (engine/document_kv_disk.py), where a restarted engine finds it.
         self.document_disk = None
         if self.kv_tier is not None:
-            self.document_disk = open_document_kv_disk(self.kv_tier.tier, config.document_disk_bytes, shape,
+            self.document_disk = open_document_kv_disk(self.kv_tier.tier, config.documents.disk_bytes, shape,
                                                        self.device, self.metrics)
-        self.document_store = DocumentKVStore(config.document_store_bytes, self.document_disk)
+        self.document_store = DocumentKVStore(config.documents.store_bytes, self.document_disk)
         copier = DocumentKVCopier(self.document_store, self.kv_pool, self.backend, self.model.layer_inv_freqs,
                                   self.device)
         selective = None  # CacheBlend-style recompute of the most deviating placed tokens
-        if config.document_recompute_fraction > 0:
-            selective = SelectiveRecompute(config.document_recompute_fraction, self.model, self.kv_pool, self.device)
+        if config.documents.recompute_fraction > 0:
+            selective = SelectiveRecompute(config.documents.recompute_fraction, self.model, self.kv_pool, self.device)
         self.documents = DocumentReuse(config, self.document_store, span_breaks(model_dir), copier, selective)
         sources = [source for source in (self.kv_tier, self.documents) if source is not None]
         self.scheduler = Scheduler(config, num_pages, self.max_model_len, sources)
@@ -349,7 +350,7 @@ class LLMEngine:
             raise RequestError(f"document {empty} is empty")
         num_computed = 0
         for index, (context, token_ids) in enumerate(zip(contexts, token_id_lists)):
-            spans = find_spans(token_ids, [(0, len(token_ids))], self.config.document_min_span_tokens,
+            spans = find_spans(token_ids, [(0, len(token_ids))], self.config.documents.min_span_tokens,
                                self.documents.breaks)
             if all(document_key(token_ids[start:end], cache_salt) in self.document_store for start, end in spans):
                 continue

@@ -108,6 +108,8 @@ class EngineStats:
                                   "Requests preempted for lack of KV pages (recomputed later).", default=0)
     num_evicted_pages: int = metric("kv_cache_evicted_pages", "counter", "Cached KV pages evicted from the prefix tree.",
                                     default=0)
+    num_kv_cache_tokens: int = metric("kv_cache_capacity_tokens", "gauge",
+                                      "Tokens the KV pool holds (its pages x page size, in its KV format).", default=0)
     # The disk tier (all 0 without one): full-page tokens looked up past the tree's match / loaded.
     num_kv_disk_query_tokens: int = 0
     num_kv_disk_hit_tokens: int = metric("kv_disk_hits", "counter",

@@ -1,7 +1,7 @@
 """Turn one step's logits into next tokens, one row per request.
 
 Order (as vLLM): logits processors -> logit_bias -> penalties (repetition,
-frequency, presence) -> greedy rows take the argmax; sampled rows go on:
+frequency, presence, then DRY: engine/dry_penalty.py) -> greedy rows take the argmax; sampled rows go on:
 temperature -> top_k -> top_p -> min_p -> draw. All but the processors is
 batched over rows with per-row parameter tensors.
 
@@ -26,6 +26,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from engine.dry_penalty import apply_dry_penalty
 from engine.sampling_params import SamplingParams
 
 # Top-k / top-p rows look for their kept tokens among their W largest weights,
@@ -118,7 +119,8 @@ def apply_penalties(x: Tensor, states: Sequence[SamplingState]) -> None:
     repetition (HF/vLLM), over prompt + generated tokens: positive logits are
     divided by the penalty, negative ones multiplied. Then presence and
     frequency (OpenAI), over generated tokens: logit -= presence * (count > 0)
-    + frequency * count. Only those logits are touched: O(tokens), not O(B * V).
+    + frequency * count. Then DRY over generated tokens (engine/dry_penalty.py).
+    Only those logits are touched: O(tokens), not O(B * V).
     """
     flat_logits = x.view(-1)                                                # (B * V,)
     for name, neutral in (("repetition_penalty", 1.0), ("presence_penalty", 0.0),
@@ -134,6 +136,12 @@ def apply_penalties(x: Tensor, states: Sequence[SamplingState]) -> None:
             flat_logits[index] = flat_logits[index] - penalty   # once per distinct token
         else:
             flat_logits.index_add_(0, index, -penalty)          # once per occurrence
+    dry_rows = [row for row, s in enumerate(states) if s.params.dry_multiplier != 0.0]
+    if dry_rows:
+        dry = [states[row].params for row in dry_rows]
+        apply_dry_penalty(x, dry_rows, [states[row].output_token_ids for row in dry_rows],
+                          [p.dry_multiplier for p in dry], [p.dry_base for p in dry],
+                          [p.dry_allowed_length for p in dry])
 
 
 def _penalty_index(states: Sequence[SamplingState], rows: list[int], name: str,

@@ -1,7 +1,8 @@
 """Per-request sampling parameters, validated once when the request is made.
 
 Ranges follow the OpenAI API where it has the field; ``top_k``, ``min_p`` and
-``repetition_penalty`` follow vLLM. Every bad value raises ``RequestError``
+``repetition_penalty`` follow vLLM, the ``dry_*`` fields llama.cpp's server
+(engine/dry_penalty.py). Every bad value raises ``RequestError``
 naming the field and its allowed range, so the server can answer 400.
 """
 
@@ -38,6 +39,8 @@ class DraftingLogitsProcessor(Protocol):
 MAX_TEMPERATURE = 2.0
 MAX_ABS_PENALTY = 2.0          # presence / frequency, as OpenAI
 MAX_ABS_LOGIT_BIAS = 100.0     # as OpenAI
+MAX_DRY_MULTIPLIER = 10.0      # DRY's penalty at the allowed length; past a few it bans every repeat
+MAX_DRY_BASE = 8.0
 MAX_LOGPROBS = 20              # top alternatives a request may ask for
 GREEDY_TEMPERATURE = 1e-5      # at or below this, sampling is argmax (as vLLM)
 _SEED_RANGE = (-(2**63), 2**64 - 1)   # what torch.Generator.manual_seed accepts
@@ -71,6 +74,9 @@ class SamplingParams:
     presence_penalty: float = 0.0    # OpenAI semantics, over generated tokens
     frequency_penalty: float = 0.0   # OpenAI semantics, over generated tokens
     repetition_penalty: float = 1.0  # HF/vLLM semantics, over prompt + generated tokens
+    dry_multiplier: float = 0.0      # DRY (llama.cpp's), over generated tokens; 0: off
+    dry_base: float = 1.75           # DRY's growth per repeated token past the allowed length
+    dry_allowed_length: int = 2      # repeats up to this many tokens are not penalised
     logit_bias: Mapping[int, float] | None = None  # token id -> bias added to logits
     seed: int | None = None          # same seed -> same tokens, whatever the batch
     stop_token_ids: tuple[int, ...] = ()
@@ -96,6 +102,10 @@ class SamplingParams:
         if not _is_number(self.repetition_penalty) or self.repetition_penalty <= 0:
             raise RequestError(f"repetition_penalty must be a number > 0, "
                                f"got {self.repetition_penalty!r}")
+        _check_number("dry_multiplier", self.dry_multiplier, 0.0, MAX_DRY_MULTIPLIER)
+        _check_number("dry_base", self.dry_base, 1.0, MAX_DRY_BASE, low_open=True)
+        if not _is_int(self.dry_allowed_length) or self.dry_allowed_length < 1:
+            raise RequestError(f"dry_allowed_length must be an integer >= 1, got {self.dry_allowed_length!r}")
         self._check_logit_bias()
         if self.seed is not None and not (_is_int(self.seed)
                                           and _SEED_RANGE[0] <= self.seed <= _SEED_RANGE[1]):
@@ -157,7 +167,7 @@ class SamplingParams:
     @property
     def has_penalties(self) -> bool:
         return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-                or self.repetition_penalty != 1.0)
+                or self.repetition_penalty != 1.0 or self.dry_multiplier != 0.0)
 
     @property
     def has_top_k(self) -> bool:

@@ -1,5 +1,5 @@
 """CacheBlend-style selective recompute (EuroSys'25) of placed document KV, behind
-EngineConfig.document_recompute_fraction = r > 0 (`serve --document-recompute-fraction`).
+DocumentReuseConfig.recompute_fraction = r > 0 (`serve --document-recompute-fraction`).
 
 Placed KV (engine/document_kv_copy.py) was computed with its span alone; in the new context a few
 of its tokens would have very different KV. For each request whose spans were placed this step,
@@ -84,13 +84,14 @@ class SelectiveRecompute:
             return chunks, []
         chosen = []
         placed_slots = [self._slots(request) for request in probed]
-        k_cache, v_cache = self.kv_pool.slot_rows(self.layer)
-        before = [(k_cache.index_select(0, slots), v_cache.index_select(0, slots)) for slots in placed_slots]
+        k_cache, v_cache = self.kv_pool.layers[self.layer]
+        dtype = self.kv_pool.shape.dtype  # compared dequantized, in the model's dtype
+        before = [(k_cache.gather(slots, dtype), v_cache.gather(slots, dtype)) for slots in placed_slots]
         self._probe(probed)
         for request, slots, (k_placed, v_placed) in zip(probed, placed_slots, before):
             positions = _positions(request.stitched_runs)
             num_chosen = round(self.fraction * len(positions))
-            rows = most_deviating(k_placed, v_placed, k_cache.index_select(0, slots), v_cache.index_select(0, slots),
+            rows = most_deviating(k_placed, v_placed, k_cache.gather(slots, dtype), v_cache.gather(slots, dtype),
                                   num_chosen)
             request.stitched_runs = split_runs(request.stitched_runs, [positions[row] for row in rows.tolist()])
             chosen.append((request, num_chosen))

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from kernels import native_build
+from kernels.kv_format import KVPages, as_pages
 
 __all__ = ["CpuDecodeOps", "load"]
 
@@ -46,9 +47,13 @@ _I64 = torch.int64
 _RMS_NORM_ARGS = struct.Struct("<5qdq").pack
 _ADD_RMS_NORM_ARGS = struct.Struct("<6qdq").pack
 _SILU_AND_MUL_ARGS = struct.Struct("<5q").pack
-_ROPE_STORE_KV_ARGS = struct.Struct("<13q").pack
-_REROTATE_STORE_KV_ARGS = struct.Struct("<13q").pack
-_ATTENTION_ARGS = struct.Struct("<13qd5qd").pack
+_ROPE_STORE_KV_ARGS = struct.Struct("<17q").pack
+_REROTATE_STORE_KV_ARGS = struct.Struct("<17q").pack
+_ATTENTION_ARGS = struct.Struct("<17qd5qd").pack
+# kv_formats.h's format codes
+_KV_FORMAT_CODES = {"float32": 0, "bfloat16": 1, "int8": 2}
+MAX_KV_ROW = 8192  # num_kv_heads * head_dim of a re-rotated quantized K row (row_ops.c, on the stack)
+MAX_HEAD_DIM = 256  # a dequantized block of one head (decode_attention.c, on the stack)
 _ATTENTION_ERRORS = {
     1: "rows[{b}] is not a row of q/out",
     2: "context_lens[{b}] is outside [1, max_pages * page_size]",
@@ -70,9 +75,9 @@ class CpuDecodeOps:
         self._add_rms_norm = _bind(library.add_rms_norm_f32_packed)
         self._silu_and_mul = _bind(library.silu_and_mul_f32_packed)
         self._gelu_tanh_and_mul = _bind(library.gelu_tanh_and_mul_f32_packed)
-        self._rope_store_kv = _bind(library.rope_store_kv_f32_packed)
-        self._rerotate_store_kv = _bind(library.rerotate_store_kv_f32_packed)
-        self._attention = _bind(library.paged_decode_attention_f32_packed)
+        self._rope_store_kv = _bind(library.rope_store_kv_packed)
+        self._rerotate_store_kv = _bind(library.rerotate_store_kv_packed)
+        self._attention = _bind(library.paged_decode_attention_packed)
 
     # ------------------------------------------------------------ predicates
 
@@ -152,7 +157,8 @@ class CpuDecodeOps:
         return self._gated(self._gelu_tanh_and_mul, gate_up, out)
 
     def rope_store_kv(
-        self, qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor, slot_ids: Tensor
+        self, qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor | KVPages, v_cache: Tensor | KVPages,
+        slot_ids: Tensor
     ) -> None:
         """Rotates the q and k heads of qkv in place and writes each row's k and v heads
         into its slot of the caches.
@@ -160,10 +166,12 @@ class CpuDecodeOps:
         qkv (N, H + 2*KVH, D) contiguous: q heads, then k heads, then v heads.
         cos, sin (N, R) or (N, 1, R) contiguous (RotaryEmbedding.cos_sin's rows): the leading R <= D
         dimensions of each head rotate (R even), the rest stay.
-        k_cache, v_cache (num_pages, page_size, KVH, D) contiguous, one shape.
+        k_cache, v_cache (num_pages, page_size, KVH, D) contiguous, one shape: float32 tensors, or
+            KVPages of any format (kernels/kv_format.py; int8 quantized on store).
         slot_ids (N,) int64 contiguous, each in [0, num_pages * page_size).
         D % 8 == 0. Out-of-range slot ids raise ValueError with nothing modified.
         """
+        k_cache, v_cache = as_pages(k_cache), as_pages(v_cache)
         num_pages, page_size, num_kv_heads, head_dim = _check_caches(k_cache, v_cache)
         if qkv.dtype != _F32 or not qkv.is_cpu or qkv.dim() != 3 or not qkv.is_contiguous():
             raise ValueError(f"qkv must be a contiguous (N, H + 2*KVH, D) float32 CPU tensor, got "
@@ -178,21 +186,24 @@ class CpuDecodeOps:
         _check_index("slot_ids", slot_ids, rows)
         bad = self._rope_store_kv(_ROPE_STORE_KV_ARGS(
             qkv.data_ptr(), rows, num_heads, num_kv_heads, dim, cos.data_ptr(), sin.data_ptr(),
-            k_cache.data_ptr(), v_cache.data_ptr(), slot_ids.data_ptr(), num_pages * page_size,
+            *_pages_args(k_cache), *_pages_args(v_cache), slot_ids.data_ptr(), num_pages * page_size,
             torch.get_num_threads(), rotary_dim))
         if bad:
             raise ValueError(f"slot_ids[{bad - 1}] is outside the cache's {num_pages * page_size} slots")
 
-    def rerotate_store_kv(self, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
-                          slot_ids: Tensor) -> None:
+    def rerotate_store_kv(self, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor | KVPages,
+                          v_cache: Tensor | KVPages, slot_ids: Tensor) -> None:
         """Writes k rotated by one position delta and v as is into slots slot_ids of the caches
         (stored document KV placed at a new position); k and v are not modified.
 
         k, v (T, KVH, D) contiguous; cos, sin (R,) or (1, 1, R) contiguous (rotary.rerotation_cos_sin; R <= D);
-        caches (num_pages, page_size, KVH, D); slot_ids (T,) int64. Bad slot ids raise ValueError,
-        nothing written.
+        caches (num_pages, page_size, KVH, D) float32 or KVPages of any format (a quantized K is rotated in
+        float32, then quantized); slot_ids (T,) int64. Bad slot ids raise ValueError, nothing written.
         """
+        k_cache, v_cache = as_pages(k_cache), as_pages(v_cache)
         num_pages, page_size, num_kv_heads, head_dim = _check_caches(k_cache, v_cache)
+        if num_kv_heads * head_dim > MAX_KV_ROW:
+            raise ValueError(f"{num_kv_heads} KV heads of {head_dim} exceed the kernel's {MAX_KV_ROW}-float row")
         for name, t in (("k", k), ("v", v)):
             if t.dtype != _F32 or not t.is_cpu or t.shape[1:] != (num_kv_heads, head_dim) or not t.is_contiguous():
                 raise ValueError(f"{name} must be a contiguous (T, {num_kv_heads}, {head_dim}) float32 CPU tensor, "
@@ -206,7 +217,7 @@ class CpuDecodeOps:
         _check_index("slot_ids", slot_ids, rows)
         bad = self._rerotate_store_kv(_REROTATE_STORE_KV_ARGS(
             k.data_ptr(), v.data_ptr(), rows, num_kv_heads, head_dim, cos.data_ptr(), sin.data_ptr(),
-            k_cache.data_ptr(), v_cache.data_ptr(), slot_ids.data_ptr(), num_pages * page_size,
+            *_pages_args(k_cache), *_pages_args(v_cache), slot_ids.data_ptr(), num_pages * page_size,
             torch.get_num_threads(), rotary_dim))
         if bad:
             raise ValueError(f"slot_ids[{bad - 1}] is outside the cache's {num_pages * page_size} slots")
@@ -214,8 +225,8 @@ class CpuDecodeOps:
     def paged_decode_attention(
         self,
         q: Tensor,
-        k_cache: Tensor,
-        v_cache: Tensor,
+        k_cache: Tensor | KVPages,
+        v_cache: Tensor | KVPages,
         page_table: Tensor,
         context_lens: Tensor,
         rows: Tensor,
@@ -237,13 +248,17 @@ class CpuDecodeOps:
 
         q (N, H, D) float32 with q.stride(2) == 1 and q.stride(1) == D; q.stride(0)
             is free (a view such as qkv[:, :H] of a (N, H + 2*KVH, D) tensor works).
-        k_cache, v_cache (num_pages, page_size, KVH, D) contiguous, one shape.
+        k_cache, v_cache (num_pages, page_size, KVH, D) contiguous, one shape: float32 tensors, or KVPages
+            of any format (bfloat16 and int8 dequantized a block of one head at a time), D <= 256.
         page_table (B, max_pages) int64 contiguous; context_lens, rows (B,) int64
             contiguous. D % 8 == 0, H % KVH == 0, H // KVH <= 64, H * D <= 8192.
         out (N, H, D) float32 contiguous, not overlapping q.
         Bad rows, context lengths or page ids raise ValueError with out untouched.
         """
+        k_cache, v_cache = as_pages(k_cache), as_pages(v_cache)
         num_pages, page_size, num_kv_heads, head_dim = _check_caches(k_cache, v_cache)
+        if head_dim > MAX_HEAD_DIM:
+            raise ValueError(f"head_dim {head_dim} exceeds the kernel's {MAX_HEAD_DIM}")
         if q.dtype != _F32 or not q.is_cpu or q.dim() != 3:
             raise ValueError(f"q must be a (N, H, D) float32 CPU tensor, got {tuple(q.shape)} {q.dtype} on {q.device}")
         num_rows, num_heads, dim = q.shape
@@ -268,7 +283,7 @@ class CpuDecodeOps:
         _check_index("context_lens", context_lens, num_seqs)
         _check_index("rows", rows, num_seqs)
         status = self._attention(_ATTENTION_ARGS(
-            q.data_ptr(), q_strides[0], k_cache.data_ptr(), v_cache.data_ptr(), page_table.data_ptr(), max_pages,
+            q.data_ptr(), q_strides[0], *_pages_args(k_cache), *_pages_args(v_cache), page_table.data_ptr(), max_pages,
             context_lens.data_ptr(), rows.data_ptr(), num_seqs, num_heads, num_kv_heads, dim, page_size, scale,
             out.data_ptr(), num_rows, num_pages, torch.get_num_threads(), window or 0, softcap or 0.0))
         if status:
@@ -334,12 +349,16 @@ def _check_table(name: str, t: Tensor, rows: int, dim: int) -> None:
                          f"got {tuple(shape)} {t.dtype}, contiguous={t.is_contiguous()}")
 
 
-def _check_caches(k_cache: Tensor, v_cache: Tensor) -> tuple[int, int, int, int]:
-    """(num_pages, page_size, KVH, D) of two contiguous float32 caches of one shape, D % 8 == 0."""
+def _check_caches(k_cache: KVPages, v_cache: KVPages) -> tuple[int, int, int, int]:
+    """(num_pages, page_size, KVH, D) of two caches of one shape, contiguous on the CPU in a format the
+    kernels read (kv_formats.h), D % 8 == 0."""
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if cache.dtype != _F32 or not cache.is_cpu or cache.dim() != 4 or not cache.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous (num_pages, page_size, KVH, D) float32 CPU tensor, "
-                             f"got {tuple(cache.shape)} {cache.dtype}, contiguous={cache.is_contiguous()}")
+        values = cache.values
+        if (cache.kv_dtype not in _KV_FORMAT_CODES or not values.is_cpu or values.dim() != 4
+                or not values.is_contiguous() or (cache.scales is not None and not cache.scales.is_contiguous())):
+            raise ValueError(f"{name} must be contiguous (num_pages, page_size, KVH, D) CPU pages in one of "
+                             f"{', '.join(_KV_FORMAT_CODES)}, got {tuple(values.shape)} {cache.kv_dtype}, "
+                             f"contiguous={values.is_contiguous()}")
     shape = k_cache.shape
     if v_cache.shape != shape:
         raise ValueError(f"k_cache {tuple(shape)} and v_cache {tuple(v_cache.shape)} differ in shape")
@@ -347,3 +366,9 @@ def _check_caches(k_cache: Tensor, v_cache: Tensor) -> tuple[int, int, int, int]
     if head_dim % 8 or head_dim == 0 or num_kv_heads == 0 or page_size == 0:
         raise ValueError(f"caches {tuple(shape)}: head_dim must be a positive multiple of 8")
     return num_pages, page_size, num_kv_heads, head_dim
+
+
+def _pages_args(cache: KVPages) -> tuple[int, int, int]:
+    """kv_formats.h's kv_pages: values, scales (0: none), format code."""
+    scales = 0 if cache.scales is None else cache.scales.data_ptr()
+    return cache.values.data_ptr(), scales, _KV_FORMAT_CODES[cache.kv_dtype]

@@ -1,7 +1,9 @@
 """Attention over a paged KV cache: writing new K/V, and the dispatching entry point.
 
-KV layout: per layer a pair of tensors (num_pages, page_size, KVH, D); viewed flat as
-(num_pages * page_size, KVH, D), token slot s = page_id * page_size + offset in page.
+KV layout: per layer K and V pages (kernels/kv_format.py: values (num_pages, page_size, KVH, D) in
+their format, int8 with per-(token, head) scales); viewed flat as (num_pages * page_size, KVH, D),
+token slot s = page_id * page_size + offset in page. A bare tensor is pages of its own dtype. The
+torch path gathers a sequence's slots and dequantizes only those.
 The fast path uses only torch ops (SDPA), so it runs wherever torch does; how it batches
 work is the caller's `AttentionPolicy` (see attention_plan), chosen by the execution backend.
 A layer may have a sliding window (a mask; see attention_plan) and a soft cap on its scores
@@ -16,6 +18,7 @@ from torch import Tensor
 from kernels.attention_inputs import AttentionInputs
 from kernels.attention_plan import AttentionPolicy, DecodeChunk, PrefillSeq
 from kernels.cpu_decode_ops import CpuDecodeOps
+from kernels.kv_format import KVPages, as_pages
 from kernels.paged_attention_reference import paged_attention_reference
 
 __all__ = ["AttentionInputs", "store_kv", "paged_attention", "paged_attention_reference"]
@@ -24,21 +27,17 @@ __all__ = ["AttentionInputs", "store_kv", "paged_attention", "paged_attention_re
 _SDPA_HAS_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
 
 
-def store_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slot_ids: Tensor) -> None:
-    """Writes k, v (N, KVH, D) into slots slot_ids (N,) of the caches, in place.
-
-    view (not reshape) on purpose: a non-contiguous cache must fail loudly rather than
-    have the write land in a copy.
-    """
-    _, _, num_kv_heads, head_dim = k_cache.shape
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_ids, k)
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_ids, v)
+def store_kv(k_cache: Tensor | KVPages, v_cache: Tensor | KVPages, k: Tensor, v: Tensor, slot_ids: Tensor) -> None:
+    """Writes k, v (N, KVH, D) into slots slot_ids (N,) of the caches, in place, in their formats
+    (KVPages.store: a non-contiguous cache fails loudly rather than have the write land in a copy)."""
+    as_pages(k_cache).store(slot_ids, k)
+    as_pages(v_cache).store(slot_ids, v)
 
 
 def paged_attention(
     q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
+    k_cache: Tensor | KVPages,
+    v_cache: Tensor | KVPages,
     inputs: AttentionInputs,
     scale: float,
     policy: AttentionPolicy,
@@ -57,34 +56,34 @@ def paged_attention(
     """
     if policy.fused_decode and decode_ops is None:
         raise ValueError("a fused-decode attention policy needs the decode kernel")
+    k_cache, v_cache = as_pages(k_cache), as_pages(v_cache)
     _, page_size, num_kv_heads, head_dim = k_cache.shape
     if q.shape[0] != inputs.num_tokens or q.shape[1] % num_kv_heads:
         raise ValueError(f"q {tuple(q.shape)} does not fit {inputs.num_tokens} tokens, {num_kv_heads} KV heads")
     plan = inputs.plan(page_size, policy, window)
-    k_slots = k_cache.view(-1, num_kv_heads, head_dim)  # (S, KVH, D)
-    v_slots = v_cache.view(-1, num_kv_heads, head_dim)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if plan.decode_batch is not None:
         batch = plan.decode_batch
         decode_ops.paged_decode_attention(q, k_cache, v_cache, batch.page_table, batch.context_lens, batch.rows,
                                           scale, out, window, softcap)
     for chunk in plan.decode_chunks:
-        _attend_decode(out, q, k_slots, v_slots, chunk, scale, softcap)
+        _attend_decode(out, q, k_cache, v_cache, chunk, scale, softcap)
     for seq in plan.prefills:
-        _attend_prefill(out, q, k_slots, v_slots, seq, scale, plan.prefill_block_rows, softcap, window)
+        _attend_prefill(out, q, k_cache, v_cache, seq, scale, plan.prefill_block_rows, softcap, window)
     return out
 
 
 def _attend_decode(
-    out: Tensor, q: Tensor, k_slots: Tensor, v_slots: Tensor, chunk: DecodeChunk, scale: float, softcap: float | None
+    out: Tensor, q: Tensor, k_cache: KVPages, v_cache: KVPages, chunk: DecodeChunk, scale: float,
+    softcap: float | None
 ) -> None:
     """One new token per sequence: the group = H // KVH query heads sharing a KV head become
     the query rows of that KV head, so GQA needs neither a repeat nor a causal mask."""
     b, length = chunk.num_seqs, chunk.max_len
     num_heads, head_dim = q.shape[1], q.shape[2]
-    num_kv_heads = k_slots.shape[1]
-    k = k_slots.index_select(0, chunk.slot_ids).view(b, length, num_kv_heads, head_dim)
-    v = v_slots.index_select(0, chunk.slot_ids).view(b, length, num_kv_heads, head_dim)
+    num_kv_heads = k_cache.shape[2]
+    k = k_cache.gather(chunk.slot_ids, q.dtype).view(b, length, num_kv_heads, head_dim)
+    v = v_cache.gather(chunk.slot_ids, q.dtype).view(b, length, num_kv_heads, head_dim)
     q_grouped = q.index_select(0, chunk.rows).view(b, num_kv_heads, -1, head_dim)  # (b, KVH, G, D)
     if softcap is None:
         o = F.scaled_dot_product_attention(
@@ -98,8 +97,8 @@ def _attend_decode(
 def _attend_prefill(
     out: Tensor,
     q: Tensor,
-    k_slots: Tensor,
-    v_slots: Tensor,
+    k_cache: KVPages,
+    v_cache: KVPages,
     seq: PrefillSeq,
     scale: float,
     block_rows: int,
@@ -109,8 +108,8 @@ def _attend_prefill(
     """Rows [start, end) of one sequence against its whole context (with a window, a block of rows
     reads only the keys from its first row's window on)."""
     q_seq = q[seq.start : seq.end].transpose(0, 1)[None]  # (1, H, T, D)
-    k = k_slots.index_select(0, seq.slot_ids).transpose(0, 1)[None]  # (1, KVH, C, D)
-    v = v_slots.index_select(0, seq.slot_ids).transpose(0, 1)[None]
+    k = k_cache.gather(seq.slot_ids, q.dtype).transpose(0, 1)[None]  # (1, KVH, C, D)
+    v = v_cache.gather(seq.slot_ids, q.dtype).transpose(0, 1)[None]
     if seq.mask is None:
         o = _sdpa_gqa(q_seq, k, v, None, scale, softcap)  # (1, H, T, D)
         out[seq.start : seq.end] = o[0].transpose(0, 1)

@@ -3,18 +3,21 @@
 import torch
 from torch import Tensor
 
+from kernels.kv_format import KVPages, as_pages
+
 
 def paged_attention_reference(
-    q: Tensor, k_cache: Tensor, v_cache: Tensor, inputs, scale: float, *, window: int | None = None,
+    q: Tensor, k_cache: Tensor | KVPages, v_cache: Tensor | KVPages, inputs, scale: float, *, window: int | None = None,
     softcap: float | None = None,
 ) -> Tensor:
-    """q (N, H, D), caches (num_pages, page_size, KVH, D) -> (N, H, D) in q.dtype.
+    """q (N, H, D), caches (num_pages, page_size, KVH, D) in any KV format -> (N, H, D) in q.dtype.
 
     Per sequence: gather its first context_len KV slots in page order, repeat each KV head
     for its H // KVH query heads, scores times scale (then softcap * tanh(s / softcap) with a
     soft cap), mask causally (query i sits at position C - T + i; with a sliding window W it
     also sees no key W or more positions behind it), and softmax in float32.
     """
+    k_cache, v_cache = as_pages(k_cache), as_pages(v_cache)
     _, page_size, num_kv_heads, head_dim = k_cache.shape
     group = q.shape[1] // num_kv_heads
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -23,8 +26,8 @@ def paged_attention_reference(
         positions = torch.arange(context_len, device=q.device)  # (C,)
         pages = inputs.page_table[b, positions // page_size]  # (C,)
         slots = pages * page_size + positions % page_size  # (C,)
-        k = k_cache.reshape(-1, num_kv_heads, head_dim)[slots].float()  # (C, KVH, D)
-        v = v_cache.reshape(-1, num_kv_heads, head_dim)[slots].float()
+        k = k_cache.gather(slots, torch.float32)  # (C, KVH, D), dequantized
+        v = v_cache.gather(slots, torch.float32)
         k = k.repeat_interleave(group, dim=1)  # (C, H, D): query head h reads KV head h // group
         v = v.repeat_interleave(group, dim=1)
         scores = torch.einsum("thd,chd->htc", q[start:end].float(), k) * scale  # (H, T, C)

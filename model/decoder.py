@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from kernels.attention_inputs import AttentionInputs
+from kernels.kv_format import LayerKV
 from kernels.rotary import RotaryEmbedding
 from model.backends.base import Backend
 from model.config import ModelConfig
@@ -61,7 +62,7 @@ class Attention(nn.Module):
         self.backend = backend
 
     def forward(
-        self, x: Tensor, ropes: list[tuple[Tensor, Tensor]], kv_cache: tuple[Tensor, Tensor], attn: AttentionInputs
+        self, x: Tensor, ropes: list[tuple[Tensor, Tensor]], kv_cache: LayerKV, attn: AttentionInputs
     ) -> Tensor:
         num_tokens = x.shape[0]
         heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
@@ -164,7 +165,7 @@ class DecoderForCausalLM(nn.Module):
         self,
         input_ids: Tensor,  # (N,) int64
         positions: Tensor,  # (N,) int64
-        kv_caches: list[tuple[Tensor, Tensor]],  # per layer (num_pages, page_size, KVH, D) pair
+        kv_caches: list[LayerKV],  # per layer K and V pages (num_pages, page_size, KVH, D), any KV format
         attn: AttentionInputs,
         num_layers: int | None = None,
     ) -> Tensor:

@@ -10,7 +10,8 @@ import logging
 from assembly.chat_template import ChatTemplate, TemplateError
 from store.errors import RadixserveError
 from replicas import cluster
-from replicas.prefix_policy import PrefixRoutingPolicy, RoutingThresholds
+from replicas.prefix_policy import PrefixRoutingPolicy
+from replicas.replica_config import ReplicaConfig
 from replicas.replica_engine import ReplicaEngine
 from replicas.routing_state import RoutingState
 from replicas.session_key import SessionKeyMiddleware
@@ -27,7 +28,7 @@ def build_ingress_app(settings, handle, routing: RoutingState, router: str = "pr
         handle, routing, can_target)))
 
 
-def serve_replicas(args: argparse.Namespace) -> int:
+def serve_replicas(args: argparse.Namespace, replicas: ReplicaConfig) -> int:
     from store.model_store import pull
     from server.serve_command import configure_logging, run_server, settings_from_args
 
@@ -38,21 +39,18 @@ def serve_replicas(args: argparse.Namespace) -> int:
             ChatTemplate.from_model_dir(model_dir, settings.chat_template_path)
         except TemplateError as error:
             raise RadixserveError(f"--chat-template: {error}") from None
-    try:
-        thresholds = RoutingThresholds(args.balance_abs_threshold, args.balance_rel_threshold, args.min_match_ratio)
-    except ValueError as error:
-        raise RadixserveError(str(error)) from None
     configure_logging()
-    logger.info("radixserve: starting %d replicas x %d threads on Ray%s", args.replicas, args.threads_per_replica,
-                f" at {args.ray_address}" if args.ray_address else " (local)")
-    cluster.start_ray(args.ray_address, num_cpus=args.replicas * args.threads_per_replica)
+    logger.info("radixserve: starting %d replicas x %d threads on Ray%s", replicas.count,
+                replicas.threads_per_replica, f" at {replicas.ray_address}" if replicas.ray_address else " (local)")
+    cluster.start_ray(replicas.ray_address, num_cpus=replicas.count * replicas.threads_per_replica)
     try:
-        handle = cluster.deploy_replicas(settings.engine, args.replicas, args.threads_per_replica, args.replica_router)
-        routing = RoutingState(PrefixRoutingPolicy(thresholds=thresholds))
-        if args.replica_router != "prefix" and settings.engine.document_reuse:
+        handle = cluster.deploy_replicas(settings.engine, replicas.count, replicas.threads_per_replica,
+                                         replicas.router)
+        routing = RoutingState(PrefixRoutingPolicy(thresholds=replicas.thresholds))
+        if replicas.router != "prefix" and settings.engine.documents.enabled:
             logger.warning("radixserve: with --replica-router %s, documents added to a collection get no "
                            "precomputed KV (each replica computes a document the first time a prompt holds it)",
-                           args.replica_router)
-        return run_server(build_ingress_app(settings, handle, routing, args.replica_router), settings)
+                           replicas.router)
+        return run_server(build_ingress_app(settings, handle, routing, replicas.router), settings)
     finally:
         cluster.shutdown()

@@ -13,6 +13,7 @@ lifespan and kept on `app.state`:
     prompt_ledger  PromptLedger (recent prompts by response id, for cache diagnostics)
     response_store ResponseStore (stored Responses, SQLite)
     message_threads ResponseStore (Anthropic's message threads, same file, own table)
+    thread_continuations ThreadContinuations (the threads' replies being continued now)
     request_records RequestRecords (recent chat requests and their prompt tokens' origins, for the console)
 
 With `ui` (serve --ui, the default) GET / is the web console (server/routes_console.py).
@@ -55,7 +56,7 @@ from server.openapi import document_responses, openapi_config, openapi_document
 from server.prompt_ledger import PromptLedger
 from server.prompts import RequestPrompts
 from server.request_records import RequestRecords
-from server.api_anthropic.threads import THREADS_TABLE
+from server.api_anthropic.threads import THREADS_TABLE, ThreadContinuations
 from server.response_store import ResponseStore
 from server.retrieval_service import RetrievalService
 from server.routes_chat import chat_completions
@@ -105,6 +106,7 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
             app.state.request_records = RequestRecords()
             app.state.response_store = responses
             app.state.message_threads = message_threads
+            app.state.thread_continuations = ThreadContinuations()
             app.state.started_at = int(time.time())
             # What startup built (model, tokenizers, templates) lives as long as the server: kept out of
             # the collector's full passes, which otherwise walk it all and pause every thread.

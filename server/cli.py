@@ -21,10 +21,6 @@ from store.errors import RadixserveError
 BACKEND_CHOICES = ("auto", "cpu", "torch")
 # kernels.cpu_features.VARIANT_CHOICES, spelled out for the same reason (a test holds them equal)
 CPU_KERNEL_CHOICES = ("auto", "avx512_vnni", "avx2", "portable")
-# On: at k = 4, 200 RAG prompts keep first-token agreement 0.975 and teacher-forced top-1 0.960 against
-# exact prefill (0.975 / 0.951 with the documents precomputed as ingest does; bench/document_reuse_quality.py,
-# docs/performance.md); EngineConfig stays off.
-SERVE_DOCUMENT_REUSE_DEFAULT = "on"
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
@@ -84,11 +80,18 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _add_serve_parser(commands, default_model: str) -> None:
-    from server.settings import (DEFAULT_MAX_PIN_SECONDS, DEFAULT_RESPONSES_MAX_AGE_SECONDS,
-                                 DEFAULT_RESPONSES_MAX_BYTES, DEFAULT_RESPONSES_MAX_COUNT)
-    from server.settings import (API_KEY_ENV_VAR, DEFAULT_HOST, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WAITING,
-                                 DEFAULT_PORT, DEFAULT_TOOL_PIN_SECONDS)
+    from server.settings import (DEFAULT_RESPONSES_MAX_AGE_SECONDS, DEFAULT_RESPONSES_MAX_BYTES,
+                                 DEFAULT_RESPONSES_MAX_COUNT)
+    from server.settings import API_KEY_ENV_VAR, DEFAULT_HOST, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WAITING, DEFAULT_PORT
     from server.settings import DEFAULT_MAX_SCHEMA_BYTES, DEFAULT_RECEIVE_TIMEOUT_SECONDS
+    # Each feature's flags come from its config's fields (pure Python: no torch for --help)
+    from engine.document_reuse_config import DocumentReuseConfig
+    from engine.kv_disk_config import KVDiskConfig
+    from engine.kv_dtype_config import KVDtypeConfig
+    from engine.pin_config import PinConfig
+    from engine.speculation_config import SpeculationConfig
+    from replicas.replica_config import ReplicaConfig
+    from server.config_flags import add_config_flags
     from server.generation_defaults import add_generation_flags
 
     serve = commands.add_parser("serve", help="serve the OpenAI-compatible HTTP API",
@@ -106,9 +109,6 @@ def _add_serve_parser(commands, default_model: str) -> None:
     serve.add_argument("--tenant-per-key", action="store_true",
                        help="give each API key its own cache salt: no KV shared across keys unless a request "
                        "names the same cache_salt")
-    serve.add_argument("--max-pin-seconds", type=float, default=DEFAULT_MAX_PIN_SECONDS,
-                       help="the longest a cache breakpoint (cache_control, prompt_cache_breakpoint) keeps its "
-                       f"prefix from eviction (default: {DEFAULT_MAX_PIN_SECONDS:g})")
     serve.add_argument("--responses-db", metavar="FILE",
                        help="SQLite file of stored Responses (default: $RADIXSERVE_HOME/responses.sqlite3)")
     serve.add_argument("--responses-max-count", type=_positive_int, default=DEFAULT_RESPONSES_MAX_COUNT,
@@ -137,43 +137,20 @@ def _add_serve_parser(commands, default_model: str) -> None:
                        help="which cached prefix leaves the pool first: least recently used (default), or "
                        "fewest hits (keeps a hot system prompt through bursts of one-off prompts)")
     serve.add_argument("--no-prefix-cache", action="store_true", help="do not reuse KV of shared prefixes")
-    # --speculative, --max-draft-tokens, ...: from the feature's config fields (pure Python: no torch for --help)
-    from engine.speculation_config import SpeculationConfig
-    from server.config_flags import add_config_flags
-
     add_config_flags(serve, SpeculationConfig)
-    serve.add_argument("--kv-disk-dir", metavar="DIR",
-                       help="where KV pages outlive the pool and restarts, one subdirectory per model and KV "
-                       "layout (default: $RADIXSERVE_HOME/kv)")
-    serve.add_argument("--kv-disk-bytes", metavar="SIZE", default="4GiB",
-                       help="the disk tier's bound, least recently used pages deleted first (default: 4GiB)")
-    serve.add_argument("--kv-disk-policy", default="write-through", choices=("write-through", "write-back"),
-                       help="write every cached page at once (survives a crash), or a page when the pool "
-                       "evicts it (fewer writes; default: write-through)")
+    add_config_flags(serve, KVDtypeConfig)  # --kv-dtype, --kv-dtype-k, --kv-dtype-v
+    add_config_flags(serve, KVDiskConfig)
     serve.add_argument("--no-kv-disk", action="store_true", help="no disk tier for KV pages")
-    serve.add_argument("--document-disk-bytes", metavar="SIZE", default="4GiB",
-                       help="with the disk tier, the document KV store's entries are kept on disk too (in the "
-                       "tier's directory, documents/), within this bound of their own beside --kv-disk-bytes, "
-                       "least recently used deleted first (default: 4GiB)")
-    # Defaults None: EngineConfig's (1GiB, 16, 0.0), said in the help; document reuse: serve's own.
-    serve.add_argument("--document-reuse", choices=("on", "off"), default=SERVE_DOCUMENT_REUSE_DEFAULT,
-                       help="reuse the stored KV of a document (or a pasted passage) wherever it sits in a prompt: "
-                       "K re-rotated, the first tokens of each span recomputed, so derived, not exact, KV; a "
-                       "request may switch it off with \"document_reuse\": false (default: %(default)s)")
-    serve.add_argument("--document-store-memory", metavar="SIZE",
-                       help="bound of the document KV store, bytes like '1GiB' (default: 1GiB)")
-    serve.add_argument("--document-boundary-tokens", type=int, metavar="K",
-                       help="the first K tokens of each reused document span are recomputed (default: 4)")
-    serve.add_argument("--document-recompute-fraction", type=float, metavar="R",
-                       help="also recompute the fraction R (0 to 1) of placed document tokens whose KV deviates "
-                       "most in the new context (CacheBlend-style: found by a probe through the first two "
-                       "layers; default: 0, off)")
+    add_config_flags(serve, DocumentReuseConfig)
+    add_config_flags(serve, PinConfig)
     serve.add_argument("--cpu-kernels", default="auto", choices=CPU_KERNEL_CHOICES,
                        help="cpu backend: the C kernel variant (default auto: the best this CPU runs; a lower one, "
                        "or portable for torch's ops alone, is for comparison)")
-    serve.add_argument("--int8-activations", action="store_true",
+    serve.add_argument("--int8-activations", action=argparse.BooleanOptionalAction,
+                       default=False,
                        help="cpu backend: products over the GGUF blocks with int8 activations (one kernel, prefill and "
-                       "decode; not the default until its quality is measured: docs/performance.md)")
+                       "decode; the LM head keeps float activations). Default: off "
+                       "(its quality against float32: docs/performance.md)")
     serve.add_argument("--decode-activations", choices=("int16", "float32"),
                        help="cpu backend: what the decode kernels over GGUF blocks multiply with: int16 (activations "
                        "quantized per 32 values, integer dot products) or float32 (exact weights and activations); "
@@ -196,9 +173,6 @@ def _add_serve_parser(commands, default_model: str) -> None:
                        "(the same documents then share cached pages across questions; default: relevance)")
     serve.add_argument("--chat-template", metavar="FILE",
                        help="a Jinja chat template to use instead of the model's")
-    serve.add_argument("--tool-pin-seconds", type=float, default=DEFAULT_TOOL_PIN_SECONDS, metavar="S",
-                       help="keep a turn that ends in tool calls cached this long, for the tool's result "
-                       f"(0: off; default: {DEFAULT_TOOL_PIN_SECONDS:g})")
     serve.add_argument("--collections-dir", metavar="DIR",
                        help="where retrieval collections live (default: $RADIXSERVE_HOME/collections)")
     serve.add_argument("--allowed-origins", nargs="+", default=(), metavar="ORIGIN",
@@ -208,24 +182,7 @@ def _add_serve_parser(commands, default_model: str) -> None:
                        help="serve the web console at / (chat, where each prompt's tokens came from, the cache, "
                        "collections; default: on; --no-ui: off)")
     add_generation_flags(serve)
-    cluster = serve.add_argument_group("replicas (Ray Serve; make install-cluster)")
-    cluster.add_argument("--replicas", type=_positive_int, metavar="N",
-                         help="serve with N engine replicas on Ray Serve behind this one endpoint, routed by cached "
-                         "prefix (default: one engine in this process, no Ray)")
-    cluster.add_argument("--threads-per-replica", type=_positive_int, default=1, metavar="T",
-                         help="CPU threads of each replica's engine (default: 1)")
-    cluster.add_argument("--ray-address", metavar="ADDR",
-                         help="join this Ray cluster ('auto': the one `ray start` runs here) instead of starting one")
-    cluster.add_argument("--replica-router", default="prefix", choices=("prefix", "pow2"),
-                         help="prefix: longest cached prefix unless load is imbalanced (default); "
-                         "pow2: Ray Serve's default power-of-two-choices")
-    cluster.add_argument("--balance-abs-threshold", type=int, default=8, metavar="N",
-                         help="route by load, not cache, while in-flight requests differ by more than N (default: 8) and...")
-    cluster.add_argument("--balance-rel-threshold", type=float, default=1.5, metavar="R",
-                         help="...the busiest replica has more than R times the least busy one's (default: 1.5)")
-    cluster.add_argument("--min-match-ratio", type=float, default=0.5, metavar="F",
-                         help="a replica's cached prefix draws a request only when it covers at least this share "
-                         "of the request's pages (default: 0.5)")
+    add_config_flags(serve.add_argument_group("replicas (Ray Serve; make install-cluster)"), ReplicaConfig)
     serve.set_defaults(handler=_serve)
 
 
@@ -270,7 +227,14 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    if args.replicas is not None:
+    from replicas.replica_config import ReplicaConfig
+    from server.config_flags import config_from_args
+
+    try:
+        replicas = config_from_args(ReplicaConfig, args)
+    except ValueError as error:
+        raise RadixserveError(str(error)) from None
+    if replicas.count is not None:
         try:
             import ray.serve  # noqa: F401
         except ImportError:
@@ -278,7 +242,7 @@ def _serve(args: argparse.Namespace) -> int:
                                   "`make install-cluster` (or `pip install 'radixserve[cluster]'`)") from None
         from replicas.serve_command import serve_replicas
 
-        return serve_replicas(args)
+        return serve_replicas(args, replicas)
     from server.serve_command import serve
 
     return serve(args)

@@ -17,7 +17,7 @@ When a chat turn finishes, its generated ids are remembered (GeneratedTurns),
 so when the client sends the turn back it is spliced into the next prompt
 verbatim (only into a prompt of the same API key, cache salt and
 prompt_cache_key: `turn_scope`); a turn that ends in tool calls has its prefix pinned in the cache for
-`tool_pin_seconds`, for the tool's result to find; and every cache breakpoint
+`PinConfig.tool_seconds`, for the tool's result to find; and every cache breakpoint
 the request named is pinned for its TTL.
 """
 
@@ -89,11 +89,11 @@ class CompletionService:
         prompt_ids = self.prompts.job_prompt_ids(job, max_num_tokens=self.max_num_prompt_tokens)
         params = with_defaults(job.sampling, job.max_new_tokens, self.defaults,
                                self.max_num_request_tokens - len(prompt_ids))
-        pins = tuple(PrefixPin(num_tokens, min(breakpoint.seconds, self.settings.max_pin_seconds),
+        pins = tuple(PrefixPin(num_tokens, min(breakpoint.seconds, self.settings.pins.max_seconds),
                                breakpoint.seconds)
                      for breakpoint, num_tokens in self.prompts.breakpoint_lengths(job, prompt_ids) if num_tokens)
         options = job.engine_options
-        if options.document_reuse is not False and self.settings.engine.document_reuse:
+        if options.document_reuse is not False and self.settings.engine.documents.enabled:
             options = replace(options, document_spans=self.prompts.document_ranges(job, prompt_ids))
         return GenerationJob(request_id=request_id, prompt_token_ids=prompt_ids,
                              params=params,
@@ -207,7 +207,7 @@ class CompletionService:
             ids = choice.generated_ids
             turn_ids = ids[:-1] if choice.reason is FinishReason.STOP else ids
             self.turns.remember(message_content(choice.content, choice.calls), choice.calls, turn_ids, job.turn_scope)
-        if choice.calls and self.settings.tool_pin_seconds > 0:
+        if choice.calls and self.settings.pins.tool_seconds > 0:
             self.engine.pin(job.prompt_token_ids + choice.generated_ids, job.cache_salt,
-                            self.settings.tool_pin_seconds)
+                            self.settings.pins.tool_seconds)
 

@@ -3,43 +3,67 @@
 
 import argparse
 import dataclasses
+import types
+import typing
 
 from engine.setting import SAME_FOR_SERVE, setting_doc
 
 
-def _flag(field: dataclasses.Field) -> str:
+def flag_name(field: dataclasses.Field) -> str:
     doc = setting_doc(field)
     return doc.flag or "--" + field.name.replace("_", "-")
+
+
+def _value_type(field: dataclasses.Field):
+    """int, float or str for argparse (`X | None` is X); anything else stays text for the field's `parse`."""
+    value_type = field.type
+    if isinstance(value_type, types.UnionType):
+        value_type = next((arg for arg in typing.get_args(value_type) if arg is not type(None)), str)
+    return value_type if value_type in (int, float, str) else str
 
 
 def _dest(config_class: type, field: dataclasses.Field) -> str:
     return f"{config_class.__name__}.{field.name}"
 
 
-def add_config_flags(parser: argparse.ArgumentParser, config_class: type, *, serving: bool = True) -> None:
-    """One flag per `setting` field of `config_class`; its help ends with the default (`serve`'s with `serving`)."""
+def add_config_flags(parser, config_class: type, *, serving: bool = True) -> None:
+    """One flag per `setting` field of `config_class` on `parser` (or an argument group); its help ends with the
+    default (`serve`'s with `serving`). Flags given stay text where the field has its own `parse`: parsed by
+    `config_from_args`, so a bad value is one line naming the flag."""
     for field in dataclasses.fields(config_class):
         doc = setting_doc(field)
         if doc is None:
             continue
         default = doc.serve_default if serving and doc.serve_default is not SAME_FOR_SERVE else field.default
-        parse = doc.parse or (field.type if field.type in (int, float, str) else str)
+        value_type = None if doc.parse else _value_type(field)
         metavar = doc.metavar or (None if doc.choices else field.name.upper())
-        help_text = doc.help if default is None else f"{doc.help} (default: {default})"  # None: the help says
-        parser.add_argument(_flag(field), dest=_dest(config_class, field), type=parse, choices=doc.choices,
+        shown = doc.show(default) if doc.show else None if default is None else str(default)
+        help_text = doc.help if shown is None else f"{doc.help} (default: {shown})"  # None: the help says
+        parser.add_argument(flag_name(field), dest=_dest(config_class, field), type=value_type, choices=doc.choices,
                             metavar=metavar, default=None, help=help_text)
 
 
-def config_from_args(config_class: type, args: argparse.Namespace, *, serving: bool = True):
-    """The config of the flags given, the others at their (serve) defaults. ValueError from its validation."""
+def config_from_args(config_class: type, args: argparse.Namespace, *, serving: bool = True, **given):
+    """The config of the flags given, the others at their (serve) defaults; `given` fields are set by the
+    caller. ValueError from parsing (naming the flag) or from the dataclass's validation."""
     values = {}
     for field in dataclasses.fields(config_class):
         doc = setting_doc(field)
         if doc is None:
             continue
         value = getattr(args, _dest(config_class, field), None)
+        if value is not None and doc.parse is not None:
+            try:
+                value = doc.parse(value)
+            except ValueError as error:
+                raise ValueError(f"{flag_name(field)}: {error}") from None
         if value is None and serving and doc.serve_default is not SAME_FOR_SERVE:
             value = doc.serve_default
         if value is not None:
             values[field.name] = value
-    return config_class(**values)
+    try:
+        return config_class(**values, **given)
+    except ValueError as error:  # a message that starts with a field's name is said as its flag's
+        named = next((field for field in dataclasses.fields(config_class) if setting_doc(field)
+                      and str(error).startswith(field.name)), None)
+        raise ValueError(f"{flag_name(named)}: {error}" if named else str(error)) from None

@@ -93,7 +93,8 @@ def _validation_error(_: Request, error: ValidationError) -> Response:
 
 # Fields the engine's RequestError messages start with ("top_p must be ...", "prompt (9001 tokens) + ...").
 _ENGINE_PARAMS = {"max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-                  "repetition_penalty", "logit_bias", "seed", "stop_token_ids", "logprobs", "prompt"}
+                  "repetition_penalty", "dry_multiplier", "dry_base", "dry_allowed_length", "logit_bias", "seed",
+                  "stop_token_ids", "logprobs", "prompt"}
 
 
 def _request_error(_: Request, error: RequestError) -> Response:

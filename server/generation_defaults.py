@@ -8,16 +8,19 @@ keys are written there at conversion, store/gguf_import.py), else this file's
 (bench/defaults_bench.py, docs/performance.md).
 
 `GenerationDefaults` is one frozen dataclass whose fields are the flags: a field None is
-"not set at this level". Each field's metadata names its flag and help text, so the command
-line is derived from it (`add_generation_flags`). This module imports nothing heavy: `--help`
-must not import torch.
+"not set at this level". Each field is a `setting` (engine/setting.py) naming its flag and help
+text, so the command line is derived from it (server/config_flags.py). This module imports nothing
+heavy: `--help` must not import torch.
 """
 
 import argparse
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
+
+from engine.setting import setting
+from server.config_flags import add_config_flags, config_from_args
 
 GENERATION_CONFIG_FILE = "generation_config.json"
 
@@ -32,26 +35,34 @@ _HF_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "m
             "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
 
 
-def _flag(name: str, help_text: str) -> dict:
-    return {"flag": name, "help": help_text}
+def _flag(name: str, help_text: str):
+    """A field None by default (not set here), its help ending with the built-in default."""
+    field_name = name.removeprefix("--").replace("-", "_")
+    return setting(None, help_text, flag=name, metavar="N" if field_name in ("top_k", "max_tokens") else "X",
+                   show=lambda _: f"{getattr(BUILTIN_GENERATION_DEFAULTS, field_name):g}")
 
 
 @dataclass(frozen=True)
 class GenerationDefaults:
     """Sampling values for what a request leaves out; None: not set at this level."""
 
-    temperature: float | None = field(default=None, metadata=_flag(
-        "--temperature", "randomness of sampling, 0 for greedy (0 to 2)"))
-    top_p: float | None = field(default=None, metadata=_flag(
-        "--top-p", "sample from the smallest set of tokens whose probabilities add up to P (0 < P <= 1; 1: off)"))
-    top_k: int | None = field(default=None, metadata=_flag(
-        "--top-k", "sample from the K most likely tokens (-1 or 0: off)"))
-    min_p: float | None = field(default=None, metadata=_flag(
-        "--min-p", "drop tokens less likely than P times the most likely one (0 to 1; 0: off)"))
-    repetition_penalty: float | None = field(default=None, metadata=_flag(
-        "--repetition-penalty", "divide the logits of tokens already in prompt or output by this (> 0; 1: off)"))
-    max_tokens: int | None = field(default=None, metadata=_flag(
-        "--max-tokens", "new tokens at most when a request does not say (cut to what the context has left)"))
+    temperature: float | None = _flag(
+        "--temperature", "randomness of sampling, 0 for greedy (0 to 2)")
+    top_p: float | None = _flag(
+        "--top-p", "sample from the smallest set of tokens whose probabilities add up to P (0 < P <= 1; 1: off)")
+    top_k: int | None = _flag(
+        "--top-k", "sample from the K most likely tokens (-1 or 0: off)")
+    min_p: float | None = _flag(
+        "--min-p", "drop tokens less likely than P times the most likely one (0 to 1; 0: off)")
+    repetition_penalty: float | None = _flag(
+        "--repetition-penalty", "divide the logits of tokens already in prompt or output by this (> 0; 1: off)")
+    presence_penalty: float | None = _flag(
+        "--presence-penalty", "subtract this from the logit of each token already generated (-2 to 2; 0: off)")
+    frequency_penalty: float | None = _flag(
+        "--frequency-penalty", "subtract this times its count from the logit of each token already generated "
+                               "(-2 to 2; 0: off)")
+    max_tokens: int | None = _flag(
+        "--max-tokens", "new tokens at most when a request does not say (cut to what the context has left)")
 
     def __post_init__(self):
         """ValueError naming the field for a value no request could have either."""
@@ -79,11 +90,12 @@ class GenerationDefaults:
                                      for name, value in self.as_dict().items()})
 
 
-# The flags' defaults: llama.cpp's server's sampling (36 of 40 seeded answers to everyday questions ended by
-# themselves on the default model; temperature 1: 12 of 20, cooler settings loop), and a cap of 1024 new tokens
-# (twice the longest answer that ended by itself) so a runaway never runs to the context (docs/performance.md)
+# The flags' defaults (docs/performance.md): llama.cpp's server's sampling, with a presence penalty of 1 against
+# the loops that ran about 1 everyday answer in 10 of the default model to the cap (with it, every measured answer
+# ended by itself); and a cap of 1024 new tokens, so a runaway never runs to the context
 BUILTIN_GENERATION_DEFAULTS = GenerationDefaults(temperature=0.8, top_p=0.95, top_k=40, min_p=0.05,
-                                                 repetition_penalty=1.0, max_tokens=1024)
+                                                 repetition_penalty=1.0, presence_penalty=1.0, frequency_penalty=0.0,
+                                                 max_tokens=1024)
 
 
 @dataclass(frozen=True)
@@ -141,18 +153,9 @@ def add_generation_flags(parser: argparse.ArgumentParser) -> None:
         "defaults for what a request leaves out",
         "a request's own value wins; else the flag when given, else the model's generation_config.json, "
         "else the default shown")
-    for f in fields(GenerationDefaults):
-        builtin = getattr(BUILTIN_GENERATION_DEFAULTS, f.name)
-        value_type = int if f.name in ("top_k", "max_tokens") else float
-        group.add_argument(f.metadata["flag"], dest=f"default_{f.name}", type=value_type, metavar="N" if value_type is int else "X",
-                           help=f"{f.metadata['help']} (default: {builtin:g})")
+    add_config_flags(group, GenerationDefaults)
 
 
 def generation_flags_from_args(args: argparse.Namespace) -> GenerationDefaults:
     """The flags given (ValueError naming the flag for a bad value)."""
-    values = {f.name: getattr(args, f"default_{f.name}", None) for f in fields(GenerationDefaults)}
-    try:
-        return GenerationDefaults(**values)
-    except ValueError as error:
-        name = next((f.metadata["flag"] for f in fields(GenerationDefaults) if str(error).startswith(f.name)), None)
-        raise ValueError(f"{name}: {error}" if name else str(error)) from None
+    return config_from_args(GenerationDefaults, args)

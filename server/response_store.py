@@ -8,7 +8,8 @@ the earlier prompt + output, whatever turn memory has forgotten since), and its
 prompt's token ids (for cache diagnostics).
 
 Anthropic's message threads are kept the same way, in their own table (server/api_anthropic/threads.py):
-a reply's conversation, system turn included, and the thread's tools and system/tool breakpoints.
+a reply's conversation, system turn included, the thread's tools and system/tool breakpoints, and which
+reply continued it (a reply is continued once, in the same transaction that stores its continuation).
 
 Visible only to its owner (the API key's digest and the cache salt): another
 caller gets "not found", as for an id that never existed. Bounded by count,
@@ -37,6 +38,10 @@ CREATE TABLE IF NOT EXISTS {table} (
     prompt_ids BLOB NOT NULL    -- uint32 token ids
 );
 CREATE INDEX IF NOT EXISTS {table}_by_age ON {table} (created_at);
+CREATE TABLE IF NOT EXISTS {table}_continued (
+    id TEXT PRIMARY KEY,        -- a stored reply that a message thread continued (once: Anthropic's rule)
+    continued_by TEXT NOT NULL  -- the reply that continued it
+);
 """
 
 
@@ -49,6 +54,7 @@ class StoredResponse:
     prompt_ids: array
     tools: list[dict] = field(default_factory=list)  # a message thread's tools, OpenAI's function shape
     breakpoints: list[list] = field(default_factory=list)  # a message thread's [message_index, seconds, content]
+    continued_by: str | None = None  # a message thread's reply: the id of the reply that continued it, if one did
 
 
 def conversation_turn(result: ChoiceResult) -> tuple[dict, dict]:
@@ -93,7 +99,10 @@ class ResponseStore:
                 self._connection = None
 
     def put(self, owner: str, body: dict, messages: list[dict], turns: list[dict], prompt_ids: list[int],
-            now: float | None = None, tools: list[dict] | None = None, breakpoints: list[list] | None = None) -> None:
+            now: float | None = None, tools: list[dict] | None = None, breakpoints: list[list] | None = None,
+            continues: str | None = None) -> None:
+        """`continues`: the stored reply this one continues (a message thread's), marked continued in the same
+        transaction."""
         now = time.time() if now is None else now
         body_text = json.dumps(body, ensure_ascii=False)
         thread = {"tools": tools or [], "breakpoints": breakpoints or []} if tools or breakpoints else {}
@@ -105,6 +114,9 @@ class ResponseStore:
             try:
                 self._db.execute(f"INSERT OR REPLACE INTO {self.table} VALUES (?, ?, ?, ?, ?, ?, ?)",
                                  (body["id"], owner, now, num_bytes, body_text, conversation, ids))
+                if continues is not None:
+                    self._db.execute(f"INSERT OR REPLACE INTO {self.table}_continued VALUES (?, ?)",
+                                     (continues, body["id"]))
                 self._evict(now)
                 self._db.execute("COMMIT")
             except BaseException:
@@ -122,11 +134,13 @@ class ResponseStore:
             doomed.append((response_id,))
             count, num_bytes = count - 1, num_bytes - size
         self._db.executemany(f"DELETE FROM {self.table} WHERE id = ?", doomed)
+        self._db.execute(f"DELETE FROM {self.table}_continued WHERE id NOT IN (SELECT id FROM {self.table})")
 
     def get(self, response_id: str, owner: str, now: float | None = None) -> StoredResponse | None:
         now = time.time() if now is None else now
         with self._lock:
-            row = self._db.execute(f"SELECT body, conversation, prompt_ids FROM {self.table} "
+            row = self._db.execute(f"SELECT body, conversation, prompt_ids, continued_by FROM {self.table} "
+                                   f"LEFT JOIN {self.table}_continued USING (id) "
                                    "WHERE id = ? AND owner = ? AND created_at >= ?",
                                    (response_id, owner, now - self.max_age_seconds)).fetchone()
         if row is None:
@@ -135,7 +149,7 @@ class ResponseStore:
         prompt_ids = array("I")
         prompt_ids.frombytes(row[2])
         return StoredResponse(response_id, json.loads(row[0]), conversation["messages"], conversation["turns"],
-                              prompt_ids, conversation.get("tools", []), conversation.get("breakpoints", []))
+                              prompt_ids, conversation.get("tools", []), conversation.get("breakpoints", []), row[3])
 
     def delete(self, response_id: str, owner: str) -> bool:
         with self._lock:

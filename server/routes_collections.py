@@ -67,7 +67,7 @@ async def add_documents(request: Request, state: State, name: FromPath[str]) -> 
     documents = [NewDocument(d.text, d.id, d.metadata) for d in body.documents]
     ids = await state.retrieval.add_documents(name, documents)
     num_precomputed = 0
-    skipped = precompute_skipped_reason(state.engine, state.settings.engine.document_reuse) if body.precompute else None
+    skipped = precompute_skipped_reason(state.engine, state.settings.engine.documents.enabled) if body.precompute else None
     if body.precompute and skipped is None:
         chunks = await state.retrieval.document_chunks(name, ids)
         documents = [prompt_document(chunk.name, chunk.text, chunk.metadata)

@@ -12,7 +12,7 @@ from server.generation_defaults import GenerationDefaults
 from server.schemas import ChatCompletionRequest, CompletionRequest
 
 _OPTIONAL_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-                    "repetition_penalty", "seed")
+                    "repetition_penalty", "dry_multiplier", "dry_base", "dry_allowed_length", "seed")
 
 
 def sampling_fields(request: ChatCompletionRequest | CompletionRequest) -> dict:

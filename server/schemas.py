@@ -15,7 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
-from engine.sampling_params import MAX_ABS_LOGIT_BIAS, MAX_ABS_PENALTY, MAX_LOGPROBS, MAX_TEMPERATURE
+from engine.sampling_params import (MAX_ABS_LOGIT_BIAS, MAX_ABS_PENALTY, MAX_DRY_BASE, MAX_DRY_MULTIPLIER, MAX_LOGPROBS,
+                                    MAX_TEMPERATURE)
 from server.request_body import FiniteJSON, RequestBody
 from server.schemas_prompt_cache import PromptCacheFields
 from server.settings import MAX_CHOICES
@@ -179,6 +180,10 @@ class _SamplingFields(_Body):
     presence_penalty: Annotated[float, Field(ge=-MAX_ABS_PENALTY, le=MAX_ABS_PENALTY)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-MAX_ABS_PENALTY, le=MAX_ABS_PENALTY)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0)] | None = None
+    # extension, as llama.cpp's server: DRY, the penalty on tokens that would lengthen a verbatim repeat
+    dry_multiplier: Annotated[float, Field(ge=0, le=MAX_DRY_MULTIPLIER)] | None = None
+    dry_base: Annotated[float, Field(gt=1, le=MAX_DRY_BASE)] | None = None
+    dry_allowed_length: Annotated[int, Field(ge=1)] | None = None
     logit_bias: dict[Annotated[str, Field(pattern=r"^\d+$")],
                      Annotated[float, Field(ge=-MAX_ABS_LOGIT_BIAS, le=MAX_ABS_LOGIT_BIAS)]] | None = None
     seed: int | None = None

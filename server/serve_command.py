@@ -3,6 +3,7 @@
 import argparse
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import uvicorn
@@ -11,6 +12,10 @@ from assembly.chat_template import ChatTemplate, TemplateError
 from engine.engine_config import EngineConfig, parse_kv_cache_memory, resolve_device, resolve_dtype
 from kernels.cpu_features import resolve_variant, this_cpu
 from model.backends import check_backend_choice
+from engine.document_reuse_config import DocumentReuseConfig
+from engine.kv_disk_config import KVDiskConfig
+from engine.kv_dtype_config import KVDtypeConfig
+from engine.pin_config import PinConfig
 from engine.speculation_config import SpeculationConfig
 from server.config_flags import config_from_args
 from server.connection_deadline import with_receive_timeout
@@ -50,13 +55,14 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
         device = resolve_device(args.device)
         check_backend_choice(args.backend, device, resolve_dtype(args.dtype, device))
         resolve_variant(args.cpu_kernels, this_cpu())  # a variant this CPU lacks is refused here, in one line
-        engine_fields.update(_kv_disk_fields(args))
-        engine_fields.update(_document_fields(args))
         if args.decode_activations is not None:
             engine_fields["decode_activations"] = args.decode_activations
         engine = EngineConfig(model_dir=model_dir, device=args.device, dtype=args.dtype, schedule=args.schedule,
                               eviction_policy=args.eviction_policy,
                               speculation=config_from_args(SpeculationConfig, args),
+                              kv_disk=_kv_disk_config(args),
+                              documents=config_from_args(DocumentReuseConfig, args),
+                              kv_dtype=config_from_args(KVDtypeConfig, args),
                               enable_prefix_cache=not args.no_prefix_cache, gguf_blocks=not args.no_gguf_blocks, backend=args.backend,
                               cpu_kernels=args.cpu_kernels, int8_activations=args.int8_activations,
                               **engine_fields)
@@ -66,7 +72,7 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
             host=args.host,
             port=args.port,
             **_api_key_fields(args),
-            max_pin_seconds=args.max_pin_seconds,
+            pins=config_from_args(PinConfig, args),
             responses_max_count=args.responses_max_count,
             responses_max_bytes=args.responses_max_bytes,
             responses_max_age_seconds=args.responses_max_age_seconds,
@@ -75,7 +81,6 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
             max_body_bytes=args.max_body_bytes,
             max_schema_bytes=args.max_schema_bytes,
             receive_timeout_seconds=args.receive_timeout,
-            tool_pin_seconds=args.tool_pin_seconds,
             rag_order=args.rag_order,
             allowed_origins=tuple(args.allowed_origins),
             ui=args.ui,
@@ -87,43 +92,17 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
         raise RadixserveError(str(error)) from None
 
 
-def _size_flag(flag: str, value: str, example: str) -> int:
-    """A flag's byte size ('1GiB', '512MiB', bytes); ValueError naming the flag when it is none."""
-    try:
-        num_bytes, _ = parse_kv_cache_memory(value)
-    except ValueError:
-        num_bytes = None
-    if not num_bytes:
-        raise ValueError(f"{flag}: expected bytes like '{example}', got {value!r}")
-    return num_bytes
-
-
-def _kv_disk_fields(args: argparse.Namespace) -> dict:
-    """The disk tier is on unless --no-kv-disk (or --no-prefix-cache: the tier continues the tree's matches);
-    the document store's files live in its directory, with their own bound."""
+def _kv_disk_config(args: argparse.Namespace) -> KVDiskConfig:
+    """The disk tier is on unless --no-kv-disk (or --no-prefix-cache: the tier continues the tree's matches),
+    under $RADIXSERVE_HOME/kv unless --kv-disk-dir says where."""
+    config = config_from_args(KVDiskConfig, args)  # the flags given are checked even when the tier is off
     if args.no_kv_disk or args.no_prefix_cache:
-        return {"kv_disk_dir": None}
-    num_bytes = _size_flag("--kv-disk-bytes", args.kv_disk_bytes, "4GiB")
-    if args.kv_disk_dir:
-        root = Path(args.kv_disk_dir).expanduser()
-    else:
+        return replace(config, directory=None)
+    if config.directory is None:
         from store.model_store import radixserve_home
 
-        root = radixserve_home() / "kv"
-    return {"kv_disk_dir": root, "kv_disk_bytes": num_bytes, "kv_disk_policy": args.kv_disk_policy,
-            "document_disk_bytes": _size_flag("--document-disk-bytes", args.document_disk_bytes, "4GiB")}
-
-
-def _document_fields(args: argparse.Namespace) -> dict:
-    """The document reuse flags that were given (the rest keep EngineConfig's defaults)."""
-    fields = {"document_reuse": args.document_reuse == "on"}
-    if args.document_store_memory is not None:
-        fields["document_store_bytes"] = _size_flag("--document-store-memory", args.document_store_memory, "1GiB")
-    if args.document_boundary_tokens is not None:
-        fields["document_boundary_tokens"] = args.document_boundary_tokens
-    if args.document_recompute_fraction is not None:
-        fields["document_recompute_fraction"] = args.document_recompute_fraction
-    return fields
+        config = replace(config, directory=radixserve_home() / "kv")
+    return config
 
 
 def _api_key_fields(args: argparse.Namespace) -> dict:

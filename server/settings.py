@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.engine_config import EngineConfig
+from engine.pin_config import PinConfig
 from server.generation_defaults import GenerationDefaults
 
 API_KEY_ENV_VAR = "RADIXSERVE_API_KEY"
@@ -14,8 +15,6 @@ DEFAULT_PORT = 8000
 DEFAULT_MAX_WAITING = 256  # queued requests before new ones get 503
 DEFAULT_MAX_BODY_BYTES = 8 << 20
 MAX_CHOICES = 16  # the largest `n` a request may ask for
-DEFAULT_TOOL_PIN_SECONDS = 30.0  # a tool-call turn's cached prefix outlives eviction this long
-DEFAULT_MAX_PIN_SECONDS = 3600.0  # longer cache TTLs (OpenAI's 12h / 24h) are cut to this until a disk tier holds them
 DEFAULT_RESPONSES_MAX_COUNT = 10_000  # stored Responses, oldest out first
 DEFAULT_RESPONSES_MAX_BYTES = 256 << 20
 DEFAULT_RESPONSES_MAX_AGE_SECONDS = 30 * 86400.0  # as OpenAI: stored responses live 30 days
@@ -62,9 +61,8 @@ class ServerSettings:
     max_schema_bytes: int = DEFAULT_MAX_SCHEMA_BYTES  # tools' parameters + response_format schema, as JSON
     receive_timeout_seconds: float = DEFAULT_RECEIVE_TIMEOUT_SECONDS  # server/connection_deadline.py
     collections_dir: Path = field(default_factory=default_collections_dir)  # retrieval collections live here
-    tool_pin_seconds: float = DEFAULT_TOOL_PIN_SECONDS  # 0: no pinning
     chat_template_path: Path | None = None  # overrides the model's template
-    max_pin_seconds: float = DEFAULT_MAX_PIN_SECONDS  # the longest a cache breakpoint's prefix is pinned
+    pins: PinConfig = PinConfig()  # how long tool-call turns and cache breakpoints keep their prefix (engine/pin_config.py)
     responses_db: Path = field(default_factory=default_responses_db)  # stored Responses (SQLite)
     responses_max_count: int = DEFAULT_RESPONSES_MAX_COUNT
     responses_max_bytes: int = DEFAULT_RESPONSES_MAX_BYTES
@@ -91,8 +89,6 @@ class ServerSettings:
             raise ValueError(f"receive timeout must be in (0, 3600] seconds, got {self.receive_timeout_seconds}")
         if self.rag_order not in ("relevance", "canonical"):
             raise ValueError(f"rag order must be relevance or canonical, got {self.rag_order!r}")
-        if not 0 <= self.tool_pin_seconds <= 3600:
-            raise ValueError(f"tool pin seconds must be in [0, 3600], got {self.tool_pin_seconds}")
         for origin in self.allowed_origins:
             if origin != "*" and not (origin.startswith(("http://", "https://")) and origin.count("/") == 2):
                 raise ValueError(f"allowed origin must be '*' or scheme://host[:port] (no path), got {origin!r}")
@@ -102,8 +98,6 @@ class ServerSettings:
             raise ValueError("more api keys need a first api key")
         if self.tenant_per_key and self.api_key is None:
             raise ValueError("tenant per key needs api keys")
-        if not 0 <= self.max_pin_seconds <= 86400:
-            raise ValueError(f"max pin seconds must be in [0, 86400], got {self.max_pin_seconds}")
         if self.responses_max_count < 1 or self.responses_max_bytes < 1 or self.responses_max_age_seconds <= 0:
             raise ValueError("responses store bounds (count, bytes, age) must be positive")
 

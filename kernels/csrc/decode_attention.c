@@ -1,9 +1,11 @@
-/* Paged decode attention for CPU, float32: one query token per sequence, K/V read
-   straight from the pages (see kernels/cpu_decode_ops.py). Builds into one library
+/* Paged decode attention for CPU, float32 queries: one query token per sequence, K/V read
+   straight from the pages (see kernels/cpu_decode_ops.py), in their stored formats (kv_formats.h):
+   float32 pages are read in place; bfloat16 and int8 pages are dequantized per block of
+   ATTN_BLOCK positions and one KV head into a scratch on the stack (never a copy of the pool). Builds into one library
    with row_ops.c. Indices that point into memory (rows, context lengths, page ids)
    are checked first; on a bad one the call returns nonzero and writes nothing. */
 
-#include "simd.h"
+#include "kv_formats.h"
 
 /* Multiply-adds from which the op forks. */
 #define ATTN_PARALLEL_MIN 65536
@@ -14,6 +16,7 @@
 #define ATTN_BLOCK 64            /* KV positions per online-softmax block */
 #define ATTN_MIN_SPLIT 256       /* shortest piece of a context one work item takes */
 #define ATTN_MAX_SHARED_ROWS 16  /* rows of one sequence attended in one pass (attend_rows) */
+#define ATTN_MAX_HEAD_DIM 256    /* a dequantized block of one head: ATTN_BLOCK x D floats on the stack */
 
 /* ------------------------------------------------- paged decode attention */
 
@@ -122,24 +125,34 @@ static inline void attend_block_head(const float* qh, const float* kh, const flo
    fast for one sequence and 5-20% slower for 16. On return acc[r] (H, D) holds
    sum_t exp(s_t - m) v_t unnormalised, m[r] (H,) the running max, l[r] (H,)
    sum_t exp(s_t - m). t1 ascending. */
-static void attend_rows(const float* const* q, int64_t R, const float* k_cache, const float* v_cache,
+static void attend_rows(const float* const* q, int64_t R, const kv_pages* k_cache, const kv_pages* v_cache,
                         const int64_t* pages, int64_t page_size, int64_t t0, const int64_t* t1, int64_t num_kv_heads,
                         int64_t G, int64_t D, float scale, float softcap, float* const* acc, float* const* m,
                         float* const* l) {
   const int64_t H = num_kv_heads * G, row_size = num_kv_heads * D, t_end = t1[R - 1];
+  const int is_f32 = k_cache->format == KV_F32 && v_cache->format == KV_F32;
+  const int64_t k_row_bytes = row_size * kv_element_size(k_cache->format);
+  const int64_t v_row_bytes = row_size * kv_element_size(v_cache->format);
   int64_t offs[ATTN_BLOCK], offs_next[ATTN_BLOCK];
   float s[ATTN_MAX_GROUP * ATTN_BLOCK] __attribute__((aligned(32)));
   float corr[ATTN_MAX_GROUP];
+  /* a quantized block of one KV head, dequantized: row j at j * D */
+  float k_block[is_f32 ? 1 : ATTN_BLOCK * D] __attribute__((aligned(32)));
+  float v_block[is_f32 ? 1 : ATTN_BLOCK * D] __attribute__((aligned(32)));
+  int64_t block_offs[ATTN_BLOCK];
+  for (int64_t j = 0; j < ATTN_BLOCK; j++) block_offs[j] = j * D;
   const __m256 vscale = _mm256_set1_ps(scale);
   for (int64_t r = 0; r < R; r++) {
     for (int64_t h = 0; h < H; h++) { m[r][h] = -INFINITY; l[r][h] = 0.0f; }
     memset(acc[r], 0, (size_t)(H * D) * sizeof(float));
   }
 
-  /* the next block's offsets are computed a block ahead, its rows prefetched */
+  /* the next block's offsets (in elements, slot * row_size) are computed a block ahead, its rows prefetched */
   int64_t page_index = t0 / page_size, in_page = t0 % page_size;
   next_offsets(offs_next, t_end - t0 < ATTN_BLOCK ? t_end - t0 : ATTN_BLOCK, pages, page_size, row_size, &page_index,
                &in_page);
+  const char* k_bytes = (const char*)k_cache->values;
+  const char* v_bytes = (const char*)v_cache->values;
   for (int64_t tb = t0; tb < t_end; tb += ATTN_BLOCK) {
     const int64_t n = t_end - tb < ATTN_BLOCK ? t_end - tb : ATTN_BLOCK;
     memcpy(offs, offs_next, (size_t)n * sizeof(int64_t));
@@ -147,23 +160,39 @@ static void attend_rows(const float* const* q, int64_t R, const float* k_cache, 
     if (after > 0) {
       const int64_t n_next = after < ATTN_BLOCK ? after : ATTN_BLOCK;
       next_offsets(offs_next, n_next, pages, page_size, row_size, &page_index, &in_page);
-      for (int64_t j = 0; j < n_next; j++)
-        for (int64_t d = 0; d < row_size; d += 16) {
-          _mm_prefetch((const char*)(k_cache + offs_next[j] + d), _MM_HINT_T0);
-          _mm_prefetch((const char*)(v_cache + offs_next[j] + d), _MM_HINT_T0);
-        }
+      for (int64_t j = 0; j < n_next; j++) {
+        const int64_t slot = offs_next[j] / row_size;
+        for (int64_t b = 0; b < k_row_bytes; b += 64) _mm_prefetch(k_bytes + slot * k_row_bytes + b, _MM_HINT_T0);
+        for (int64_t b = 0; b < v_row_bytes; b += 64) _mm_prefetch(v_bytes + slot * v_row_bytes + b, _MM_HINT_T0);
+      }
     }
-    for (int64_t kvh = 0; kvh < num_kv_heads; kvh++)
+    for (int64_t kvh = 0; kvh < num_kv_heads; kvh++) {
+      const float *kh, *vh;
+      const int64_t* block = offs;
+      if (is_f32) {
+        kh = (const float*)k_cache->values + kvh * D;
+        vh = (const float*)v_cache->values + kvh * D;
+      } else { /* this head's n rows, dequantized once for all R rows */
+        for (int64_t j = 0; j < n; j++) {
+          const int64_t slot = offs[j] / row_size;
+          kv_load_head(k_cache, slot, kvh, num_kv_heads, D, k_block + j * D);
+          kv_load_head(v_cache, slot, kvh, num_kv_heads, D, v_block + j * D);
+        }
+        kh = k_block;
+        vh = v_block;
+        block = block_offs;
+      }
       for (int64_t r = 0; r < R; r++) {
         const int64_t n_row = t1[r] - tb < n ? t1[r] - tb : n;
         if (n_row <= 0) continue;
-        attend_block_head(q[r] + kvh * G * D, k_cache + kvh * D, v_cache + kvh * D, offs, n_row, G, D, vscale,
-                          softcap, s, corr, m[r] + kvh * G, l[r] + kvh * G, acc[r] + kvh * G * D);
+        attend_block_head(q[r] + kvh * G * D, kh, vh, block, n_row, G, D, vscale, softcap, s, corr,
+                          m[r] + kvh * G, l[r] + kvh * G, acc[r] + kvh * G * D);
       }
+    }
   }
 }
 
-static void attend_range(const float* q, const float* k_cache, const float* v_cache, const int64_t* pages,
+static void attend_range(const float* q, const kv_pages* k_cache, const kv_pages* v_cache, const int64_t* pages,
                          int64_t page_size, int64_t t0, int64_t t1, int64_t num_kv_heads, int64_t G, int64_t D,
                          float scale, float softcap, float* acc, float* m, float* l) {
   attend_rows(&q, 1, k_cache, v_cache, pages, page_size, t0, &t1, num_kv_heads, G, D, scale, softcap, &acc, &m, &l);
@@ -194,7 +223,8 @@ static inline void store_normalised(float* dst, const float* acc, const float* l
 }
 
 typedef struct {
-  const float *q, *k_cache, *v_cache;
+  const float* q;
+  kv_pages k_cache, v_cache;
   const int64_t *page_table, *context_lens, *rows, *task_start;
   float *out, *parts;
   int64_t q_row_stride, max_pages, num_seqs, num_heads, num_kv_heads, G, D, page_size, part_size;
@@ -232,12 +262,12 @@ static void attention_task(const attention_job* j, int64_t t, float* acc, float*
   const float* q = j->q + j->rows[b] * j->q_row_stride;
   const int64_t* pages = j->page_table + b * j->max_pages;
   if (pieces == 1) {
-    attend_range(q, j->k_cache, j->v_cache, pages, j->page_size, t0, t1, j->num_kv_heads, j->G, D, j->scale,
+    attend_range(q, &j->k_cache, &j->v_cache, pages, j->page_size, t0, t1, j->num_kv_heads, j->G, D, j->scale,
                  j->softcap, acc, m, l);
     store_normalised(j->out + j->rows[b] * H * D, acc, l, H, D);
   } else {
     float* part = j->parts + t * j->part_size; /* m (H), l (H), acc (H, D) */
-    attend_range(q, j->k_cache, j->v_cache, pages, j->page_size, t0, t1, j->num_kv_heads, j->G, D, j->scale,
+    attend_range(q, &j->k_cache, &j->v_cache, pages, j->page_size, t0, t1, j->num_kv_heads, j->G, D, j->scale,
                  j->softcap, part + 2 * H, part, part + H);
   }
 }
@@ -293,7 +323,7 @@ static void attention_siblings(const attention_job* j, int64_t b, int64_t R, flo
     l[r] = m[r] + H;
   }
   /* the longest row's pages: checked by the caller, and the shorter rows' pages are their prefix */
-  attend_rows(q, R, j->k_cache, j->v_cache, j->page_table + (b + R - 1) * j->max_pages, j->page_size, 0, t1,
+  attend_rows(q, R, &j->k_cache, &j->v_cache, j->page_table + (b + R - 1) * j->max_pages, j->page_size, 0, t1,
               j->num_kv_heads, j->G, D, j->scale, j->softcap, acc, m, l);
   for (int64_t r = 0; r < R; r++) store_normalised(j->out + j->rows[b + r] * H * D, acc[r], l[r], H, D);
 }
@@ -310,13 +340,13 @@ static void attention_siblings(const attention_job* j, int64_t b, int64_t R, flo
    [0, num_rows), 2 context_lens[b] outside [1, max_pages * page_size], 3 a page
    id outside [0, num_pages) among its first ceil(context_lens[b] / page_size).
    Nothing is written unless it returns 0. */
-int64_t paged_decode_attention_f32(const float* q, int64_t q_row_stride, const float* k_cache, const float* v_cache,
+int64_t paged_decode_attention(const float* q, int64_t q_row_stride, kv_pages k_cache, kv_pages v_cache,
                                    const int64_t* page_table, int64_t max_pages, const int64_t* context_lens,
                                    const int64_t* rows, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
                                    int64_t head_dim, int64_t page_size, float scale, float* out, int64_t num_rows,
                                    int64_t num_pages, int num_threads, int64_t window, float softcap) {
   if (num_kv_heads <= 0 || num_heads % num_kv_heads || head_dim <= 0 || head_dim % 8 || page_size <= 0 ||
-      window < 0 || softcap < 0.0f)
+      window < 0 || softcap < 0.0f || head_dim > ATTN_MAX_HEAD_DIM)
     return -1;
   const int64_t G = num_heads / num_kv_heads, D = head_dim, H = num_heads;
   if (G > ATTN_MAX_GROUP || H * D > ATTN_MAX_HEADS_DIM) return -1;
@@ -388,9 +418,10 @@ int64_t paged_decode_attention_f32(const float* q, int64_t q_row_stride, const f
 
 /* Packed-argument entry point (simd.h). */
 
-int64_t paged_decode_attention_f32_packed(const int64_t* a) {
-  return paged_decode_attention_f32(P(const float*, 0), a[1], P(const float*, 2), P(const float*, 3),
-                                    P(const int64_t*, 4), a[5], P(const int64_t*, 6), P(const int64_t*, 7), a[8],
-                                    a[9], a[10], a[11], a[12], F(13), P(float*, 14), a[15], a[16], (int)a[17], a[18],
-                                    F(19));
+int64_t paged_decode_attention_packed(const int64_t* a) {
+  kv_pages k_cache = {(void*)(intptr_t)a[2], (float*)(intptr_t)a[3], a[4]};
+  kv_pages v_cache = {(void*)(intptr_t)a[5], (float*)(intptr_t)a[6], a[7]};
+  return paged_decode_attention(P(const float*, 0), a[1], k_cache, v_cache, P(const int64_t*, 8), a[9],
+                                P(const int64_t*, 10), P(const int64_t*, 11), a[12], a[13], a[14], a[15], a[16],
+                                F(17), P(float*, 18), a[19], a[20], (int)a[21], a[22], F(23));
 }

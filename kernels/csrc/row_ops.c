@@ -12,7 +12,9 @@
    caller-supplied indices (slot ids, page ids, rows) check those indices first
    and return nonzero, touching nothing, when one is out of range. */
 
-#include "simd.h"
+#include "kv_formats.h"
+
+#define ROW_MAX_KV_SIZE 8192 /* num_kv_heads * head_dim: a rotated K row on the stack */
 
 /* Element counts from which an op forks. */
 #define NORM_PARALLEL_MIN 8192
@@ -167,51 +169,63 @@ static void rotate_half_inplace(float* x, const float* cos, const float* sin, in
 }
 
 static void rope_store_kv_row(float* row, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                              int64_t rotary_dim, const float* cos, const float* sin, float* k_slot, float* v_slot) {
+                              int64_t rotary_dim, const float* cos, const float* sin, const kv_pages* k_cache,
+                              const kv_pages* v_cache, int64_t slot) {
   for (int64_t h = 0; h < num_heads + num_kv_heads; h++)
     rotate_half_inplace(row + h * head_dim, cos, sin, rotary_dim);
-  const size_t kv_bytes = (size_t)(num_kv_heads * head_dim) * sizeof(float);
-  memcpy(k_slot, row + num_heads * head_dim, kv_bytes);
-  memcpy(v_slot, row + (num_heads + num_kv_heads) * head_dim, kv_bytes);
+  kv_store_slot(k_cache, slot, row + num_heads * head_dim, num_kv_heads, head_dim);
+  kv_store_slot(v_cache, slot, row + (num_heads + num_kv_heads) * head_dim, num_kv_heads, head_dim);
 }
 
-/* cos, sin: (rows, rotary_dim). Returns 0, or 1 + the first row whose slot id is outside [0, num_slots)
-   (nothing written then). */
-int64_t rope_store_kv_f32(float* qkv, int64_t rows, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                          const float* cos, const float* sin, float* k_cache, float* v_cache,
-                          const int64_t* slot_ids, int64_t num_slots, int num_threads, int64_t rotary_dim) {
+/* Rotates q and k of each row of qkv in place and stores k and v into slot slot_ids[r] of the caches,
+   in their formats (kv_formats.h: values, scales (NULL unless int8), format). Returns r + 1 for the
+   first out-of-range slot id (nothing written), else 0. */
+int64_t rope_store_kv(float* qkv, int64_t rows, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                      const float* cos, const float* sin, kv_pages k_cache, kv_pages v_cache,
+                      const int64_t* slot_ids, int64_t num_slots, int num_threads, int64_t rotary_dim) {
   for (int64_t r = 0; r < rows; r++)
     if (slot_ids[r] < 0 || slot_ids[r] >= num_slots) return r + 1;
-  const int64_t row_size = (num_heads + 2 * num_kv_heads) * head_dim, kv_size = num_kv_heads * head_dim;
+  const int64_t row_size = (num_heads + 2 * num_kv_heads) * head_dim;
   if (num_threads > 1 && rows > 1 && rows * row_size >= ROPE_PARALLEL_MIN) {
     #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t r = 0; r < rows; r++)
       rope_store_kv_row(qkv + r * row_size, num_heads, num_kv_heads, head_dim, rotary_dim, cos + r * rotary_dim,
-                        sin + r * rotary_dim, k_cache + slot_ids[r] * kv_size, v_cache + slot_ids[r] * kv_size);
+                        sin + r * rotary_dim, &k_cache, &v_cache, slot_ids[r]);
   } else {
     for (int64_t r = 0; r < rows; r++)
       rope_store_kv_row(qkv + r * row_size, num_heads, num_kv_heads, head_dim, rotary_dim, cos + r * rotary_dim,
-                        sin + r * rotary_dim, k_cache + slot_ids[r] * kv_size, v_cache + slot_ids[r] * kv_size);
+                        sin + r * rotary_dim, &k_cache, &v_cache, slot_ids[r]);
   }
   return 0;
 }
 
-/* Document KV placed at a new position: each row's k (KVH, D) rotated by one position delta
-   (cos, sin: one (D,) row, kernels/rotary.py rerotation_cos_sin) and v as is, written into
-   its slot. The source is left unchanged. Returns 0, or 1 + the first bad row (nothing written). */
-int64_t rerotate_store_kv_f32(const float* k, const float* v, int64_t rows, int64_t num_kv_heads, int64_t head_dim,
-                              const float* cos, const float* sin, float* k_cache, float* v_cache,
-                              const int64_t* slot_ids, int64_t num_slots, int num_threads, int64_t rotary_dim) {
+/* Stored document KV placed at a new position: k rotated by one delta (cos, sin (R,)), v as is,
+   both (rows, KVH, D) float32, stored into the caches in their formats. */
+int64_t rerotate_store_kv(const float* k, const float* v, int64_t rows, int64_t num_kv_heads, int64_t head_dim,
+                          const float* cos, const float* sin, kv_pages k_cache, kv_pages v_cache,
+                          const int64_t* slot_ids, int64_t num_slots, int num_threads, int64_t rotary_dim) {
   for (int64_t r = 0; r < rows; r++)
     if (slot_ids[r] < 0 || slot_ids[r] >= num_slots) return r + 1;
   const int64_t kv_size = num_kv_heads * head_dim;
-  const size_t kv_bytes = (size_t)kv_size * sizeof(float);
+  if (k_cache.format == KV_F32) {
+    const size_t kv_bytes = (size_t)kv_size * sizeof(float);
+    #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1 && rows * kv_size >= ROPE_PARALLEL_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+      float* k_slot = (float*)k_cache.values + slot_ids[r] * kv_size;
+      memcpy(k_slot, k + r * kv_size, kv_bytes);
+      for (int64_t h = 0; h < num_kv_heads; h++) rotate_half_inplace(k_slot + h * head_dim, cos, sin, rotary_dim);
+      kv_store_slot(&v_cache, slot_ids[r], v + r * kv_size, num_kv_heads, head_dim);
+    }
+    return 0;
+  }
+  /* a quantized K is rotated in float first (a row on the stack), then quantized as it is stored */
   #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1 && rows * kv_size >= ROPE_PARALLEL_MIN)
   for (int64_t r = 0; r < rows; r++) {
-    float* k_slot = k_cache + slot_ids[r] * kv_size;
-    memcpy(k_slot, k + r * kv_size, kv_bytes);
-    for (int64_t h = 0; h < num_kv_heads; h++) rotate_half_inplace(k_slot + h * head_dim, cos, sin, rotary_dim);
-    memcpy(v_cache + slot_ids[r] * kv_size, v + r * kv_size, kv_bytes);
+    float rotated[ROW_MAX_KV_SIZE];
+    memcpy(rotated, k + r * kv_size, (size_t)kv_size * sizeof(float));
+    for (int64_t h = 0; h < num_kv_heads; h++) rotate_half_inplace(rotated + h * head_dim, cos, sin, rotary_dim);
+    kv_store_slot(&k_cache, slot_ids[r], rotated, num_kv_heads, head_dim);
+    kv_store_slot(&v_cache, slot_ids[r], v + r * kv_size, num_kv_heads, head_dim);
   }
   return 0;
 }
@@ -238,13 +252,20 @@ int64_t gelu_tanh_and_mul_f32_packed(const int64_t* a) {
   return 0;
 }
 
-int64_t rope_store_kv_f32_packed(const int64_t* a) {
-  return rope_store_kv_f32(P(float*, 0), a[1], a[2], a[3], a[4], P(const float*, 5), P(const float*, 6),
-                           P(float*, 7), P(float*, 8), P(const int64_t*, 9), a[10], (int)a[11], a[12]);
+/* kv_pages from three fields: values, scales, format */
+static inline kv_pages kv_pages_at(const int64_t* a) {
+  kv_pages pages = {(void*)(intptr_t)a[0], (float*)(intptr_t)a[1], a[2]};
+  return pages;
 }
 
-int64_t rerotate_store_kv_f32_packed(const int64_t* a) {
-  return rerotate_store_kv_f32(P(const float*, 0), P(const float*, 1), a[2], a[3], a[4], P(const float*, 5),
-                               P(const float*, 6), P(float*, 7), P(float*, 8), P(const int64_t*, 9), a[10], (int)a[11],
-                               a[12]);
+int64_t rope_store_kv_packed(const int64_t* a) {
+  return rope_store_kv(P(float*, 0), a[1], a[2], a[3], a[4], P(const float*, 5), P(const float*, 6),
+                       kv_pages_at(a + 7), kv_pages_at(a + 10), P(const int64_t*, 13), a[14], (int)a[15], a[16]);
+}
+
+int64_t rerotate_store_kv_packed(const int64_t* a) {
+  if (a[3] * a[4] > ROW_MAX_KV_SIZE) return -1;
+  return rerotate_store_kv(P(const float*, 0), P(const float*, 1), a[2], a[3], a[4], P(const float*, 5),
+                           P(const float*, 6), kv_pages_at(a + 7), kv_pages_at(a + 10), P(const int64_t*, 13), a[14],
+                           (int)a[15], a[16]);
 }

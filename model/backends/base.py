@@ -167,8 +167,8 @@ class Backend(ABC):
     @abstractmethod
     def attention(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, attn: AttentionInputs,
                   scale: float, *, window: int | None = None, softcap: float | None = None) -> Tensor:
-        """Paged attention of the step's queries q (N, H, D) over the caches, prefills and
-        decodes alike (kernels.paged_attention_reference is the contract) -> (N, H, D).
+        """Paged attention of the step's queries q (N, H, D) over the caches (KVPages of any format,
+        read as stored: no dequantized copy of the pool), prefills and decodes alike (kernels.paged_attention_reference is the contract) -> (N, H, D).
         `window`: the layer's sliding window; `softcap`: its score cap (None: none)."""
 
     @abstractmethod

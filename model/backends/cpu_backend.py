@@ -62,6 +62,9 @@ BLOCK_KERNEL_MAX_ROWS = 8
 # docs/performance.md), or "float32" (the default), each weight decoded to its float32 value (exact up
 # to summation order).
 DECODE_ACTIVATIONS = ("int16", "float32")
+# With int8 activations, the projections that keep float activations all the same: the LM head
+# (quality, bench/int8_activation_quality.py; it runs on the few rows that are sampled only).
+INT8_FLOAT_ACTIVATION_LAYERS = ("lm_head",)
 
 
 class CpuBackend(TorchBackend):
@@ -69,7 +72,9 @@ class CpuBackend(TorchBackend):
 
     def __init__(self, matvec: CpuMatvec | None, ops: CpuDecodeOps | None, fallbacks: tuple[str, ...] = (),
                  crossover: str = MEASURE, load_block_kernels: Callable[[], BlockKernels] | None = None,
-                 gemm_q8: CpuGemmQ8 | None = None, instruction_sets: str = "", decode_activations: str = "float32"):
+                 gemm_q8: CpuGemmQ8 | None = None, instruction_sets: str = "",
+                 float_activation_layers: tuple[str, ...] = INT8_FLOAT_ACTIVATION_LAYERS,
+                 decode_activations: str = "float32"):
         super().__init__(torch.device("cpu"), torch.float32, fallbacks)
         if crossover not in (MEASURE, FIXED):
             raise ValueError(f"crossover must be {MEASURE!r} or {FIXED!r}, got {crossover!r}")
@@ -84,6 +89,8 @@ class CpuBackend(TorchBackend):
         # Built and loaded when a model first has blocks (a float32 model never pays the build).
         self._load_block_kernels = load_block_kernels
         self.gemm_q8 = gemm_q8  # products over blocks with int8 activations (every row count); None: off
+        # with gemm_q8, the projections (last name part) that keep float activations (quality: docs/performance.md)
+        self.float_activation_layers = float_activation_layers
         self.instruction_sets = instruction_sets  # the CPU's, and the kernel variant chosen
         self._block_kernels: BlockKernels | None = None
         self._resident: dict[str, int] = {}  # block format -> bytes held as blocks
@@ -153,7 +160,8 @@ class CpuBackend(TorchBackend):
         if name != "lm_head" or not self._embedding_shares(parts):
             self._count_resident(parts)
         formats = "+".join(p.format for p in parts)
-        if self.gemm_q8 is not None and all(self.gemm_q8.fits(p) for p in parts):
+        if (self.gemm_q8 is not None and all(self.gemm_q8.fits(p) for p in parts)
+                and name.rsplit(".", 1)[-1] not in self.float_activation_layers):
             # The blocks, repacked, serve every row count: one kernel, no float32 tile. At one row the int8
             # kernel took a quarter of the float-activation blocks kernel's time (576x1536 Q4_1: 16 vs 65 us,
             # one core), so decode runs on it too; a row's result does not depend on m.

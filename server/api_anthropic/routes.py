@@ -2,6 +2,7 @@
 message threads (`thread`) are server/api_anthropic/threads.py's."""
 
 import asyncio
+from collections.abc import Callable
 
 from litestar import Request, Response, post
 from litestar.datastructures import State
@@ -11,12 +12,13 @@ from server.api_anthropic.streaming import message_stream
 from server.api_anthropic.threads import store_thread_turn, thread_to_continue
 from server.api_anthropic.translation import TranslatedPrompt, message_body, messages_job, new_message_id
 from server.api_anthropic.usage import usage_body
-from server.auth import caller_of
+from server.auth import Caller, caller_of
 from server.cache_diagnostics import Diagnosis, diagnose, prompt_parts
 from server.choice_stream import ChoiceResult, Usage
 from server.completion_response import StartedStream, run_job
 from server.openapi import json_body
 from server.request_body import validated_body
+from server.response_store import StoredResponse
 
 _MISS_TYPES = {"model": "model_changed", "system": "system_changed", "tools": "tools_changed"}
 
@@ -42,7 +44,20 @@ async def create_message(request: Request, state: State) -> Response:
     salt = caller.cache_salt(None)
     owner = caller.owner(salt)
     threads = state.message_threads
-    previous = await thread_to_continue(threads, body, owner, service.turns, caller.turn_scope(salt, None))
+    previous, release_thread = await thread_to_continue(threads, state.thread_continuations, body, owner,
+                                                        service.turns, caller.turn_scope(salt, None))
+    try:
+        return await _answer(request, state, body, caller, owner, previous, release_thread)
+    except BaseException:
+        release_thread()
+        raise
+
+
+async def _answer(request: Request, state: State, body: MessagesRequest, caller: Caller, owner: str,
+                  previous: StoredResponse | None, release_thread: Callable[[], None]) -> Response:
+    """The reply; a continuation's claim is released once the reply is stored (or the stream closes)."""
+    service = state.service
+    threads = state.message_threads
     prompt = TranslatedPrompt(body, previous)
     chat_job = service.scoped(messages_job(body, prompt), caller)
     message_id = new_message_id()
@@ -72,18 +87,23 @@ async def create_message(request: Request, state: State) -> Response:
         if body.thread is not None:
             await asyncio.to_thread(store_thread_turn, threads, owner, final, prompt, previous, result,
                                     job.prompt_token_ids)
+        release_thread()  # stored: a continuation from the same reply now reads "already continued"
         return final
 
     outcome = await run_job(request, service, job, usage, stream=body.stream)
     if isinstance(outcome, Response):
+        release_thread()
         return outcome
     if isinstance(outcome, StartedStream):
         start = {"id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
                  "stop_reason": None, "stop_sequence": None, "usage": {**final_usage(), "output_tokens": 0}}
         if diagnostics is not None:
             start["diagnostics"] = diagnostics
-        return message_stream(start, outcome.first, outcome.deltas, final_usage, finish)
-    return Response(await finish(outcome[0]), status_code=200)
+        return message_stream(start, outcome.first, outcome.deltas, final_usage, finish, on_close=release_thread)
+    try:
+        return Response(await finish(outcome[0]), status_code=200)
+    finally:
+        release_thread()
 
 
 @post("/messages/count_tokens", status_code=200, operation_class=json_body(CountTokensRequest))

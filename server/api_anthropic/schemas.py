@@ -166,8 +166,8 @@ class _PromptFields(_Body):
     @classmethod
     def _no_unsupported_fields(cls, data):
         refuse_fields(data, UNSUPPORTED_FIELDS)
-        if isinstance(data, dict):
-            for tool in data.get("tools") or ():
+        if isinstance(data, dict) and isinstance(data.get("tools"), list):  # not a list: the field's own error
+            for tool in data["tools"]:
                 if isinstance(tool, dict) and tool.get("type") not in (None, "custom"):
                     raise ValueError(f"server tools ({tool.get('type')!r}) are not supported; "
                                      "give custom tools with name and input_schema")

@@ -123,7 +123,16 @@ async def _events(start_message: dict, first: ChoiceDelta, deltas: AsyncIterator
 
 def message_stream(start_message: dict, first: ChoiceDelta, deltas: AsyncIterator[ChoiceDelta],
                    final_usage: Callable[[], dict],
-                   finish: Callable[[ChoiceResult], Awaitable[None]] | None = None) -> ServerSentEvent:
-    """The SSE response of a stream whose first delta has arrived (so the engine accepted it)."""
+                   finish: Callable[[ChoiceResult], Awaitable[None]] | None = None,
+                   on_close: Callable[[], None] = lambda: None) -> ServerSentEvent:
+    """The SSE response of a stream whose first delta has arrived (so the engine accepted it); `on_close()`
+    runs once the stream is done, finished or not (a thread's continuation releases its claim there)."""
     events = _events(start_message, first, deltas, final_usage, finish)
-    return ServerSentEvent(events, background=BackgroundTask(events.aclose))
+
+    async def close() -> None:
+        try:
+            await events.aclose()
+        finally:
+            on_close()
+
+    return ServerSentEvent(events, background=BackgroundTask(close))

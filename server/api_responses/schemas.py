@@ -169,7 +169,7 @@ class ResponsesRequest(_Body):
     def _no_unsupported_fields(cls, data):
         refuse_fields(data, UNSUPPORTED_FIELDS)
         if isinstance(data, dict):
-            for tool in data.get("tools") or ():
+            for tool in data["tools"] if isinstance(data.get("tools"), list) else ():  # else: the field's own error
                 if isinstance(tool, dict) and tool.get("type") != "function":
                     raise ValueError(f"tools of type {tool.get('type')!r} are not supported; only function tools")
             if isinstance(data.get("input"), list):

@@ -1,28 +1,29 @@
-"""EngineConfig's document reuse fields: defaults, and every bad value refused in __post_init__."""
+"""DocumentReuseConfig (EngineConfig.documents): defaults, and every bad value refused in __post_init__."""
 
 from pathlib import Path
 
 import pytest
 
+from engine.document_reuse_config import DocumentReuseConfig
 from engine.engine_config import EngineConfig
 from engine.metrics import EngineStats
 from engine.request import RequestOutput
 
 
 def test_document_reuse_is_off_by_default():
-    config = EngineConfig(model_dir=Path("m"))
-    assert config.document_reuse is False
-    assert config.document_store_bytes > 0 and config.document_boundary_tokens >= 0
-    assert config.document_recompute_fraction == 0.0 and config.document_min_span_tokens == 64
+    documents = EngineConfig(model_dir=Path("m")).documents
+    assert documents.enabled is False
+    assert documents.store_bytes > 0 and documents.boundary_tokens >= 0 and documents.disk_bytes > 0
+    assert documents.recompute_fraction == 0.0 and documents.min_span_tokens == 64
 
 
 @pytest.mark.parametrize("field, value", [
-    ("document_store_bytes", 0), ("document_boundary_tokens", -1), ("document_recompute_fraction", -0.1),
-    ("document_recompute_fraction", 1.5), ("document_min_span_tokens", 0),
+    ("store_bytes", 0), ("boundary_tokens", -1), ("recompute_fraction", -0.1), ("recompute_fraction", 1.5),
+    ("min_span_tokens", 0), ("disk_bytes", 0),
 ])
 def test_bad_document_settings_are_refused(field, value):
-    with pytest.raises(ValueError, match=field):
-        EngineConfig(model_dir=Path("m"), **{field: value})
+    with pytest.raises(ValueError, match="document " + field.replace("_", " ")):
+        DocumentReuseConfig(**{field: value})
 
 
 def test_new_counters_default_to_zero():

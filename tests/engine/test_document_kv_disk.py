@@ -4,6 +4,7 @@ stay apart; a damaged file is a miss; derived (stitched) pages never reach the p
 
 import os
 import random
+from dataclasses import replace
 
 from cache.document_disk import document_key_hash
 from cache.page_file import SPAN_FILE, page_file_name
@@ -11,7 +12,8 @@ from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.request_options import RequestOptions
 from engine.sampling_params import SamplingParams
-from tests.engine.test_document_reuse import _assert_drained
+from engine.kv_disk_config import KVDiskConfig
+from tests.engine.test_document_reuse import REUSE, _assert_drained
 
 TEST_DEVICE = os.environ.get("RADIXSERVE_TEST_DEVICE", "cpu")
 DOC_LEN, SYSTEM_LEN, QUESTION_LEN = 50, 12, 10
@@ -39,8 +41,8 @@ def _prompt(names: str) -> tuple[list[int], RequestOptions]:
 
 def _engine(model_dir, kv_disk_dir, **overrides) -> LLMEngine:
     settings = dict(model_dir=model_dir, device=TEST_DEVICE, dtype="float32", page_size=16, kv_cache_bytes=16 << 20,
-                    max_num_batched_tokens=2048, max_num_seqs=16, document_reuse=True, document_min_span_tokens=16,
-                    document_boundary_tokens=4, kv_disk_dir=kv_disk_dir)
+                    max_num_batched_tokens=2048, max_num_seqs=16, documents=REUSE,
+                    kv_disk=KVDiskConfig(directory=kv_disk_dir))
     settings.update(overrides)
     return LLMEngine(EngineConfig(**settings))
 
@@ -111,7 +113,7 @@ def test_documents_precomputed_in_context_keep_their_leads_across_a_restart(tiny
 
 
 def test_memory_eviction_keeps_the_disk_copy_and_a_memory_miss_loads_it(tiny_llama_dir, tmp_path):
-    engine = _engine(tiny_llama_dir, tmp_path, document_store_bytes=2 * DOC_KV_BYTES)
+    engine = _engine(tiny_llama_dir, tmp_path, documents=replace(REUSE, store_bytes=2 * DOC_KV_BYTES))
     reference = _engine(tiny_llama_dir, None)
     engine.precompute_documents([DOCS[name] for name in "ABC"])
     reference.precompute_documents([DOCS[name] for name in "AC"])
@@ -177,7 +179,7 @@ def test_derived_pages_never_reach_the_page_tier_and_exact_lookups_after_a_resta
     first.close()
 
     restarted = _engine(tiny_llama_dir, tmp_path)
-    reference = _engine(tiny_llama_dir, None, document_reuse=False)
+    reference = _engine(tiny_llama_dir, None, documents=replace(REUSE, enabled=False))
     got = _run(restarted, prompt, OFF)
     assert got[0] == _run(reference, prompt, OFF)[0]
     assert got[1] == 16 and got[2] == 0  # only the exact page came from the tier
@@ -188,11 +190,11 @@ def test_derived_pages_never_reach_the_page_tier_and_exact_lookups_after_a_resta
 def test_a_prompt_with_more_stored_documents_than_memory_holds_places_what_fits(tiny_llama_dir, tmp_path):
     """Loads from disk during planning never evict an entry the plan already took: with memory for two
     spans, the first two of four are placed, the rest computed (and left as they are on disk)."""
-    engine = _engine(tiny_llama_dir, tmp_path, document_store_bytes=2 * DOC_KV_BYTES)
+    engine = _engine(tiny_llama_dir, tmp_path, documents=replace(REUSE, store_bytes=2 * DOC_KV_BYTES))
     engine.precompute_documents([DOCS[name] for name in "ABCD"])
     engine.scheduler.tree.evict(engine.scheduler.allocator.num_pages)
     prompt, options = _prompt("DCBA")  # D and C are in memory; B and A on disk only
-    reference = _engine(tiny_llama_dir, None, document_store_bytes=2 * DOC_KV_BYTES)
+    reference = _engine(tiny_llama_dir, None, documents=replace(REUSE, store_bytes=2 * DOC_KV_BYTES))
     reference.precompute_documents([DOCS[name] for name in "DC"])
     got = _run(engine, prompt, options)
     assert got == _run(reference, prompt, options) and got[2] == 2 * (DOC_LEN - 4)

@@ -3,6 +3,7 @@ only what needs it computed, the radix tree kept exact, tenants kept apart, coun
 
 import os
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -12,12 +13,14 @@ from engine.engine_config import EngineConfig
 from engine.speculation_config import SpeculationConfig
 from engine.errors import RequestError
 from engine.llm_engine import LLMEngine
+from engine.document_reuse_config import DocumentReuseConfig
 from engine.request_options import RequestOptions
 from engine.sampling_params import SamplingParams
 
 TEST_DEVICE = os.environ.get("RADIXSERVE_TEST_DEVICE", "cpu")
 DOC_LEN, SYSTEM_LEN, QUESTION_LEN = 50, 12, 10  # system and question: shorter than a span
 ON, OFF = RequestOptions(document_reuse=True), RequestOptions(document_reuse=False)
+REUSE = DocumentReuseConfig(enabled=True, min_span_tokens=16, boundary_tokens=4)
 
 
 def _tokens(seed: int, length: int) -> list[int]:
@@ -41,8 +44,7 @@ def _prompt(system: list[int], names: str, question=QUESTION) -> tuple[list[int]
 
 def _engine(model_dir, **overrides) -> LLMEngine:
     settings = dict(model_dir=model_dir, device=TEST_DEVICE, dtype="float32", page_size=16, kv_cache_bytes=16 << 20,
-                    max_num_batched_tokens=2048, max_num_seqs=16, document_reuse=True, document_min_span_tokens=16,
-                    document_boundary_tokens=4)
+                    max_num_batched_tokens=2048, max_num_seqs=16, documents=REUSE)
     settings.update(overrides)
     return LLMEngine(EngineConfig(**settings))
 
@@ -89,7 +91,7 @@ def run_random_mixes(engine: LLMEngine, rng: random.Random, check_each_step=lamb
 def test_zero_delta_reuse_equals_ordinary_prefill(tiny_llama_dir):
     """Spans stored from a prompt, placed back at the same positions (delta 0, k = 0): the same KV,
     the same logits, and the request computes only the question."""
-    engine = _engine(tiny_llama_dir, document_boundary_tokens=0)
+    engine = _engine(tiny_llama_dir, documents=replace(REUSE, boundary_tokens=0))
     prompt, options = _prompt(SYSTEM, "AB")
     exact = engine.prompt_tail_logits(prompt, QUESTION_LEN, options=options)  # stores A and B
     assert engine.stats().num_document_store_entries == 2
@@ -104,8 +106,8 @@ def test_zero_delta_reuse_equals_ordinary_prefill(tiny_llama_dir):
 
 def test_full_recompute_equals_ordinary_prefill(tiny_llama_dir):
     """k >= the span's length: nothing is placed, everything is computed."""
-    engine = _engine(tiny_llama_dir, document_boundary_tokens=DOC_LEN)
-    reference = _engine(tiny_llama_dir, document_reuse=False)
+    engine = _engine(tiny_llama_dir, documents=replace(REUSE, boundary_tokens=DOC_LEN))
+    reference = _engine(tiny_llama_dir, documents=replace(REUSE, enabled=False))
     engine.prompt_tail_logits(*_prompt(SYSTEM, "AB")[:1], 1, options=_prompt(SYSTEM, "AB")[1])
     prompt, options = _prompt(OTHER_SYSTEM, "BA")
     logits = engine.prompt_tail_logits(prompt, QUESTION_LEN, options=options)
@@ -116,7 +118,7 @@ def test_full_recompute_equals_ordinary_prefill(tiny_llama_dir):
 @pytest.mark.parametrize("max_num_batched_tokens", [2048, 24])  # all ranges in one step; ranges across steps
 def test_moved_documents_are_reused_and_stay_close_to_exact(tiny_llama_dir, backend, max_num_batched_tokens):
     engine = _engine(tiny_llama_dir, backend=backend, max_num_batched_tokens=max_num_batched_tokens)
-    reference = _engine(tiny_llama_dir, backend=backend, document_reuse=False)
+    reference = _engine(tiny_llama_dir, backend=backend, documents=replace(REUSE, enabled=False))
     _run(engine, *_prompt(SYSTEM, "ABC"))
     prompt, options = _prompt(OTHER_SYSTEM, "CAB")  # every document at a new position, after other text
     num_prefill_before = engine.metrics.num_prefill_tokens
@@ -139,7 +141,7 @@ def test_moved_documents_are_reused_and_stay_close_to_exact(tiny_llama_dir, back
 
 def test_reuse_off_never_gets_derived_kv(tiny_llama_dir):
     engine = _engine(tiny_llama_dir)
-    reference = _engine(tiny_llama_dir, document_reuse=False)
+    reference = _engine(tiny_llama_dir, documents=replace(REUSE, enabled=False))
     _run(engine, *_prompt(SYSTEM, "AB"))
     moved, options = _prompt(OTHER_SYSTEM, "BA")
     _run(engine, moved, options)  # stitched: its derived pages are cached under the derived key
@@ -169,7 +171,7 @@ def test_a_follow_up_with_reuse_on_gets_the_whole_stitched_prefix(tiny_llama_dir
 
 def test_a_salted_tenant_never_receives_another_tenants_document_kv(tiny_llama_dir):
     engine = _engine(tiny_llama_dir)
-    reference = _engine(tiny_llama_dir, document_reuse=False)
+    reference = _engine(tiny_llama_dir, documents=replace(REUSE, enabled=False))
     _run(engine, *_prompt(SYSTEM, "AB"), salt="tenant-a")
     moved, options = _prompt(OTHER_SYSTEM, "BA")
     got, first = _run(engine, moved, options, salt="tenant-b")
@@ -216,7 +218,7 @@ def test_a_prompt_with_the_precompute_context_then_the_document_reuses_it_exactl
     """The document's KV was computed after exactly this prompt's prefix: placed (delta 0), it is the
     KV ordinary prefill computes, so the logits agree with reuse off."""
     engine = _engine(tiny_llama_dir)
-    reference = _engine(tiny_llama_dir, document_reuse=False)
+    reference = _engine(tiny_llama_dir, documents=replace(REUSE, enabled=False))
     engine.precompute_documents([DOCS["A"]], context_token_id_lists=[SYSTEM])
     _forget_tree(engine)  # the context and the document leave the prefix cache: only the store helps
     prompt, options = _prompt(SYSTEM, "A")
@@ -255,7 +257,7 @@ def test_a_span_the_tree_ends_inside_places_its_rest_from_the_store(tiny_llama_d
     The span's rest comes from the store (its rows were computed after the same tokens), so only the
     new question is computed, and the logits are those of ordinary prefill."""
     engine = _engine(tiny_llama_dir)
-    reference = _engine(tiny_llama_dir, document_reuse=False)
+    reference = _engine(tiny_llama_dir, documents=replace(REUSE, enabled=False))
     prompt, options = _prompt(SYSTEM, "A")
     _run(engine, prompt, options, max_tokens=1)  # computes A and stores it
     other_question = _tokens(4, QUESTION_LEN)
@@ -276,7 +278,7 @@ def test_random_mixes_balance_pages_and_store_references(tiny_llama_dir):
     page_bytes = probe.kv_pool.shape.bytes_per_page
     entry_bytes = 2 * 2 * DOC_LEN * 2 * 16 * 4  # K and V, 2 layers, 50 tokens, 2 KV heads of 16 floats
     engine = _engine(tiny_llama_dir, kv_cache_bytes=page_bytes * 40, max_num_batched_tokens=64,
-                     document_store_bytes=entry_bytes * 3)
+                     documents=replace(REUSE, store_bytes=entry_bytes * 3))
     run_random_mixes(engine, random.Random(4),
                      lambda: engine.document_store.num_bytes <= engine.document_store.max_bytes)
     assert engine.stats().num_document_reused_tokens > 0

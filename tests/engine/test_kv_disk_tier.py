@@ -8,6 +8,7 @@ import pytest
 
 from cache import check_tree_invariants
 from engine.engine_config import EngineConfig
+from engine.kv_disk_config import KVDiskConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 
@@ -16,10 +17,10 @@ TEST_DEVICE = os.environ.get("RADIXSERVE_TEST_DEVICE", "cpu")  # see tests/conft
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
 
 
-def _engine(model_dir, kv_disk_dir, num_pages: int = 256, **overrides) -> LLMEngine:
+def _engine(model_dir, kv_disk_dir, num_pages: int = 256, policy: str = "write-through", **overrides) -> LLMEngine:
     # tiny_llama: 2 layers, 2 KV heads of 16 dims, float32 -> 4 KiB a page
     settings = dict(model_dir=model_dir, device=TEST_DEVICE, dtype="float32", page_size=PAGE_SIZE,
-                    kv_cache_bytes=num_pages * 4096, kv_disk_dir=kv_disk_dir)
+                    kv_cache_bytes=num_pages * 4096, kv_disk=KVDiskConfig(directory=kv_disk_dir, policy=policy))
     config = EngineConfig(**{**settings, **overrides})
     return LLMEngine(config)
 
@@ -53,14 +54,14 @@ def cold(tiny_llama_dir):
 def test_after_a_restart_every_full_page_is_a_hit_and_the_output_is_the_cold_one(tiny_llama_dir, tmp_path, cold,
                                                                                  policy):
     prompt = _prompt(0, 150)
-    first = _engine(tiny_llama_dir, tmp_path, kv_disk_policy=policy)
+    first = _engine(tiny_llama_dir, tmp_path, policy=policy)
     output, num_cached = _run(first, prompt)
     assert num_cached == 0 and output == cold(prompt)
     if policy == "write-back":  # nothing written until the pool lets go of a page: make it
         first.scheduler.tree.evict(first.scheduler.tree.num_evictable_pages)
     first.close()
 
-    again = _engine(tiny_llama_dir, tmp_path, kv_disk_policy=policy)
+    again = _engine(tiny_llama_dir, tmp_path, policy=policy)
     assert again.stats().num_kv_disk_pages == (150 + 8) // PAGE_SIZE
     output, num_cached = _run(again, prompt)
     assert num_cached == (len(prompt) - 1) // PAGE_SIZE * PAGE_SIZE
@@ -116,7 +117,7 @@ def test_another_model_layout_never_reads_the_pages(tiny_llama_dir, tmp_path):
 @pytest.mark.parametrize("policy", ["write-through", "write-back"])
 def test_under_pressure_evicted_prefixes_come_back_from_the_tier(tiny_llama_dir, tmp_path, cold, policy):
     # 24 pages of pool, 6 sessions of 7 pages each: every session is evicted before it returns.
-    engine = _engine(tiny_llama_dir, tmp_path, num_pages=24, kv_disk_policy=policy)
+    engine = _engine(tiny_llama_dir, tmp_path, num_pages=24, policy=policy)
     prompts = [_prompt(10 + i, 110) for i in range(6)]
     for round_index in range(2):
         for session, prompt in enumerate(prompts):

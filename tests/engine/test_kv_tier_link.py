@@ -14,8 +14,8 @@ def _pool(dtype=torch.float32) -> KVPool:
     pool = KVPool(KVPoolShape(num_layers=3, num_kv_heads=2, head_dim=8, page_size=PAGE_SIZE, dtype=dtype), 8,
                   torch.device("cpu"))
     for layer, (k_cache, v_cache) in enumerate(pool.layers):
-        k_cache.copy_(torch.randn(k_cache.shape, generator=torch.Generator().manual_seed(layer)))
-        v_cache.copy_(torch.randn(v_cache.shape, generator=torch.Generator().manual_seed(100 + layer)))
+        k_cache.values.copy_(torch.randn(k_cache.shape, generator=torch.Generator().manual_seed(layer)))
+        v_cache.values.copy_(torch.randn(v_cache.shape, generator=torch.Generator().manual_seed(100 + layer)))
     return pool
 
 
@@ -26,7 +26,7 @@ def _link(tmp_path, pool: KVPool, policy: str = "write-through") -> KVTierLink:
 
 
 def _page(pool: KVPool, page_id: int) -> list[torch.Tensor]:
-    return [cache[page_id].clone() for pair in pool.layers for cache in pair]
+    return [plane[page_id].clone() for plane in pool.tier_planes]
 
 
 def test_a_page_overwritten_right_after_it_was_handed_over_is_stored_as_it_was(tmp_path):
@@ -36,9 +36,8 @@ def test_a_page_overwritten_right_after_it_was_handed_over_is_stored_as_it_was(t
         page_hash = hash_pages(b"", [1, 2, 3, 4], PAGE_SIZE, None)[0]
         before = _page(pool, 2)
         link.on_page_event(PageEvent(PageEventKind.STORED, (page_hash,), (2,)))
-        for k_cache, v_cache in pool.layers:  # the slot is reused at once
-            k_cache[2].fill_(7.0)
-            v_cache[2].fill_(7.0)
+        for plane in pool.tier_planes:  # the slot is reused at once
+            plane[2].fill_(7.0)
         link.tier.flush()
         assert link._load([page_hash], [5]) == 1
         assert all(torch.equal(a, b) for a, b in zip(_page(pool, 5), before))

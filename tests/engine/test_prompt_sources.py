@@ -5,7 +5,9 @@ drafts. The console draws these (server/request_records.py)."""
 import os
 import random
 
+from engine.document_reuse_config import DocumentReuseConfig
 from engine.engine_config import EngineConfig
+from engine.kv_disk_config import KVDiskConfig
 from engine.speculation_config import SpeculationConfig
 from engine.llm_engine import LLMEngine
 from engine.request_options import RequestOptions
@@ -41,12 +43,12 @@ def _last_output(engine: LLMEngine, prompt: list[int], options: RequestOptions |
 
 def test_disk_tier_tokens_are_what_the_tier_loaded_for_the_request(tiny_llama_dir, tmp_path):
     prompt = _tokens(0, 150)
-    first = _engine(tiny_llama_dir, kv_disk_dir=tmp_path)
+    first = _engine(tiny_llama_dir, kv_disk=KVDiskConfig(directory=tmp_path))
     cold = _last_output(first, prompt)
     assert cold.num_cached_tokens == cold.num_disk_tier_tokens == 0
     first.close()
 
-    restarted = _engine(tiny_llama_dir, kv_disk_dir=tmp_path)
+    restarted = _engine(tiny_llama_dir, kv_disk=KVDiskConfig(directory=tmp_path))
     warm = _last_output(restarted, prompt)
     assert warm.num_disk_tier_tokens == restarted.stats().num_kv_disk_hit_tokens == 144  # 9 full pages
     assert warm.num_cached_tokens == warm.num_disk_tier_tokens  # the whole hit came from the tier
@@ -56,7 +58,7 @@ def test_disk_tier_tokens_are_what_the_tier_loaded_for_the_request(tiny_llama_di
 
 
 def test_document_counts_are_the_plans(tiny_llama_dir):
-    engine = _engine(tiny_llama_dir, document_reuse=True, document_min_span_tokens=16, document_boundary_tokens=4)
+    engine = _engine(tiny_llama_dir, documents=DocumentReuseConfig(enabled=True, min_span_tokens=16, boundary_tokens=4))
     system, other_system, question = _tokens(1, 12), _tokens(2, 15), _tokens(3, 10)
     doc_a, doc_b = _tokens(10, 50), _tokens(11, 50)
 

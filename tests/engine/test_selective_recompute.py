@@ -4,16 +4,18 @@ and store references balance whatever happens mid-way."""
 
 import math
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
+from engine.document_reuse_config import DocumentReuseConfig
 from engine.engine_config import EngineConfig
 from engine.sampling_params import SamplingParams
 from engine.selective_recompute import most_deviating, split_runs
-from tests.engine.test_document_reuse import (DOC_LEN, DOCS, OFF, OTHER_SYSTEM, QUESTION_LEN, SYSTEM, _assert_drained,
-                                              _engine, _forget_tree, _prompt, _run, _tokens, run_random_mixes)
+from tests.engine.test_document_reuse import (DOC_LEN, DOCS, OFF, OTHER_SYSTEM, QUESTION_LEN, REUSE, SYSTEM,
+                                              _assert_drained, _engine, _forget_tree, _prompt, _run, _tokens, run_random_mixes)
 
 
 def test_most_deviating_picks_the_rows_whose_k_and_v_moved_most():
@@ -43,21 +45,20 @@ def test_split_runs_takes_the_chosen_positions_out():
 
 @pytest.mark.parametrize("fraction", [-0.1, 1.5, math.nan, math.inf])
 def test_the_fraction_must_lie_in_zero_one(fraction):
-    with pytest.raises(ValueError, match=r"document_recompute_fraction must be in \[0, 1\]"):
-        EngineConfig(model_dir=Path("m"), document_recompute_fraction=fraction)
+    with pytest.raises(ValueError, match=r"document recompute fraction must be in \[0, 1\]"):
+        EngineConfig(model_dir=Path("m"), documents=DocumentReuseConfig(recompute_fraction=fraction))
 
 
 def test_fractions_in_zero_one_are_accepted():
     for fraction in (0.0, 0.15, 1.0):
-        assert EngineConfig(model_dir=Path("m"), document_recompute_fraction=fraction).document_recompute_fraction \
+        assert EngineConfig(model_dir=Path("m"), documents=DocumentReuseConfig(recompute_fraction=fraction)).documents.recompute_fraction \
             == fraction
 
 
 @pytest.mark.parametrize("max_num_batched_tokens", [2048, 24])  # ranges in one step; across steps
 def test_recomputing_everything_placed_equals_reuse_off(tiny_llama_dir, backend, max_num_batched_tokens):
-    engine = _engine(tiny_llama_dir, backend=backend, max_num_batched_tokens=max_num_batched_tokens,
-                     document_recompute_fraction=1.0)
-    reference = _engine(tiny_llama_dir, backend=backend, document_reuse=False)
+    engine = _engine(tiny_llama_dir, backend=backend, max_num_batched_tokens=max_num_batched_tokens, documents=replace(REUSE, recompute_fraction=1.0))
+    reference = _engine(tiny_llama_dir, backend=backend, documents=replace(REUSE, enabled=False))
     _run(engine, *_prompt(SYSTEM, "ABC"))  # stores A, B, C
     prompt, options = _prompt(OTHER_SYSTEM, "CAB")
     num_prefill_before = engine.metrics.num_prefill_tokens
@@ -76,7 +77,7 @@ def test_recomputing_everything_placed_equals_reuse_off(tiny_llama_dir, backend,
 
 @pytest.mark.parametrize("fraction", [0.15, 0.5])
 def test_a_fraction_recomputes_that_share_of_the_placed_tokens(tiny_llama_dir, fraction):
-    engine = _engine(tiny_llama_dir, document_recompute_fraction=fraction)
+    engine = _engine(tiny_llama_dir, documents=replace(REUSE, recompute_fraction=fraction))
     _run(engine, *_prompt(SYSTEM, "ABC"))
     prompt, options = _prompt(OTHER_SYSTEM, "CAB")
     num_placed = 3 * DOC_LEN - 2 * 4  # as without selective recompute: B follows A, C and A recompute 4 each
@@ -100,8 +101,7 @@ def test_scattered_recomputed_tokens_give_the_same_logits_in_one_step_or_many(ti
     each attends to the same KV, so the logits agree (and differ from plain reuse)."""
     logits = {}
     for budget, fraction in ((2048, 0.3), (24, 0.3), (2048, 0.0)):
-        engine = _engine(tiny_llama_dir, backend=backend, max_num_batched_tokens=budget,
-                         document_recompute_fraction=fraction)
+        engine = _engine(tiny_llama_dir, backend=backend, max_num_batched_tokens=budget, documents=replace(REUSE, recompute_fraction=fraction))
         _run(engine, *_prompt(SYSTEM, "ABC"))
         _forget_tree(engine)
         prompt, options = _prompt(OTHER_SYSTEM, "CAB")
@@ -124,7 +124,7 @@ def test_the_recomputed_tokens_are_the_most_deviating(tiny_llama_dir, monkeypatc
         return rows
 
     monkeypatch.setattr(selective, "most_deviating", spy)
-    engine = _engine(tiny_llama_dir, document_recompute_fraction=0.2, document_boundary_tokens=0)
+    engine = _engine(tiny_llama_dir, documents=replace(REUSE, recompute_fraction=0.2, boundary_tokens=0))
     _run(engine, *_prompt(SYSTEM, "AB"))
     assert calls == []  # nothing placed
     _run(engine, *_prompt(OTHER_SYSTEM, "BA"))
@@ -146,7 +146,7 @@ def test_zero_fraction_probes_nothing(tiny_llama_dir):
 def test_abort_after_the_probe_balances_pages_and_references(tiny_llama_dir):
     """A budget of 24 tokens: the probe runs in the admission step, the chosen tokens over the next
     steps; aborting in between leaves nothing held."""
-    engine = _engine(tiny_llama_dir, max_num_batched_tokens=24, document_recompute_fraction=0.5)
+    engine = _engine(tiny_llama_dir, max_num_batched_tokens=24, documents=replace(REUSE, recompute_fraction=0.5))
     _run(engine, *_prompt(SYSTEM, "ABC"))
     prompt, options = _prompt(OTHER_SYSTEM, "CAB")
     request = engine.add_request("mid", prompt, SamplingParams(max_tokens=4, temperature=0.0), None, options)
@@ -164,8 +164,7 @@ def test_preemption_and_random_mixes_balance_pages_and_references(tiny_llama_dir
     reuse on and off, two salts: after every drain pages and store references balance."""
     page_bytes = _engine(tiny_llama_dir).kv_pool.shape.bytes_per_page
     entry_bytes = 2 * 2 * DOC_LEN * 2 * 16 * 4
-    engine = _engine(tiny_llama_dir, kv_cache_bytes=page_bytes * 40, max_num_batched_tokens=48,
-                     document_store_bytes=entry_bytes * 3, document_recompute_fraction=0.3)
+    engine = _engine(tiny_llama_dir, kv_cache_bytes=page_bytes * 40, max_num_batched_tokens=48, documents=replace(REUSE, store_bytes=entry_bytes * 3, recompute_fraction=0.3))
     run_random_mixes(engine, random.Random(5))
     stats = engine.stats()
     assert stats.num_document_selective_recomputed_tokens > 0 and stats.num_document_reused_tokens > 0
@@ -173,7 +172,7 @@ def test_preemption_and_random_mixes_balance_pages_and_references(tiny_llama_dir
 
 
 def test_precompute_then_recompute_keeps_the_counts_honest(tiny_llama_dir):
-    engine = _engine(tiny_llama_dir, document_recompute_fraction=0.25)
+    engine = _engine(tiny_llama_dir, documents=replace(REUSE, recompute_fraction=0.25))
     engine.precompute_documents([DOCS["A"], DOCS["B"]])
     prompt, options = _prompt(SYSTEM, "BA")
     _, first = _run(engine, prompt, options)

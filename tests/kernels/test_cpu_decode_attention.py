@@ -91,19 +91,25 @@ def test_decode_attention_after_rope_store_kv(ops, decode_case):
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
+class _KVPages(ctypes.Structure):
+    """kernels/csrc/kv_formats.h's kv_pages (format 0: float32)."""
+
+    _fields_ = [("values", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("format", ctypes.c_int64)]
+
+
 def test_unpacked_decode_attention(ops, decode_case):
     """The library's plain C signature (what the packed entry point forwards to)."""
     lib = ops.library
     P, I = ctypes.c_void_p, ctypes.c_int64
-    lib.paged_decode_attention_f32.argtypes = [P, I, P, P, P, I, P, P, I, I, I, I, I, ctypes.c_float, P, I, I,
-                                               ctypes.c_int, I, ctypes.c_float]
-    lib.paged_decode_attention_f32.restype = ctypes.c_int64
+    lib.paged_decode_attention.argtypes = [P, I, _KVPages, _KVPages, P, I, P, P, I, I, I, I, I, ctypes.c_float, P, I,
+                                           I, ctypes.c_int, I, ctypes.c_float]
+    lib.paged_decode_attention.restype = ctypes.c_int64
     q, k_cache, v_cache, inputs, scale, expected = decode_case([40, 3], 16, 9, 3, 64)
     context_lens, rows, out = torch.tensor(inputs.context_lens), torch.arange(2), torch.empty(2, 9, 64)
-    status = lib.paged_decode_attention_f32(
-        q.data_ptr(), 9 * 64, k_cache.data_ptr(), v_cache.data_ptr(), inputs.page_table.data_ptr(),
-        inputs.page_table.shape[1], context_lens.data_ptr(), rows.data_ptr(), 2, 9, 3, 64, 16, scale, out.data_ptr(),
-        2, k_cache.shape[0], 2, 0, 0.0)
+    status = lib.paged_decode_attention(
+        q.data_ptr(), 9 * 64, _KVPages(k_cache.data_ptr(), None, 0), _KVPages(v_cache.data_ptr(), None, 0),
+        inputs.page_table.data_ptr(), inputs.page_table.shape[1], context_lens.data_ptr(), rows.data_ptr(), 2, 9, 3,
+        64, 16, scale, out.data_ptr(), 2, k_cache.shape[0], 2, 0, 0.0)
     assert status == 0
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 

@@ -179,3 +179,21 @@ def test_int8_activations_can_be_turned_off(build_dir):
     x = torch.randn(40, 64, generator=_gen(3))
     torch.testing.assert_close(linear(x), layer(x), atol=1e-4, rtol=1e-4)
     assert ops.plan().linears["layers.0.mlp.down_proj"].large.startswith("torch GEMM over dequantized tiles")
+
+
+def test_int8_activations_keep_the_lm_head_on_float_activations(build_dir):
+    """Quality: the LM head's int8 activations cost the most top-1 agreement (docs/performance.md)."""
+    from kernels.cpu_features import this_cpu
+
+    if not this_cpu().has("avx2", "fma", "f16c"):
+        pytest.skip("this CPU lacks AVX2/FMA/F16C: no int8 kernels")
+    ops = select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, crossover="fixed",
+                         int8_activations=True)
+    layer, blocks = _blocks_layer("Q8_0", 96, 64, seed=9)
+    head = ops.make_linear("lm_head", layer, [blocks])
+    ops.make_linear("layers.0.mlp.down_proj", *_blocks_layer("Q8_0", 96, 64, seed=10)[:1], [blocks])
+    x = torch.randn(3, 64, generator=_gen(4))
+    torch.testing.assert_close(head(x), layer(x), atol=1e-4, rtol=1e-4)  # float activations: exact weights
+    linears = ops.plan().linears
+    assert not linears["lm_head"].large.startswith("int8")
+    assert linears["layers.0.mlp.down_proj"].large.startswith("int8 GEMM")

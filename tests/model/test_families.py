@@ -4,10 +4,12 @@ prompt whose prefix is cached, and of requests batched together (prefill chunks 
 the decodes' logprobs against a forward pass over the generated tokens)."""
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
 
+from engine.document_reuse_config import DocumentReuseConfig
 from engine.engine_config import EngineConfig
 from engine.speculation_config import SpeculationConfig
 from engine.llm_engine import LLMEngine
@@ -183,14 +185,14 @@ def test_document_reuse_re_rotates_each_layer_by_its_own_rope(name, tmp_path, ba
         while request.num_computed_tokens < len(tokens):
             engine.step()
         slots = torch.tensor(slot_ids_of(request.page_ids, 0, len(tokens), 4))
-        k = engine.kv_pool.slot_rows(0)[0].index_select(0, slots).clone()
+        k = engine.kv_pool.layers[0].k.gather(slots, torch.float32)
         while engine.has_unfinished():
             engine.step()
         return k
 
-    settings = dict(max_num_batched_tokens=256, document_min_span_tokens=8, document_boundary_tokens=2,
-                    max_model_len=_max_model_len(name))
-    engine = _engine(tmp_path, backend, document_reuse=True, **settings)
+    documents = DocumentReuseConfig(min_span_tokens=8, boundary_tokens=2)
+    settings = dict(max_num_batched_tokens=256, documents=documents, max_model_len=_max_model_len(name))
+    engine = _engine(tmp_path, backend, **{**settings, "documents": replace(documents, enabled=True)})
     layer0_k_after_prefill(engine, *prompt(5))  # stores the span at positions 5..28
     moved, options = prompt(11)  # the span at 11..34
     placed = layer0_k_after_prefill(engine, moved, options)

@@ -4,6 +4,7 @@ to a final message, each later turn a `continue` that sends only the new message
 token from the cache."""
 
 import json
+import time
 import uuid
 
 import httpx
@@ -119,3 +120,40 @@ def test_streamed_usage_carries_the_cache_creation_breakdown(server):
         datas = [json.loads(line.removeprefix("data: ")) for line in response.iter_lines() if line.startswith("data: ")]
     start = datas[0]["message"]["usage"]
     assert start["cache_creation"] == {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0}
+
+
+def test_a_reply_is_continued_once_as_anthropic_answers_a_fork(server):
+    """A second `continue` from the same reply is Anthropic's 400 "thread_already_continued"; one sent while
+    another continuation of it runs is "thread_continue_in_flight"; a continuation the client left before its
+    reply was stored leaves the reply free again. The SDK replays the whole history on each of these codes."""
+    with _client(server) as client:
+        created = client.beta.messages.create(model=server.model, max_tokens=4, system=_system(),
+                                              thread={"type": "create"},
+                                              messages=[{"role": "user", "content": "Hi."}])
+
+        def continuing(max_tokens: int = 4, question: str = "And?") -> dict:
+            return {"model": server.model, "max_tokens": max_tokens, "extra_body": {"temperature": 0},
+                    "messages": [{"role": "user", "content": question}],
+                    "thread": {"type": "continue", "previous_message_id": created.id}}
+
+        # in flight: a long streamed continuation holds the reply until its own reply is stored
+        with client.beta.messages.stream(**continuing(400, "Count from 1 to 300, one number a line.")) as stream:
+            next(iter(stream))  # message_start: the continuation runs
+            with pytest.raises(anthropic.BadRequestError) as raised:
+                client.beta.messages.create(**continuing())
+        assert raised.value.body["error"]["details"] == {"error_code": "thread_continue_in_flight"}
+        assert raised.value.body["error"]["type"] == "invalid_request_error"
+        # the stream was left before its reply was stored: the reply can be continued (once the server saw it go)
+        for _ in range(100):
+            try:
+                first = client.beta.messages.create(**continuing())
+                break
+            except anthropic.BadRequestError as error:
+                assert error.body["error"]["details"] == {"error_code": "thread_continue_in_flight"}
+                time.sleep(0.1)
+        assert first.usage.cache_read_input_tokens > 0
+        with pytest.raises(anthropic.BadRequestError) as raised:  # a fork
+            client.beta.messages.create(**continuing(question="Or?"))
+    assert raised.value.body["error"]["details"] == {"error_code": "thread_already_continued"}
+    assert type(raised.value).__name__ == "ThreadAlreadyContinuedError"  # the SDK's class for this code
+    assert created.id in raised.value.body["error"]["message"]

@@ -156,6 +156,7 @@ def test_diagnostics_name_where_the_prompt_diverged(client, server):
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [
         {"type": "text", "text": str(i), "cache_control": {"type": "ephemeral"}} for i in range(5)]}]}, 400, "maximum"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}], "model": "claude-nope"}, 404, "claude-nope"),
+    ({"max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}], "tools": True}, 400, "tools"),  # was a 500
 ])
 def test_bad_requests_get_anthropic_errors(server, body, status, fragment):
     body = {"model": server.model, **body}

@@ -112,6 +112,10 @@ CASES = [
     ("wrong-key", "POST", CHAT, chat(), {"Authorization": "Bearer wrong"}, 401, None),
     ("wrong-scheme", "POST", CHAT, chat(), {"Authorization": f"Basic {API_KEY}"}, 401, None),
     ("models-without-auth", "GET", "/v1/models", None, {}, 401, None),
+    ("responses-tools-not-a-list", "POST", "/v1/responses", {"input": "hi", "tools": True}, AUTH, 400, "tools"),
+    ("dry-base-1", "POST", CHAT, chat(dry_base=1), AUTH, 400, "dry_base"),
+    ("dry-multiplier-negative", "POST", COMPLETIONS, {"prompt": "a", "dry_multiplier": -1}, AUTH, 400,
+     "dry_multiplier"),
 ]
 
 

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from engine.engine_config import EngineConfig
+from engine.pin_config import PinConfig
 from engine.request import FinishReason
 from server.settings import ServerSettings
 
@@ -100,7 +101,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 
 def test_a_tool_call_turn_is_parsed_pinned_and_spliced_into_the_next_prompt(make_client, tokenizer):
     call_text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
-    client, engine = make_client(call_text + "<|im_end|>", tool_pin_seconds=12.5)
+    client, engine = make_client(call_text + "<|im_end|>", pins=PinConfig(tool_seconds=12.5))
     engine.last_finish_reason = FinishReason.STOP
     body = _chat(client, tools=TOOLS, cache_salt="tenant-a").json()
     choice = body["choices"][0]

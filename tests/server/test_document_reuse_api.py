@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from engine.document_reuse_config import DocumentReuseConfig
 from engine.engine_config import EngineConfig
 
 MODEL = "fake-model"
@@ -22,7 +23,7 @@ DOCUMENTS = [
 @pytest.fixture
 def reuse_client(make_client, smollm2_dir, tmp_path):
     """A client of an app whose engine config has document reuse on (the fake engine records options)."""
-    return make_client("ok", engine=EngineConfig(model_dir=smollm2_dir, document_reuse=True),
+    return make_client("ok", engine=EngineConfig(model_dir=smollm2_dir, documents=DocumentReuseConfig(enabled=True)),
                        collections_dir=tmp_path)
 
 

@@ -20,7 +20,7 @@ from store.gguf_import import convert_gguf
 
 from tests.server.conftest import MODEL
 
-SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 HI = [{"role": "user", "content": "Hi"}]
 
 
@@ -102,9 +102,13 @@ def test_flags_reach_the_settings_and_a_bad_one_is_one_line_naming_it(smollm2_di
 
     assert settings_from_args(args(), smollm2_dir).generation_defaults == GenerationDefaults()
     settings = settings_from_args(args("--temperature", "0.5", "--top-p", "0.9", "--top-k", "10", "--min-p", "0.1",
-                                       "--repetition-penalty", "1.2", "--max-tokens", "300"), smollm2_dir)
-    assert settings.generation_defaults == GenerationDefaults(0.5, 0.9, 10, 0.1, 1.2, 300)
+                                       "--repetition-penalty", "1.2", "--presence-penalty", "0.4",
+                                       "--frequency-penalty", "0", "--max-tokens", "300"), smollm2_dir)
+    assert settings.generation_defaults == GenerationDefaults(temperature=0.5, top_p=0.9, top_k=10, min_p=0.1,
+                                                              repetition_penalty=1.2, presence_penalty=0.4,
+                                                              frequency_penalty=0.0, max_tokens=300)
     for argv, flag in ((("--top-p", "0"), "--top-p"), (("--max-tokens", "0"), "--max-tokens"),
+                       (("--frequency-penalty", "2.5"), "--frequency-penalty"),
                        (("--temperature", "3"), "--temperature")):
         with pytest.raises(RadixserveError, match=f"^{flag}: "):
             settings_from_args(args(*argv), smollm2_dir)
@@ -121,9 +125,11 @@ def test_each_api_without_sampling_fields_gets_the_defaults_and_a_requests_own_v
     api.chat.completions.create(model=MODEL, messages=HI)
     assert _sampled(engine.params[-1]) == defaults
     api.chat.completions.create(model=MODEL, messages=HI, temperature=0.1, top_p=0.5, max_tokens=7,
+                                presence_penalty=-0.5, frequency_penalty=0,
                                 extra_body={"top_k": 3, "min_p": 0.2, "repetition_penalty": 1.3})
     assert _sampled(engine.params[-1]) == {"temperature": 0.1, "top_p": 0.5, "top_k": 3, "min_p": 0.2,
-                                           "repetition_penalty": 1.3, "max_tokens": 7}
+                                           "repetition_penalty": 1.3, "presence_penalty": -0.5,
+                                           "frequency_penalty": 0, "max_tokens": 7}
     api.chat.completions.create(model=MODEL, messages=HI, max_completion_tokens=9, temperature=0)
     assert (engine.params[-1].max_tokens, engine.params[-1].temperature, engine.params[-1].top_k) == (9, 0, 40)
 
@@ -158,9 +164,11 @@ def test_models_and_health_show_the_defaults_in_force_and_their_sources(make_cli
     assert any("defaults for what a request leaves out: temperature 0.3 (flag), top_p 0.95 (default), "
                "top_k 20 (model)" in record.getMessage() for record in caplog.records)
     expected = {"temperature": 0.3, "top_p": 0.95, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.0,
-                "max_tokens": 100_000}
+                "presence_penalty": BUILTIN_GENERATION_DEFAULTS.presence_penalty,
+                "frequency_penalty": BUILTIN_GENERATION_DEFAULTS.frequency_penalty, "max_tokens": 100_000}
     sources = {"temperature": "flag", "top_p": "default", "top_k": "model", "min_p": "default",
-               "repetition_penalty": "default", "max_tokens": "flag"}
+               "repetition_penalty": "default", "presence_penalty": "default", "frequency_penalty": "default",
+               "max_tokens": "flag"}
     api = _openai(client)
     card = api.models.retrieve(MODEL)
     assert card.model_extra["generation_defaults"] == expected

@@ -9,6 +9,7 @@ import httpx
 import pytest
 import uvicorn
 
+from engine.document_reuse_config import DocumentReuseConfig
 from engine.engine_config import EngineConfig
 from server import cli
 
@@ -24,7 +25,7 @@ def _free_port() -> int:
 @pytest.fixture
 def served(make_fake_app, smollm2_dir, tmp_path):
     """(base URL, fake engines) of the fake app served over HTTP with document reuse on and an API key."""
-    app, engines = make_fake_app("ok", engine=EngineConfig(model_dir=smollm2_dir, document_reuse=True),
+    app, engines = make_fake_app("ok", engine=EngineConfig(model_dir=smollm2_dir, documents=DocumentReuseConfig(enabled=True)),
                                  collections_dir=tmp_path / "collections", api_key="ingest-key")
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))

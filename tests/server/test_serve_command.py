@@ -1,6 +1,10 @@
 """`radixserve serve` arguments -> settings, and its one-line errors (no server started)."""
 
+from dataclasses import replace
+
 import pytest
+
+from engine.kv_disk_config import KVDiskConfig
 
 from store.errors import RadixserveError
 from store.model_store import DEFAULT_MODEL
@@ -91,14 +95,12 @@ def test_settings_errors_are_radixserve_errors(smollm2_dir):
 def test_the_kv_disk_tier_is_on_by_default_under_the_home(monkeypatch, tmp_path, smollm2_dir):
     monkeypatch.setenv("RADIXSERVE_HOME", str(tmp_path))
     engine = settings_from_args(_args(), smollm2_dir).engine
-    assert (engine.kv_disk_dir, engine.kv_disk_bytes, engine.kv_disk_policy) == (tmp_path / "kv", 4 << 30,
-                                                                                 "write-through")
+    assert engine.kv_disk == KVDiskConfig(directory=tmp_path / "kv", max_bytes=4 << 30, policy="write-through")
     told = settings_from_args(_args("--kv-disk-dir", str(tmp_path / "elsewhere"), "--kv-disk-bytes", "64MiB",
                                     "--kv-disk-policy", "write-back"), smollm2_dir).engine
-    assert (told.kv_disk_dir, told.kv_disk_bytes, told.kv_disk_policy) == (tmp_path / "elsewhere", 64 << 20,
-                                                                           "write-back")
-    assert settings_from_args(_args("--no-kv-disk"), smollm2_dir).engine.kv_disk_dir is None
-    assert settings_from_args(_args("--no-prefix-cache"), smollm2_dir).engine.kv_disk_dir is None
+    assert told.kv_disk == KVDiskConfig(directory=tmp_path / "elsewhere", max_bytes=64 << 20, policy="write-back")
+    assert settings_from_args(_args("--no-kv-disk"), smollm2_dir).engine.kv_disk.directory is None
+    assert settings_from_args(_args("--no-prefix-cache"), smollm2_dir).engine.kv_disk.directory is None
     for bad in ("0.5", "lots", "0"):
         with pytest.raises(RadixserveError, match="--kv-disk-bytes"):
             settings_from_args(_args("--kv-disk-bytes", bad), smollm2_dir)
@@ -106,9 +108,9 @@ def test_the_kv_disk_tier_is_on_by_default_under_the_home(monkeypatch, tmp_path,
 
 def test_the_document_store_on_disk_has_a_bound_of_its_own(monkeypatch, tmp_path, smollm2_dir):
     monkeypatch.setenv("RADIXSERVE_HOME", str(tmp_path))
-    assert settings_from_args(_args(), smollm2_dir).engine.document_disk_bytes == 4 << 30
+    assert settings_from_args(_args(), smollm2_dir).engine.documents.disk_bytes == 4 << 30
     told = settings_from_args(_args("--document-disk-bytes", "256MiB", "--kv-disk-bytes", "1GiB"), smollm2_dir).engine
-    assert (told.document_disk_bytes, told.kv_disk_bytes) == (256 << 20, 1 << 30)
+    assert (told.documents.disk_bytes, told.kv_disk.max_bytes) == (256 << 20, 1 << 30)
     for bad in ("0.5", "lots", "0"):
         with pytest.raises(RadixserveError, match="--document-disk-bytes"):
             settings_from_args(_args("--document-disk-bytes", bad), smollm2_dir)
@@ -138,31 +140,27 @@ def test_hardening_limits_reach_the_settings(smollm2_dir):
 def test_document_reuse_flags_reach_the_engine_config(smollm2_dir):
     from engine.engine_config import EngineConfig
 
-    default = settings_from_args(_args(), smollm2_dir).engine
-    reference = EngineConfig(model_dir=smollm2_dir)
-    assert default.document_reuse is (cli.SERVE_DOCUMENT_REUSE_DEFAULT == "on") is True  # serve's default
-    assert reference.document_reuse is False  # an engine built directly: exact KV only
-    assert (True, default.document_store_bytes, default.document_boundary_tokens,
-            default.document_recompute_fraction) == (True, reference.document_store_bytes,
-                                                     reference.document_boundary_tokens,
-                                                     reference.document_recompute_fraction)
+    default = settings_from_args(_args(), smollm2_dir).engine.documents
+    reference = EngineConfig(model_dir=smollm2_dir).documents
+    assert default.enabled is True  # serve's default
+    assert reference.enabled is False  # an engine built directly: exact KV only
+    assert default == replace(reference, enabled=True)
     told = settings_from_args(_args("--document-reuse", "on", "--document-store-memory", "256MiB",
                                     "--document-boundary-tokens", "8", "--document-recompute-fraction", "0"),
-                              smollm2_dir).engine
-    assert (told.document_reuse, told.document_store_bytes, told.document_boundary_tokens,
-            told.document_recompute_fraction) == (True, 256 << 20, 8, 0.0)
-    assert settings_from_args(_args("--document-reuse", "off"), smollm2_dir).engine.document_reuse is False
-    selective = settings_from_args(_args("--document-recompute-fraction", "0.15"), smollm2_dir).engine
-    assert selective.document_recompute_fraction == 0.15  # CacheBlend-style selective recompute
+                              smollm2_dir).engine.documents
+    assert (told.enabled, told.store_bytes, told.boundary_tokens, told.recompute_fraction) == (True, 256 << 20, 8, 0.0)
+    assert settings_from_args(_args("--document-reuse", "off"), smollm2_dir).engine.documents.enabled is False
+    selective = settings_from_args(_args("--document-recompute-fraction", "0.15"), smollm2_dir).engine.documents
+    assert selective.recompute_fraction == 0.15  # CacheBlend-style selective recompute
 
 
 @pytest.mark.parametrize("argv, fragment", [
     (("--document-store-memory", "0.5"), "--document-store-memory"),
     (("--document-store-memory", "lots"), "--document-store-memory"),
-    (("--document-boundary-tokens", "-1"), "document_boundary_tokens"),
-    (("--document-recompute-fraction", "1.5"), "document_recompute_fraction"),
-    (("--document-recompute-fraction", "-0.1"), "document_recompute_fraction"),
-    (("--document-recompute-fraction", "nan"), "document_recompute_fraction"),
+    (("--document-boundary-tokens", "-1"), "document boundary tokens"),
+    (("--document-recompute-fraction", "1.5"), "document recompute fraction"),
+    (("--document-recompute-fraction", "-0.1"), "document recompute fraction"),
+    (("--document-recompute-fraction", "nan"), "document recompute fraction"),
 ])
 def test_bad_document_reuse_flags_are_one_line_errors(smollm2_dir, argv, fragment):
     with pytest.raises(RadixserveError, match=fragment):
@@ -190,3 +188,44 @@ def test_speculation_flags_are_derived_from_its_config(smollm2_dir, capsys):
     help_text = " ".join(capsys.readouterr().out.split())
     assert "--max-draft-tokens MAX_DRAFT_TOKENS the most draft tokens a request verifies" in help_text
     assert "--speculative {off,ngram,suffix}" in help_text and "(default: ngram)" in help_text
+
+
+def test_every_feature_setting_is_a_serve_flag_with_its_help(capsys):
+    """Each feature's config dataclass derives its flags (engine/setting.py, server/config_flags.py)."""
+    import dataclasses
+
+    from engine.document_reuse_config import DocumentReuseConfig
+    from engine.pin_config import PinConfig
+    from engine.setting import setting_doc
+    from engine.speculation_config import SpeculationConfig
+    from replicas.replica_config import ReplicaConfig
+    from server.config_flags import flag_name
+    from server.generation_defaults import GenerationDefaults
+
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    for config_class in (SpeculationConfig, KVDiskConfig, DocumentReuseConfig, PinConfig, ReplicaConfig,
+                         GenerationDefaults):
+        for field in dataclasses.fields(config_class):
+            if (doc := setting_doc(field)) is not None:
+                assert flag_name(field) in help_text and " ".join(doc.help.split()[:4]) in help_text
+
+
+def test_pins_and_replicas_come_from_their_configs(smollm2_dir):
+    from engine.pin_config import PinConfig
+    from replicas.replica_config import ReplicaConfig
+    from server.config_flags import config_from_args
+
+    assert settings_from_args(_args(), smollm2_dir).pins == PinConfig()
+    told = settings_from_args(_args("--tool-pin-seconds", "0", "--max-pin-seconds", "60"), smollm2_dir).pins
+    assert (told.tool_seconds, told.max_seconds) == (0.0, 60.0)
+    with pytest.raises(RadixserveError, match="tool pin seconds must be in"):
+        settings_from_args(_args("--tool-pin-seconds", "7200"), smollm2_dir)
+    replicas = config_from_args(ReplicaConfig, _args("--replicas", "2", "--replica-router", "pow2"))
+    assert (replicas.count, replicas.router, replicas.threads_per_replica) == (2, "pow2", 1)
+    assert config_from_args(ReplicaConfig, _args()).count is None  # one engine in this process
+    for argv, fragment in ((("--replicas", "0"), "--replicas: must be positive"),
+                           (("--min-match-ratio", "2"), "min_match_ratio must be in")):
+        with pytest.raises(ValueError, match=fragment):
+            config_from_args(ReplicaConfig, _args(*argv))

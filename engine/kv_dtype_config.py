@@ -1,0 +1,37 @@
+"""The KV cache's stored format (kernels/kv_format.py), K and V settable apart (llama.cpp's -ctk / -ctv).
+
+The pool, the disk tier (its fingerprint names the formats), the document store and its disk copy
+all hold KV in these formats; the pool is sized in bytes, so a smaller format holds more tokens.
+Pure Python (no torch): the flags are built without loading the engine.
+"""
+
+from dataclasses import dataclass
+
+from engine.setting import setting
+
+# kernels.kv_format.KV_DTYPES (tests/engine/test_kv_dtype_config.py checks they agree)
+KV_DTYPE_CHOICES = ("float32", "bfloat16", "int8")
+AUTO = "auto"  # the model's own dtype, stored as is
+
+
+@dataclass(frozen=True)
+class KVDtypeConfig:
+    kv_dtype: str = setting(
+        AUTO, "how K and V are stored: float32, bfloat16 or int8 (per token and head, with a float32 scale: "
+        "about 3.8x the tokens of float32 in the same --kv-cache-memory); auto: the model's dtype",
+        choices=(AUTO, *KV_DTYPE_CHOICES))
+    kv_dtype_k: str | None = setting(None, "K's format, overriding --kv-dtype for K", choices=KV_DTYPE_CHOICES)
+    kv_dtype_v: str | None = setting(None, "V's format, overriding --kv-dtype for V", choices=KV_DTYPE_CHOICES)
+
+    def __post_init__(self):
+        if self.kv_dtype not in (AUTO, *KV_DTYPE_CHOICES):
+            raise ValueError(f"kv_dtype must be one of {AUTO}, {', '.join(KV_DTYPE_CHOICES)}, got {self.kv_dtype!r}")
+        for name in ("kv_dtype_k", "kv_dtype_v"):
+            value = getattr(self, name)
+            if value is not None and value not in KV_DTYPE_CHOICES:
+                raise ValueError(f"{name} must be one of {', '.join(KV_DTYPE_CHOICES)}, got {value!r}")
+
+    def resolve(self, model_kv_dtype: str) -> tuple[str, str]:
+        """(K's format, V's format), `model_kv_dtype` (the model dtype's own format) standing for auto."""
+        both = model_kv_dtype if self.kv_dtype == AUTO else self.kv_dtype
+        return self.kv_dtype_k or both, self.kv_dtype_v or both

@@ -1,0 +1,80 @@
+/* The stored formats of KV pages (kernels/kv_format.py is the reference): per slot, num_kv_heads
+   rows of head_dim values, in float32, bfloat16 (round to nearest even) or int8 with one float32
+   scale per (slot, head): x ~= q * scale, scale = absmax / 127, q = round-half-even(x * 127 / absmax).
+   Shared by row_ops.c (quantize on store) and decode_attention.c (dequantize on read). */
+#ifndef RADIXSERVE_KV_FORMATS_H
+#define RADIXSERVE_KV_FORMATS_H
+
+#include "simd.h"
+
+enum { KV_F32 = 0, KV_BF16 = 1, KV_I8 = 2 };
+
+/* One of a layer's K or V caches: values (num_slots, KVH, D) in `format`; scales (num_slots, KVH)
+   float32 for KV_I8, else NULL. */
+typedef struct {
+  void* values;
+  float* scales;
+  int64_t format;
+} kv_pages;
+
+static inline uint16_t f32_to_bf16(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN stays a (quiet) NaN */
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+/* Writes x (KVH, D) floats as slot `slot` of the pages. */
+static inline void kv_store_slot(const kv_pages* pages, int64_t slot, const float* x, int64_t num_kv_heads,
+                                 int64_t head_dim) {
+  const int64_t row = num_kv_heads * head_dim;
+  if (pages->format == KV_F32) {
+    memcpy((float*)pages->values + slot * row, x, (size_t)row * sizeof(float));
+  } else if (pages->format == KV_BF16) {
+    uint16_t* dst = (uint16_t*)pages->values + slot * row;
+    for (int64_t i = 0; i < row; i++) dst[i] = f32_to_bf16(x[i]);
+  } else {
+    int8_t* dst = (int8_t*)pages->values + slot * row;
+    for (int64_t h = 0; h < num_kv_heads; h++) {
+      const float* xh = x + h * head_dim;
+      float absmax = 0.0f;
+      for (int64_t d = 0; d < head_dim; d++) absmax = fmaxf(absmax, fabsf(xh[d]));
+      const float inverse = absmax > 0.0f ? 127.0f / absmax : 0.0f;
+      pages->scales[slot * num_kv_heads + h] = absmax / 127.0f;
+      for (int64_t d = 0; d < head_dim; d++) {
+        float q = nearbyintf(xh[d] * inverse);
+        q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
+        dst[h * head_dim + d] = (int8_t)q;
+      }
+    }
+  }
+}
+
+/* dst (D,) floats = head `head` of slot `slot`, dequantized. D % 8 == 0. */
+static inline void kv_load_head(const kv_pages* pages, int64_t slot, int64_t head, int64_t num_kv_heads,
+                                int64_t head_dim, float* dst) {
+  const int64_t at = (slot * num_kv_heads + head) * head_dim;
+  if (pages->format == KV_F32) {
+    memcpy(dst, (const float*)pages->values + at, (size_t)head_dim * sizeof(float));
+  } else if (pages->format == KV_BF16) {
+    const uint16_t* src = (const uint16_t*)pages->values + at;
+    for (int64_t d = 0; d < head_dim; d += 8) {
+      const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(src + d)));
+      _mm256_storeu_ps(dst + d, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
+    }
+  } else {
+    const int8_t* src = (const int8_t*)pages->values + at;
+    const __m256 scale = _mm256_set1_ps(pages->scales[slot * num_kv_heads + head]);
+    for (int64_t d = 0; d < head_dim; d += 8) {
+      const __m256i wide = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(src + d)));
+      _mm256_storeu_ps(dst + d, _mm256_mul_ps(_mm256_cvtepi32_ps(wide), scale));
+    }
+  }
+}
+
+static inline int64_t kv_element_size(int64_t format) {
+  return format == KV_F32 ? 4 : (format == KV_BF16 ? 2 : 1);
+}
+
+#endif

@@ -1,0 +1,159 @@
+"""Quantized KV pages (kernels/kv_format.py): the reference quantization, and attention over each
+format, torch path and C kernels, decode and prefill, windows and soft caps, against float32.
+
+Tolerances (max abs error of attention outputs over unit-normal K and V, scores of q ~ N(0, 4)):
+bfloat16 3e-2, int8 5e-2. Reading a format is also checked exactly: attention over quantized pages
+equals float32 attention over the same values dequantized (1e-5), so any error is the format's.
+"""
+
+import math
+import zlib
+
+import pytest
+import torch
+
+from kernels.attention_inputs import AttentionInputs, slot_ids_of
+from kernels.attention_plan import CPU_ATTENTION, AttentionPolicy
+from kernels.kv_format import KV_DTYPES, KVPages, dequantize_int8, quantize_int8
+from kernels.paged_attention import paged_attention, paged_attention_reference, store_kv
+from kernels.rotary import RotaryEmbedding
+
+FORMAT_TOLERANCE = {"float32": 1e-5, "bfloat16": 3e-2, "int8": 5e-2}
+FUSED = AttentionPolicy(64, 16, fused_decode=True, max_rows_as_decode=4)
+
+
+def _gen(*seed):
+    return torch.Generator().manual_seed(zlib.crc32(repr(seed).encode()))
+
+
+def _case(seqs, page_size=4, num_kv_heads=2, group=3, head_dim=32, seed=0):
+    """Float32 caches over shuffled pages holding each sequence's context; (q, k_cache, v_cache, inputs)."""
+    gen = _gen(seqs, page_size, num_kv_heads, group, head_dim, seed)
+    num_pages = sum(math.ceil(c / page_size) for c, _ in seqs) + 2
+    k_cache = torch.zeros(num_pages, page_size, num_kv_heads, head_dim)
+    v_cache = torch.zeros_like(k_cache)
+    free = torch.randperm(num_pages, generator=gen).tolist()
+    page_ids, new_slots = [], []
+    for context_len, query_len in seqs:
+        count = math.ceil(context_len / page_size)
+        pages, free = free[:count], free[count:]
+        page_ids.append(pages)
+        slots = slot_ids_of(pages, 0, context_len, page_size)
+        store_kv(k_cache, v_cache, torch.randn(context_len, num_kv_heads, head_dim, generator=gen),
+                 torch.randn(context_len, num_kv_heads, head_dim, generator=gen), torch.tensor(slots))
+        new_slots += slots[context_len - query_len:]
+    inputs = AttentionInputs.build(new_slots, [q for _, q in seqs], [c for c, _ in seqs], page_ids, "cpu")
+    q = torch.randn(inputs.num_tokens, num_kv_heads * group, head_dim, generator=gen) * 2
+    return q, k_cache, v_cache, inputs
+
+
+def _as_format(cache: torch.Tensor, kv_dtype: str) -> KVPages:
+    pages = KVPages.zeros(kv_dtype, tuple(cache.shape), "cpu")
+    pages.store(torch.arange(cache.shape[0] * cache.shape[1]), cache.view(-1, *cache.shape[2:]))
+    return pages
+
+
+def _dequantized(pages: KVPages) -> torch.Tensor:
+    slots = torch.arange(pages.shape[0] * pages.shape[1])
+    return pages.gather(slots, torch.float32).view(pages.shape)
+
+
+def test_the_offered_formats_are_the_flags_choices():
+    from engine.kv_dtype_config import KV_DTYPE_CHOICES
+
+    assert KV_DTYPE_CHOICES == KV_DTYPES
+
+
+def test_int8_quantization_is_within_half_a_step_per_token_and_head():
+    x = torch.randn(50, 3, 64, generator=_gen("q")) * torch.rand(50, 3, 1, generator=_gen("s")) * 5
+    x[7, 1] = 0.0  # an all-zero row: scale 0, q 0
+    q, scale = quantize_int8(x)
+    assert q.dtype == torch.int8 and scale.shape == (50, 3) and int(q.abs().max()) <= 127
+    assert torch.equal(scale, x.abs().amax(-1) / 127) and scale[7, 1] == 0 and not q[7, 1].any()
+    error = (dequantize_int8(q, scale) - x).abs()
+    assert bool((error <= scale.unsqueeze(-1) / 2 + 1e-6).all())
+
+
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+def test_pages_and_scales_cost_what_the_pool_counts(kv_dtype):
+    from cache.kv_pool import KVPool, KVPoolShape
+
+    shape = KVPoolShape(2, 3, 64, 16, torch.float32, kv_dtype, kv_dtype)
+    pool = KVPool(shape, 5, "cpu")
+    assert sum(plane.numel() * plane.element_size() for plane in pool.tier_planes) == pool.num_bytes
+    assert shape.bytes_per_page == {"float32": 2 * 2 * 16 * 3 * 64 * 4, "bfloat16": 2 * 2 * 16 * 3 * 64 * 2,
+                                    "int8": 2 * 2 * 16 * 3 * (64 + 4)}[kv_dtype]
+
+
+SEQS = [(20, 20), (45, 1), (50, 13), (7, 1), (33, 2), (60, 23), (100, 1)]
+
+
+@pytest.mark.parametrize("kv_dtype", ["bfloat16", "int8"])
+@pytest.mark.parametrize("window, softcap", [(None, None), (5, None), (None, 2.0), (24, 2.0)])
+@pytest.mark.parametrize("path", ["reference", "torch", "fused"])
+def test_attention_over_each_format_matches_float32(kv_dtype, window, softcap, path, request):
+    """Decodes, verify chunks and prefills (torch: SDPA / softcapped matmuls; fused: the C decode kernel for
+    decodes and short chunks, SDPA for prefills) over K and V in the format."""
+    q, k_cache, v_cache, inputs = _case(SEQS, seed=len(kv_dtype))
+    scale = q.shape[-1] ** -0.5
+    expected = paged_attention_reference(q, k_cache, v_cache, inputs, scale, window=window, softcap=softcap)
+    k_pages, v_pages = _as_format(k_cache, kv_dtype), _as_format(v_cache, kv_dtype)
+    if path == "reference":
+        got = paged_attention_reference(q, k_pages, v_pages, inputs, scale, window=window, softcap=softcap)
+    elif path == "torch":
+        got = paged_attention(q, k_pages, v_pages, inputs, scale, CPU_ATTENTION, window=window, softcap=softcap)
+    else:
+        ops = request.getfixturevalue("ops")
+        got = paged_attention(q, k_pages, v_pages, inputs, scale, FUSED, ops, window=window, softcap=softcap)
+    tolerance = FORMAT_TOLERANCE[kv_dtype]
+    torch.testing.assert_close(got, expected, atol=tolerance, rtol=0)
+    # the error is the format's alone: the same values dequantized give the same attention
+    exact = paged_attention_reference(q, _dequantized(k_pages), _dequantized(v_pages), inputs, scale, window=window,
+                                      softcap=softcap)
+    torch.testing.assert_close(got, exact, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("k_dtype, v_dtype", [("int8", "float32"), ("float32", "int8"), ("bfloat16", "int8")])
+def test_k_and_v_in_different_formats(ops, k_dtype, v_dtype):
+    q, k_cache, v_cache, inputs = _case(SEQS, seed=7)
+    scale = q.shape[-1] ** -0.5
+    k_pages, v_pages = _as_format(k_cache, k_dtype), _as_format(v_cache, v_dtype)
+    expected = paged_attention_reference(q, _dequantized(k_pages), _dequantized(v_pages), inputs, scale)
+    for got in (paged_attention(q, k_pages, v_pages, inputs, scale, CPU_ATTENTION),
+                paged_attention(q, k_pages, v_pages, inputs, scale, FUSED, ops)):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kv_dtype", ["bfloat16", "int8"])
+def test_the_c_store_quantizes_as_the_reference(ops, kv_dtype, num_threads):
+    """rope_store_kv (q and k rotated, k and v stored) and rerotate_store_kv into pages of the format: the
+    stored values are the reference's quantization of the same rotated rows (int8: at most one step apart
+    where the rotation's last bit differs; scales within float rounding)."""
+    gen = _gen("store", kv_dtype)
+    num_heads, num_kv_heads, head_dim, rows = 6, 2, 64, 40
+    qkv = torch.randn(rows, num_heads + 2 * num_kv_heads, head_dim, generator=gen)
+    rotary = RotaryEmbedding(head_dim, 256, 10000.0, None, device="cpu")
+    cos, sin = rotary.cos_sin(torch.arange(rows) + 3, torch.float32)
+    slots = torch.randperm(64, generator=gen)[:rows]
+    got_k, got_v = KVPages.zeros(kv_dtype, (16, 4, num_kv_heads, head_dim), "cpu"), \
+        KVPages.zeros(kv_dtype, (16, 4, num_kv_heads, head_dim), "cpu")
+    want_k, want_v = KVPages.zeros(kv_dtype, (16, 4, num_kv_heads, head_dim), "cpu"), \
+        KVPages.zeros(kv_dtype, (16, 4, num_kv_heads, head_dim), "cpu")
+    rotated = RotaryEmbedding.apply(qkv[:, : num_heads + num_kv_heads], cos, sin)
+    store_kv(want_k, want_v, rotated[:, num_heads:], qkv[:, num_heads + num_kv_heads:], slots)
+    q = qkv.clone()
+    ops.rope_store_kv(q, cos, sin, got_k, got_v, slots)
+    torch.testing.assert_close(q[:, :num_heads], rotated[:, :num_heads], atol=1e-5, rtol=1e-5)
+    for got, want in ((got_k, want_k), (got_v, want_v)):
+        assert int((got.values.float() - want.values.float()).abs().max()) <= (1 if kv_dtype == "int8" else 0) or \
+            kv_dtype == "bfloat16" and torch.allclose(got.values.float(), want.values.float(), rtol=1e-2)
+        if got.scales is not None:
+            torch.testing.assert_close(got.scales, want.scales, atol=1e-6, rtol=1e-5)
+    # document KV placed at a new position: k rotated, then quantized
+    k, v = torch.randn(rows, num_kv_heads, head_dim, generator=gen), torch.randn(rows, num_kv_heads, head_dim,
+                                                                                  generator=gen)
+    delta_cos, delta_sin = cos[5:6], sin[5:6]
+    ops.rerotate_store_kv(k, v, delta_cos, delta_sin, got_k, got_v, slots)
+    store_kv(want_k, want_v, RotaryEmbedding.apply(k, delta_cos, delta_sin), v, slots)
+    for got, want in ((got_k, want_k), (got_v, want_v)):
+        torch.testing.assert_close(_dequantized(got), _dequantized(want), atol=0.02, rtol=0)
