@@ -4,7 +4,7 @@ against the machine's limits, side by side in one run.
     nice .venv/bin/python -m bench.cpu_speed_bench [--models default,q4_k_m,q8_0] [--lengths 1024,4096]
         [--threads N] [--also-float-activations]
 
-One command (about 10 minutes on a quiet 2-core machine). First the machine's limits on one weight
+One command (an estimated 10 minutes on a quiet 2-core machine). First the machine's limits on one weight
 shape (2048 x 2048, 512 rows): our int8 GEMM over Q8_0 blocks (kernels/cpu_gemm_q8.py), torch's
 fbgemm dynamic int8 linear, oneDNN's bfloat16 and float32 GEMMs (GOP/s, interleaved, best of 3),
 and copy bandwidth (GB/s, read + write). Then, per model, each server started alone on the model's
@@ -13,9 +13,8 @@ llama-server from bench/llama_server.py, prompt caching off per request), the sa
 HTTP (/v1/completions, token-id prompts of random ids, greedy, ignore_eos):
 - prefill tokens/s, cold: a prompt of L random tokens, one output token, wall time of the request
   (the median of 3 at 1024, one at 4096);
-- decode tokens/s at batch 1 and 8: B streamed requests at once, 32-token prompts, DECODE_TOKENS
-  tokens each; tokens after each stream's first over the time from the last first token to the
-  last token;
+- decode tokens/s at batch 1 and 8: B streamed requests at once, 32-token prompts, DECODE_TOKENS + 1
+  tokens each; B x DECODE_TOKENS over the time from the last stream's first chunk to the last chunk;
 - the server's peak RSS (VmHWM of /proc/PID/status, read before it is stopped).
 Then per model: prefill's linear layers as GOP/s (2 x their weights a token; the LM head runs for
 the last token only, attention not counted) against the int8 GEMM's measured rate, and batch-1
@@ -181,7 +180,9 @@ class Client:
             thread.join()
         if any(len(t) < 2 for t in times):
             raise RuntimeError(f"streams returned {[len(t) for t in times]} chunks")
-        return sum(len(t) - 1 for t in times) / (max(t[-1] for t in times) - max(t[0] for t in times))
+        # ignore_eos: each stream made DECODE_TOKENS + 1 tokens, whatever chunks carried them (a token may
+        # end mid-character and send no text; a last chunk may carry only the finish reason)
+        return batch * DECODE_TOKENS / (max(t[-1] for t in times) - max(t[0] for t in times))
 
 
 def measure_server(name: str, argv: list[str], port: int, vocab: int, lengths: list[int], log_path: Path) -> dict:

@@ -105,7 +105,7 @@ def main(argv=None) -> int:
     for name in engines:
         print(f"{name:<12}{p50[name]:>12.3f}{statistics.mean(computed[name]):>10.0f}")
     print(f"restarted / cold TTFT {p50['restarted'] / p50['cold']:.2f}x, restarted / in-memory "
-          f"{p50['restarted'] / p50['in-memory']:.2f}x; spans loaded from disk {stats.num_document_disk_hits} "
+          f"{p50['restarted'] / p50['in-memory']:.2f}x; spans loaded from disk {stats.documents.num_disk_hits} "
           f"({1000 * load.total_seconds / max(1, load.count):.1f} ms each); outputs equal in-memory: {same_output}")
     return 0
 

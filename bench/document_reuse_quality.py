@@ -142,12 +142,12 @@ def reuse_pass(engine: LLMEngine, variant: Variant, prompts: Sequence[BuiltPromp
                                                       else [list(c) for c in contexts])
     comparisons, computed, reused = [], [], []
     for built, answer in zip(prompts, answers):
-        computed_before, reused_before = engine.metrics.num_prefill_tokens, engine.stats().num_document_reused_tokens
+        computed_before, reused_before = engine.metrics.num_prefill_tokens, engine.stats().documents.num_reused_tokens
         rows = engine.prompt_tail_logits(built.token_ids + answer.answer_ids, len(answer.answer_ids) + 1,
                                          options=_options(built, variant.document_reuse))
         # The answer's tokens follow the last document: computed on every path, not the prompt's.
         computed.append(engine.metrics.num_prefill_tokens - computed_before - len(answer.answer_ids))
-        reused.append(engine.stats().num_document_reused_tokens - reused_before)
+        reused.append(engine.stats().documents.num_reused_tokens - reused_before)
         comparisons.append(compare_prompt(answer.rows, rows.float(), len(answer.answer_ids)))
         _progress(variant.name, built.prompt.index + 1, len(prompts))
     return comparisons, computed, reused, num_precomputed

@@ -7,6 +7,7 @@ and teacher-forced top-1 agreement >= 0.90, on all prompts.
 import dataclasses
 import datetime
 import json
+import operator
 import os
 import platform
 from collections.abc import Sequence
@@ -18,9 +19,15 @@ from bench.document_reuse_metrics import PromptComparison, QualitySummary, summa
 
 MIN_FIRST_TOKEN_AGREEMENT = 0.90
 MIN_ANSWER_TOP1_AGREEMENT = 0.90
-STATS_KEPT = ("num_document_reused_spans", "num_document_reused_tokens", "num_document_recomputed_tokens",
-              "num_document_store_bytes", "num_document_store_entries", "num_prefix_hit_tokens",
-              "num_document_selective_recomputed_tokens", "num_document_probe_tokens")
+# the report's key -> EngineStats' field (the document reuse ones on its DocumentReuseStats)
+STATS_KEPT = {"num_document_reused_spans": "documents.num_reused_spans",
+              "num_document_reused_tokens": "documents.num_reused_tokens",
+              "num_document_recomputed_tokens": "documents.num_recomputed_tokens",
+              "num_document_store_bytes": "documents.num_store_bytes",
+              "num_document_store_entries": "documents.num_store_entries",
+              "num_prefix_hit_tokens": "num_prefix_hit_tokens",
+              "num_document_selective_recomputed_tokens": "documents.num_selective_recomputed_tokens",
+              "num_document_probe_tokens": "documents.num_probe_tokens"}
 
 
 @dataclass(frozen=True)
@@ -51,7 +58,8 @@ class VariantResult:
                    summarize_quality(comparisons), summary(is_plain), summary([not p for p in is_plain]),
                    summary([n > 0 for n in reused_tokens]), tuple(computed_tokens), tuple(reused_tokens),
                    num_precomputed_tokens, seconds,
-                   {name: getattr(stats, name) for name in STATS_KEPT if hasattr(stats, name)})
+                   {name: operator.attrgetter(path)(stats) for name, path in STATS_KEPT.items()
+                    if _has_path(stats, path)})
 
     @property
     def passes_gates(self) -> bool:
@@ -150,3 +158,11 @@ def write_quality_report(run: QualityRun, stem: Path) -> tuple[Path, Path]:
     json_path.write_text(json.dumps(record, indent=1) + "\n")
     md_path.write_text(markdown(run))
     return json_path, md_path
+
+
+def _has_path(value, path: str) -> bool:
+    try:
+        operator.attrgetter(path)(value)
+    except AttributeError:
+        return False
+    return True

@@ -1,6 +1,7 @@
 """Quality of the cpu backend's int8 (or int16) activations against float32 ones, on the default model.
 
     .venv/bin/python -m bench.int8_activation_quality [--num-prompts 200] [--rows 32] [--cpu-kernels auto]
+        [--float-activation-layers lm_head,down_proj]
         [--path int8|int16-decode]
 
 `--path int16-decode` scores the decode kernels' int16 activations (kernels/block_matmul.py's
@@ -12,13 +13,14 @@ server's own prompt builder. The float32 engine answers each greedily (16 tokens
 engines return the logits of the last `--rows` positions of prompt + answer (teacher-forced:
 the same tokens for both): the int8 engine prefills it cold (prefix cache off), the float32
 one reuses its own cached KV of the prompt where it can (float32 KV is the reference either way).
-The int8 engine runs the cpu backend's default choice of projections (the LM head keeps float
-activations: model/backends/cpu_backend.py). Reported: top-1 agreement and
+The int8 engine runs every projection it can on int8 activations, but those named by
+--float-activation-layers (model/backends/cpu_backend.py, INT8_FLOAT_ACTIVATION_LAYERS). Reported: top-1 agreement and
 mean KL(float32 || int8) per token, and the first answer token's agreement. The int8 path
 is the default only where top-1 agreement is >= 0.99 (docs/performance.md).
 """
 
 import argparse
+import functools
 import random
 import sys
 import time
@@ -36,6 +38,8 @@ from bench.document_reuse_prompts import rag_prompts
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from model import backends
+from model.backends.cpu_backend import INT8_FLOAT_ACTIVATION_LAYERS, CpuBackend
 from model.backends.cpu_linear import BlockLinear
 from store.model_store import pull
 
@@ -54,7 +58,10 @@ def chat_messages(num_prompts: int, seed: int) -> list[list[dict]]:
             for _ in range(num_prompts)]
 
 
-def _engine(model_dir, int8_activations: bool, cpu_kernels: str, decode_activations: str = "float32") -> LLMEngine:
+def _engine(model_dir, int8_activations: bool, cpu_kernels: str, float_layers: tuple[str, ...] = (),
+            decode_activations: str = "float32") -> LLMEngine:
+    if float_layers:  # the backend's constructor argument, for this measurement only
+        backends.CpuBackend = functools.partial(CpuBackend, float_activation_layers=float_layers)
     return LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", kv_cache_bytes=KV_CACHE_BYTES,
                                   enable_prefix_cache=not int8_activations and decode_activations == "float32",
                                   int8_activations=int8_activations,
@@ -65,7 +72,7 @@ def _int16_decode_engine(model_dir, cpu_kernels: str) -> LLMEngine:
     """An engine whose every product over blocks runs the int16-activation decode kernel
     (kernels/block_matmul.py's matmul_q16), prefill rows included: teacher-forced positions then
     score what decode computes."""
-    engine = _engine(model_dir, False, cpu_kernels, "int16")
+    engine = _engine(model_dir, False, cpu_kernels, decode_activations="int16")
     for module in engine.model.modules():
         if isinstance(module, BlockLinear):
             module.few_rows_max = sys.maxsize
@@ -82,7 +89,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--path", choices=("int8", "int16-decode"), default="int8",
                         help="int8: the int8 GEMM (prefill and decode); int16-decode: the few-rows kernels with "
                              "int16 activations, forced for every row")
+    parser.add_argument("--float-activation-layers", default=",".join(INT8_FLOAT_ACTIVATION_LAYERS),
+                        help="projections (last name part, comma-separated) the int8 engine keeps on float activations")
     args = parser.parse_args(argv)
+    if args.rows <= NUM_ANSWER_TOKENS:  # the first answer token's row must be among them
+        parser.error(f"--rows must be more than the {NUM_ANSWER_TOKENS} answer tokens")
     started = time.perf_counter()
     model_dir = pull(args.model)
     builder = PromptBuilder(SegmentTokenizer(Tokenizer(model_dir)), ChatTemplate.from_model_dir(model_dir))
@@ -90,8 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     _, rag = rag_prompts(args.num_prompts - num_chat, 24, 4, 120, args.seed)
     prompts = [builder.build(messages) for messages in chat_messages(num_chat, args.seed)]
     prompts += [builder.build(list(p.messages), documents=[dict(d) for d in p.documents] or None) for p in rag]
+    float_layers = tuple(filter(None, args.float_activation_layers.split(",")))
     reference = _engine(model_dir, False, args.cpu_kernels)
-    quantized = (_engine(model_dir, True, args.cpu_kernels) if args.path == "int8"
+    quantized = (_engine(model_dir, True, args.cpu_kernels, float_layers) if args.path == "int8"
                  else _int16_decode_engine(model_dir, args.cpu_kernels))
     print(f"float32: {reference.backend.describe()}\nint8: {quantized.backend.describe()}", file=sys.stderr)
     greedy = SamplingParams(max_tokens=NUM_ANSWER_TOKENS, temperature=0.0)

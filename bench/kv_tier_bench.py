@@ -152,8 +152,8 @@ def bench_pressure(model_dir: Path, vocab_size: int, tier_root: Path, num_sessio
         stats = engine.stats()
         results[name] = {"cached share": cached[name] / prompt_total,
                          "TTFT p50 s": statistics.median(ttfts[name]),
-                         "disk hit tokens": stats.num_kv_disk_hit_tokens,
-                         "disk pages": stats.num_kv_disk_pages,
+                         "disk hit tokens": stats.kv_disk.num_hit_tokens,
+                         "disk pages": stats.kv_disk.num_pages,
                          "num differing answers": num_differing[name]}
         engine.close()
     return results

@@ -29,7 +29,7 @@ import numpy as np
 from store.model_store import pull
 from retrieval.chunking import Chunk, ChunkingConfig, chunk_text
 from retrieval.collections import Collections
-from retrieval.document_store import DocumentStore, EmbeddedDocument
+from retrieval.collection_store import CollectionStore, EmbeddedDocument
 from retrieval.embedder import Embedder
 from retrieval.vector_index import VectorIndex
 
@@ -130,7 +130,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         collections = Collections(Path(root), lambda: embedder)
         collections.create("bench", index_kind="flat")
-        store = DocumentStore(Path(root) / "bench" / "store.sqlite3")
+        store = CollectionStore(Path(root) / "bench" / "store.sqlite3")
         store.set_meta({"embedding_model": embedder.name, "dim": str(embedder.dim)})
         step = 500
         for first in range(0, args.num_chunks, step):

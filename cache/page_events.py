@@ -15,7 +15,6 @@ from typing import NamedTuple
 class PageEventKind(str, Enum):
     STORED = "stored"  # pages added to the tree (insert of a new run)
     REMOVED = "removed"  # pages evicted from the tree
-    CLEARED = "cleared"  # every page dropped (reset); page_hashes is empty
 
 
 class PageEvent(NamedTuple):

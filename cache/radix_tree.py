@@ -233,18 +233,6 @@ class RadixTree:
             node = node.parent
         return [page_hash for run in reversed(runs) for page_hash in run]
 
-    def reset(self) -> None:
-        """Drop every cached prefix, releasing the tree's page references. Nothing may be locked."""
-        if self._num_locked_pages:
-            raise ValueError(f"reset with {self._num_locked_pages} locked pages")
-        for node in list(self._iter_nodes()):
-            if node is not self._root:
-                self._allocator.release(node.page_ids)
-                node.parent = None
-        self._root = _new_root()
-        self._num_evictable_pages = 0
-        self._emit(PageEventKind.CLEARED, (), ())
-
     def _descend(
         self, token_ids: Sequence[int], num_pages: int, cache_salt, node: TreeNode | None = None,
         matched_page_ids: list[int] | None = None, split: bool = True,

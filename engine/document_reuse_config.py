@@ -39,7 +39,9 @@ class DocumentReuseConfig:
         DEFAULT_DOCUMENT_DISK_BYTES, "with the disk tier, the document KV store's entries are kept on disk too (in "
         "the tier's directory, documents/), within this bound of their own beside --kv-disk-bytes, least recently "
         "used deleted first", flag="--document-disk-bytes", parse=parse_size, metavar="SIZE", show=show_size)
-    min_span_tokens: int = 64  # shorter spans are not worth storing
+    min_span_tokens: int = setting(
+        64, "document spans shorter than N tokens are not stored or reused (their KV costs less to compute than "
+        "to place)", flag="--document-min-span-tokens", metavar="N")
 
     def __post_init__(self):
         if self.store_bytes <= 0:

@@ -1,7 +1,10 @@
-"""EngineStats of an LLMEngine: what its scheduler, caches, document store, tiers and speculation
-counted so far, gathered in one place (engine/metrics.py defines the fields)."""
+"""EngineStats of an LLMEngine: what its scheduler and caches counted so far, and each feature's own stats
+(engine/kv_disk_stats.py, engine/document_reuse_stats.py, engine/speculation_stats.py read theirs)."""
 
+from engine.document_reuse_stats import document_reuse_stats
+from engine.kv_disk_stats import kv_disk_stats
 from engine.metrics import EngineStats
+from engine.speculation_stats import speculation_stats
 
 
 def engine_stats(engine) -> EngineStats:
@@ -26,38 +29,8 @@ def engine_stats(engine) -> EngineStats:
         num_preemptions=scheduler.num_preemptions,
         num_evicted_pages=tree.num_evicted_pages,
         num_kv_cache_tokens=allocator.num_pages * engine.kv_pool.page_size,
-        num_document_reused_spans=engine.documents.num_reused_spans,
-        num_document_reused_tokens=engine.documents.num_reused_tokens,
-        num_document_recomputed_tokens=engine.documents.num_recomputed_tokens,
-        num_document_selective_recomputed_tokens=engine.documents.num_selectively_recomputed_tokens,
-        num_document_probe_tokens=_num_probe_tokens(engine.documents),
-        num_document_store_bytes=engine.document_store.num_bytes,
-        num_document_store_entries=engine.document_store.num_entries,
-        **_document_disk_stats(engine),
-        num_spec_draft_tokens=engine.metrics.num_draft_tokens,
-        num_spec_accepted_tokens=engine.metrics.num_accepted_draft_tokens,
-        num_spec_verify_chunks=engine.metrics.num_verify_chunks,
-        **_kv_disk_stats(engine),
+        kv_disk=kv_disk_stats(engine.kv_tier),
+        documents=document_reuse_stats(engine.documents, engine.document_disk),
+        speculation=speculation_stats(engine.metrics),
     )
 
-
-def _kv_disk_stats(engine) -> dict:
-    if engine.kv_tier is None:
-        return {}
-    tier_stats = engine.kv_tier.tier.stats()
-    return dict(num_kv_disk_query_tokens=engine.kv_tier.num_query_tokens,
-                num_kv_disk_hit_tokens=engine.kv_tier.num_hit_tokens,
-                num_kv_disk_pages=tier_stats.num_pages, num_kv_disk_bytes=tier_stats.num_bytes)
-
-
-def _document_disk_stats(engine) -> dict:
-    if engine.document_disk is None:
-        return {}
-    disk_stats = engine.document_disk.stats()
-    return dict(num_document_disk_hits=engine.document_store.num_tier_hits,
-                num_document_disk_misses=engine.document_store.num_tier_misses,
-                num_document_disk_bytes=disk_stats.num_bytes, num_document_disk_entries=disk_stats.num_files)
-
-
-def _num_probe_tokens(documents) -> int:
-    return documents.selective.num_probe_tokens if documents.selective is not None else 0

@@ -19,6 +19,7 @@ so the request locks them like any cached prefix and counts them as cached token
 
 import logging
 import time
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -61,6 +62,9 @@ class KVTierLink(KVSource):
         # Counters for metrics: full-page tokens past the tree's match looked up in / loaded from the tier.
         self.num_query_tokens = 0
         self.num_hit_tokens = 0
+        # A waiting request's chained page hashes, computed once: longest-prefix-first admission asks every
+        # waiting request each step, and a request's tokens are only ever appended to (while it waits, never).
+        self._page_hashes: weakref.WeakKeyDictionary[Request, list[bytes]] = weakref.WeakKeyDictionary()
 
     # ---- writes ---------------------------------------------------------
 
@@ -101,14 +105,21 @@ class KVTierLink(KVSource):
     def num_suppliable_tokens(self, request: Request, num_matched_tokens: int) -> int:
         """Full-page tokens past the first `num_matched_tokens` of the prompt the tier holds, up to the
         prompt's last page before its computed tail. Changes nothing (KVSource)."""
-        tokens = request.all_token_ids
         max_num_pages = max_source_pages(request, self.page_size)
         num_matched_pages = num_matched_tokens // self.page_size
         if num_matched_pages >= max_num_pages:
             return 0
-        hashes = hash_pages(ROOT_PAGE_HASH, tokens[: max_num_pages * self.page_size], self.page_size,
-                            request.cache_salt)
+        hashes = self._request_page_hashes(request, max_num_pages)
         return self.tier.num_leading_hits(hashes[num_matched_pages:]) * self.page_size
+
+    def _request_page_hashes(self, request: Request, num_pages: int) -> list[bytes]:
+        """The chained hashes of the request's first `num_pages` pages, each page hashed once."""
+        hashes = self._page_hashes.setdefault(request, [])
+        if len(hashes) < num_pages:
+            page_size = self.page_size
+            tokens = request.all_token_ids[len(hashes) * page_size : num_pages * page_size]
+            hashes += hash_pages(hashes[-1] if hashes else ROOT_PAGE_HASH, tokens, page_size, request.cache_salt)
+        return hashes[:num_pages]
 
     def admit(self, request: Request, tree: RadixTree, max_num_pages: int) -> None:
         """Continue the request's tree match in the tier (KVSource): the hits are loaded into pages,

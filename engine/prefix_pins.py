@@ -4,7 +4,7 @@ An agent turn that ends in a tool call will be continued once the tool has
 run, seconds later; its prompt + generated pages are in the radix tree but
 unlocked, so under memory pressure LRU eviction could take them just before
 the continuation arrives. A pin is one more lock on the prefix's last node,
-released when its deadline passes (or when the engine drops all pins).
+released when its deadline passes.
 """
 
 import heapq
@@ -58,7 +58,3 @@ class PrefixPins:
             return None
         now = time.monotonic() if now is None else now
         return max(0.0, self._deadlines[0][0] - now)
-
-    def release_all(self) -> None:
-        while self._deadlines:
-            self.tree.unlock(heapq.heappop(self._deadlines)[2])

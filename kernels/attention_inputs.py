@@ -93,11 +93,6 @@ class AttentionInputs:
         return [starts[b + 1] - starts[b] for b in range(len(starts) - 1)]
 
     @functools.cached_property
-    def is_decode_only(self) -> bool:
-        """Every sequence adds exactly one token."""
-        return self.num_tokens == self.num_seqs
-
-    @functools.cached_property
     def max_context_len(self) -> int:
         return max(self.context_lens, default=0)
 

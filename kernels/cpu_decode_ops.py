@@ -82,11 +82,6 @@ class CpuDecodeOps:
     # ------------------------------------------------------------ predicates
 
     @staticmethod
-    def supports(dtype: torch.dtype, device: torch.device | str) -> bool:
-        """Whether these kernels run for activations of `dtype` on `device`."""
-        return dtype == _F32 and torch.device(device).type == "cpu"
-
-    @staticmethod
     def fits(hidden_size: int, intermediate_size: int, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
         """Whether a model of these sizes is within the kernels' limits: every
         width a multiple of 8, whole query-head groups, and the attention

@@ -31,6 +31,7 @@ from engine.cached_prefixes import CachedPrefix
 from engine.engine_handle import EngineFacts
 from engine.errors import RequestError
 from engine.metrics import EngineMetrics, EngineStats
+from engine.stats_table import sum_stats
 from engine.request import RequestOutput
 from engine.request_options import DEFAULT_REQUEST_OPTIONS, RequestOptions
 from engine.sampling_params import SamplingParams
@@ -190,8 +191,7 @@ class ReplicaEngine:
     def stats(self) -> EngineStats:
         """Summed over the live replicas' latest reports (Ray Serve routing stats, ~1 s old)."""
         by_replica = self.routing.stats_by_replica().values()
-        return EngineStats(**{f.name: sum(getattr(s, f.name) for s in by_replica)
-                              for f in dataclasses.fields(EngineStats)})
+        return sum_stats(EngineStats, by_replica)
 
     def shutdown(self) -> None:
         for stream in list(self._streams.values()):

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Hashable, Mapping, Sequence
 
 from engine.metrics import EngineStats
+from engine.stats_table import stats_from_dict
 from replicas.prefix_policy import PrefixRoutingPolicy, RoutingDecision
 
 
@@ -44,7 +45,7 @@ class RoutingState:
                 if "page_hashes_version" in stats:
                     self.policy.index.apply_snapshot(replica_id, stats["page_hashes_version"], stats["page_hashes"])
                 if "engine_stats" in stats:
-                    self._stats[replica_id] = EngineStats(**stats["engine_stats"])
+                    self._stats[replica_id] = stats_from_dict(EngineStats, stats["engine_stats"])
 
     def drop_replica(self, replica_id: str) -> None:
         with self._lock:

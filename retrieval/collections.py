@@ -10,7 +10,7 @@
     collections.delete("docs")
     collections.close()                                   # saves indexes that changed
 
-Layout: `root/<name>/` per collection (see `retrieval.collection`). A name is 1-64 of
+Layout: `root/<name>/` per collection (see `retrieval.indexed_collection`). A name is 1-64 of
 [A-Za-z0-9._-], starting with a letter or digit: never a path. A collection directory is
 built under a hidden temporary name and renamed into place, and removed by renaming it
 to a hidden name first, so `root` only ever shows complete collections.
@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from retrieval.chunking import ChunkingConfig
-from retrieval.collection import INDEX_KINDS, STORE_FILE, Collection, NewDocument, SearchHit, TextEmbedder
-from retrieval.document_store import ChunkRow, DocumentRow, DocumentStore
+from retrieval.collection_store import ChunkRow, CollectionStore, DocumentRow
+from retrieval.indexed_collection import (INDEX_KINDS, STORE_FILE, IndexedCollection, NewDocument, SearchHit,
+                                          TextEmbedder)
 from retrieval.errors import (CollectionExistsError, CollectionNotFoundError, DocumentNotFoundError,
                               InvalidInputError)
 
@@ -52,7 +53,7 @@ class Collections:
         self.chunking = chunking
         self._load_embedder = load_embedder
         self._embedder: TextEmbedder | None = None
-        self._open: dict[str, Collection] = {}
+        self._open: dict[str, IndexedCollection] = {}
         self._lock = threading.RLock()  # guards _open and creating / removing directories
         self._embedder_lock = threading.Lock()
         _remove_leftovers(self.root)
@@ -79,7 +80,7 @@ class Collections:
             temp = self.root / f".{name}.creating-{uuid.uuid4().hex}"
             temp.mkdir()
             try:
-                DocumentStore.create(temp / STORE_FILE, {"index_kind": index_kind}).close()
+                CollectionStore.create(temp / STORE_FILE, {"index_kind": index_kind}).close()
                 temp.rename(target)  # fails when another process created it meanwhile
             except OSError:
                 shutil.rmtree(temp, ignore_errors=True)
@@ -153,7 +154,7 @@ class Collections:
                 collection.close()
             self._open.clear()
 
-    def _collection(self, name: str) -> Collection:
+    def _collection(self, name: str) -> IndexedCollection:
         check_name(name)
         with self._lock:
             collection = self._open.get(name)
@@ -161,7 +162,7 @@ class Collections:
                 if collection is not None:  # removed by another process
                     collection.close()
                     del self._open[name]
-                collection = Collection(name, self.root / name, self.chunking)
+                collection = IndexedCollection(name, self.root / name, self.chunking)
                 self._open[name] = collection
             return collection
 

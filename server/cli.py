@@ -149,7 +149,7 @@ def _add_serve_parser(commands, default_model: str) -> None:
     serve.add_argument("--int8-activations", action=argparse.BooleanOptionalAction,
                        default=False,
                        help="cpu backend: products over the GGUF blocks with int8 activations (one kernel, prefill and "
-                       "decode; the LM head keeps float activations). Default: off "
+                       "decode). Default: off "
                        "(its quality against float32: docs/performance.md)")
     serve.add_argument("--decode-activations", choices=("int16", "float32"),
                        help="cpu backend: what the decode kernels over GGUF blocks multiply with: int16 (activations "

@@ -17,7 +17,7 @@ from litestar import Request, Response
 from server.access_log import access_record
 from server.completion_service import ChoiceDelta, ChoiceResult, Usage
 from server.disconnect import CLIENT_CLOSED_REQUEST, ClientDisconnected, until_disconnected
-from server.responses import ChatShapes, CompletionShapes
+from server.completion_shapes import ChatShapes, CompletionShapes
 from server.streaming import sse_response
 
 

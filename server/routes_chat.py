@@ -14,7 +14,7 @@ from server.completion_response import answer
 from server.openapi import json_body
 from server.rag_context import retrieve_context
 from server.request_body import validated_body
-from server.responses import ChatShapes, ResponseIdentity
+from server.completion_shapes import ChatShapes, ResponseIdentity
 from server.schemas import ChatCompletionRequest
 
 

@@ -12,7 +12,7 @@ from server.completion_response import answer
 from server.errors import invalid_request
 from server.openapi import json_body
 from server.request_body import validated_body
-from server.responses import CompletionShapes, ResponseIdentity
+from server.completion_shapes import CompletionShapes, ResponseIdentity
 from server.schemas import CompletionRequest
 
 

@@ -94,10 +94,10 @@ async def get_cache(request: Request, state: State,
         "page_size": engine.facts.page_size,
         "pool": {"num_pages": stats.num_pages, "num_free_pages": stats.num_free_pages,
                  "num_cached_pages": stats.num_cached_pages, "num_pages_in_use": stats.num_pages_in_use},
-        "disk_tier": ({"num_bytes": stats.num_kv_disk_bytes, "max_bytes": settings.kv_disk.max_bytes,
-                       "num_pages": stats.num_kv_disk_pages} if settings.kv_disk.directory is not None else None),
-        "document_store": ({"num_bytes": stats.num_document_store_bytes, "max_bytes": settings.documents.store_bytes,
-                            "num_entries": stats.num_document_store_entries} if settings.documents.enabled else None),
+        "disk_tier": ({"num_bytes": stats.kv_disk.num_bytes, "max_bytes": settings.kv_disk.max_bytes,
+                       "num_pages": stats.kv_disk.num_pages} if settings.kv_disk.directory is not None else None),
+        "document_store": ({"num_bytes": stats.documents.num_store_bytes, "max_bytes": settings.documents.store_bytes,
+                            "num_entries": stats.documents.num_store_entries} if settings.documents.enabled else None),
     }
     if engine.cached_prefixes_unavailable is not None:  # the replica router's handle (replicas/)
         return {**body, "prefixes": None, "prefixes_unavailable": engine.cached_prefixes_unavailable}

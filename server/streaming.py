@@ -24,7 +24,7 @@ from litestar.response.sse import ServerSentEventMessage
 
 from server.completion_service import ChoiceDelta, Usage
 from server.errors import SERVER_ERROR, error_body
-from server.responses import ChatShapes, CompletionShapes
+from server.completion_shapes import ChatShapes, CompletionShapes
 
 logger = logging.getLogger("radixserve.server")
 

@@ -43,12 +43,38 @@ static inline void next_offsets(int64_t* offs, int64_t n, const int64_t* pages, 
   }
 }
 
+/* Scores s (G x ATTN_BLOCK, n valid) -> probabilities in place, the online softmax's running max mh,
+   sum lh (G) and rescale factors corr (G) updated; soft-capped first when softcap > 0. */
+static inline void softmax_block(float* s, int64_t n, int64_t G, float softcap, float* corr, float* mh, float* lh) {
+  const int64_t n8 = (n + 7) & ~(int64_t)7;
+  /* soft cap (Gemma 2): s = cap * tanh(s / cap), before the softmax */
+  if (softcap > 0.0f)
+    for (int64_t g = 0; g < G; g++)
+      for (int64_t j = 0; j < n; j++) s[g * ATTN_BLOCK + j] = softcap * tanhf(s[g * ATTN_BLOCK + j] / softcap);
+  /* softmax bookkeeping: new running max, rescale factor, probabilities in place */
+  for (int64_t g = 0; g < G; g++) {
+    float* sg = s + g * ATTN_BLOCK;
+    for (int64_t j = n; j < n8; j++) sg[j] = -INFINITY;
+    __m256 vmax = _mm256_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < n8; j += 8) vmax = _mm256_max_ps(vmax, _mm256_load_ps(sg + j));
+    const float m_new = fmaxf(mh[g], hmax256(vmax));
+    corr[g] = expf(mh[g] - m_new); /* 0 on the first block (m = -inf) */
+    const __m256 vm = _mm256_set1_ps(m_new);
+    for (int64_t j = 0; j < n8; j += 8)
+      _mm256_store_ps(sg + j, exp256(_mm256_sub_ps(_mm256_load_ps(sg + j), vm)));
+    for (int64_t j = n; j < n8; j++) sg[j] = 0.0f; /* padding lanes: exp clamps -inf to ~1e-38 */
+    __m256 vsum = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n8; j += 8) vsum = _mm256_add_ps(vsum, _mm256_load_ps(sg + j));
+    lh[g] = lh[g] * corr[g] + hsum256(vsum);
+    mh[g] = m_new;
+  }
+}
+
 /* One KV head's G query heads (qh: G x D contiguous) over the n positions at offs,
    online softmax: m, l (G,) and acc (G, D) updated; s (G * ATTN_BLOCK) and corr (G) scratch. */
 static inline void attend_block_head(const float* qh, const float* kh, const float* vh, const int64_t* offs,
                                      int64_t n, int64_t G, int64_t D, __m256 vscale, float softcap, float* s,
                                      float* corr, float* mh, float* lh, float* acc_h) {
-  const int64_t n8 = (n + 7) & ~(int64_t)7;
   /* scores s[g][j] = scale * q_g . k_j, eight positions at a time */
   for (int64_t j0 = 0; j0 < n; j0 += 8) {
     const float* kp[8];
@@ -72,27 +98,7 @@ static inline void attend_block_head(const float* qh, const float* kh, const flo
       _mm256_store_ps(s + g * ATTN_BLOCK + j0, _mm256_mul_ps(hsum8x8(a0, a1, a2, a3, a4, a5, a6, a7), vscale));
     }
   }
-  /* soft cap (Gemma 2): s = cap * tanh(s / cap), before the softmax */
-  if (softcap > 0.0f)
-    for (int64_t g = 0; g < G; g++)
-      for (int64_t j = 0; j < n; j++) s[g * ATTN_BLOCK + j] = softcap * tanhf(s[g * ATTN_BLOCK + j] / softcap);
-  /* softmax bookkeeping: new running max, rescale factor, probabilities in place */
-  for (int64_t g = 0; g < G; g++) {
-    float* sg = s + g * ATTN_BLOCK;
-    for (int64_t j = n; j < n8; j++) sg[j] = -INFINITY;
-    __m256 vmax = _mm256_set1_ps(-INFINITY);
-    for (int64_t j = 0; j < n8; j += 8) vmax = _mm256_max_ps(vmax, _mm256_load_ps(sg + j));
-    const float m_new = fmaxf(mh[g], hmax256(vmax));
-    corr[g] = expf(mh[g] - m_new); /* 0 on the first block (m = -inf) */
-    const __m256 vm = _mm256_set1_ps(m_new);
-    for (int64_t j = 0; j < n8; j += 8)
-      _mm256_store_ps(sg + j, exp256(_mm256_sub_ps(_mm256_load_ps(sg + j), vm)));
-    for (int64_t j = n; j < n8; j++) sg[j] = 0.0f; /* padding lanes: exp clamps -inf to ~1e-38 */
-    __m256 vsum = _mm256_setzero_ps();
-    for (int64_t j = 0; j < n8; j += 8) vsum = _mm256_add_ps(vsum, _mm256_load_ps(sg + j));
-    lh[g] = lh[g] * corr[g] + hsum256(vsum);
-    mh[g] = m_new;
-  }
+  softmax_block(s, n, G, softcap, corr, mh, lh);
   /* acc_g = acc_g * corr_g + sum_j p_gj v_j, D in chunks of 64 floats held in registers */
   for (int64_t g = 0; g < G; g++) {
     float* ag = acc_h + g * D;
@@ -107,6 +113,81 @@ static inline void attend_block_head(const float* qh, const float* kh, const flo
         case 3: pv_block(ag + d0, corr[g], pg, vh + d0, offs, n, 3); break;
         case 2: pv_block(ag + d0, corr[g], pg, vh + d0, offs, n, 2); break;
         default: pv_block(ag + d0, corr[g], pg, vh + d0, offs, n, 1); break;
+      }
+    }
+  }
+}
+
+
+/* ------------------------------------------------- int8 pages, dequantized on the fly */
+
+static inline __m256 load8_i8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+}
+
+/* acc (nv*8,) = acc * corr + sum_j (p[j] * v_scale[j]) * v[offs[j] ...] (int8) */
+static inline __attribute__((always_inline)) void pv_block_i8(float* acc, float corr, const float* p,
+                                                             const float* v_scale, const int8_t* v,
+                                                             const int64_t* offs, int64_t n, const int nv) {
+  __m256 a[8];
+  const __m256 c = _mm256_set1_ps(corr);
+  for (int i = 0; i < nv; i++) a[i] = _mm256_mul_ps(_mm256_loadu_ps(acc + 8 * i), c);
+  for (int64_t j = 0; j < n; j++) {
+    const int8_t* vj = v + offs[j];
+    const __m256 pj = _mm256_set1_ps(p[j] * v_scale[j]);
+    for (int i = 0; i < nv; i++) a[i] = _mm256_fmadd_ps(pj, load8_i8(vj + 8 * i), a[i]);
+  }
+  for (int i = 0; i < nv; i++) _mm256_storeu_ps(acc + 8 * i, a[i]);
+}
+
+/* attend_block_head over int8 K and V: kh, vh this head's int8 values (offs in elements), k_scale,
+   v_scale (n,) the positions' scales for this head. Scores are q . k_q times k_scale. */
+static inline void attend_block_head_i8(const float* qh, const int8_t* kh, const int8_t* vh, const int64_t* offs,
+                                        const float* k_scale, const float* v_scale, int64_t n, int64_t G, int64_t D,
+                                        __m256 vscale, float softcap, float* s, float* corr, float* mh, float* lh,
+                                        float* acc_h) {
+  for (int64_t j0 = 0; j0 < n; j0 += 8) {
+    const int8_t* kp[8];
+    float ks[8] __attribute__((aligned(32)));
+    for (int jj = 0; jj < 8; jj++) {
+      const int64_t j = j0 + jj < n ? j0 + jj : n - 1;
+      kp[jj] = kh + offs[j];
+      ks[jj] = k_scale[j];
+    }
+    const __m256 kscale = _mm256_mul_ps(_mm256_load_ps(ks), vscale);
+    for (int64_t g = 0; g < G; g++) {
+      const float* qg = qh + g * D;
+      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps();
+      __m256 a3 = _mm256_setzero_ps(), a4 = _mm256_setzero_ps(), a5 = _mm256_setzero_ps();
+      __m256 a6 = _mm256_setzero_ps(), a7 = _mm256_setzero_ps();
+      for (int64_t d = 0; d < D; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(qg + d);
+        a0 = _mm256_fmadd_ps(load8_i8(kp[0] + d), qv, a0);
+        a1 = _mm256_fmadd_ps(load8_i8(kp[1] + d), qv, a1);
+        a2 = _mm256_fmadd_ps(load8_i8(kp[2] + d), qv, a2);
+        a3 = _mm256_fmadd_ps(load8_i8(kp[3] + d), qv, a3);
+        a4 = _mm256_fmadd_ps(load8_i8(kp[4] + d), qv, a4);
+        a5 = _mm256_fmadd_ps(load8_i8(kp[5] + d), qv, a5);
+        a6 = _mm256_fmadd_ps(load8_i8(kp[6] + d), qv, a6);
+        a7 = _mm256_fmadd_ps(load8_i8(kp[7] + d), qv, a7);
+      }
+      _mm256_store_ps(s + g * ATTN_BLOCK + j0, _mm256_mul_ps(hsum8x8(a0, a1, a2, a3, a4, a5, a6, a7), kscale));
+    }
+  }
+  softmax_block(s, n, G, softcap, corr, mh, lh);
+  for (int64_t g = 0; g < G; g++) {
+    float* ag = acc_h + g * D;
+    const float* pg = s + g * ATTN_BLOCK;
+    for (int64_t d0 = 0; d0 < D; d0 += 64) {
+      switch ((D - d0) >= 64 ? 8 : (D - d0) / 8) {
+        case 8: pv_block_i8(ag + d0, corr[g], pg, v_scale, vh + d0, offs, n, 8); break;
+        case 7: pv_block_i8(ag + d0, corr[g], pg, v_scale, vh + d0, offs, n, 7); break;
+        case 6: pv_block_i8(ag + d0, corr[g], pg, v_scale, vh + d0, offs, n, 6); break;
+        case 5: pv_block_i8(ag + d0, corr[g], pg, v_scale, vh + d0, offs, n, 5); break;
+        case 4: pv_block_i8(ag + d0, corr[g], pg, v_scale, vh + d0, offs, n, 4); break;
+        case 3: pv_block_i8(ag + d0, corr[g], pg, v_scale, vh + d0, offs, n, 3); break;
+        case 2: pv_block_i8(ag + d0, corr[g], pg, v_scale, vh + d0, offs, n, 2); break;
+        default: pv_block_i8(ag + d0, corr[g], pg, v_scale, vh + d0, offs, n, 1); break;
       }
     }
   }
@@ -131,14 +212,16 @@ static void attend_rows(const float* const* q, int64_t R, const kv_pages* k_cach
                         float* const* l) {
   const int64_t H = num_kv_heads * G, row_size = num_kv_heads * D, t_end = t1[R - 1];
   const int is_f32 = k_cache->format == KV_F32 && v_cache->format == KV_F32;
+  const int is_i8 = k_cache->format == KV_I8 && v_cache->format == KV_I8;
   const int64_t k_row_bytes = row_size * kv_element_size(k_cache->format);
   const int64_t v_row_bytes = row_size * kv_element_size(v_cache->format);
   int64_t offs[ATTN_BLOCK], offs_next[ATTN_BLOCK];
   float s[ATTN_MAX_GROUP * ATTN_BLOCK] __attribute__((aligned(32)));
   float corr[ATTN_MAX_GROUP];
   /* a quantized block of one KV head, dequantized: row j at j * D */
-  float k_block[is_f32 ? 1 : ATTN_BLOCK * D] __attribute__((aligned(32)));
-  float v_block[is_f32 ? 1 : ATTN_BLOCK * D] __attribute__((aligned(32)));
+  /* (other mixes: K and V in different formats, bfloat16) */
+  float k_block[is_f32 || is_i8 ? 1 : ATTN_BLOCK * D] __attribute__((aligned(32)));
+  float v_block[is_f32 || is_i8 ? 1 : ATTN_BLOCK * D] __attribute__((aligned(32)));
   int64_t block_offs[ATTN_BLOCK];
   for (int64_t j = 0; j < ATTN_BLOCK; j++) block_offs[j] = j * D;
   const __m256 vscale = _mm256_set1_ps(scale);
@@ -167,6 +250,22 @@ static void attend_rows(const float* const* q, int64_t R, const kv_pages* k_cach
       }
     }
     for (int64_t kvh = 0; kvh < num_kv_heads; kvh++) {
+      if (is_i8) { /* int8 K and V read in place, their scales gathered for this head */
+        float k_scale[ATTN_BLOCK], v_scale[ATTN_BLOCK];
+        for (int64_t j = 0; j < n; j++) {
+          const int64_t at = offs[j] / D + kvh; /* (slot * KVH + kvh) */
+          k_scale[j] = k_cache->scales[at];
+          v_scale[j] = v_cache->scales[at];
+        }
+        for (int64_t r = 0; r < R; r++) {
+          const int64_t n_row = t1[r] - tb < n ? t1[r] - tb : n;
+          if (n_row <= 0) continue;
+          attend_block_head_i8(q[r] + kvh * G * D, (const int8_t*)k_cache->values + kvh * D,
+                               (const int8_t*)v_cache->values + kvh * D, offs, k_scale, v_scale, n_row, G, D, vscale,
+                               softcap, s, corr, m[r] + kvh * G, l[r] + kvh * G, acc[r] + kvh * G * D);
+        }
+        continue;
+      }
       const float *kh, *vh;
       const int64_t* block = offs;
       if (is_f32) {

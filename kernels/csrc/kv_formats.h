@@ -35,17 +35,22 @@ static inline void kv_store_slot(const kv_pages* pages, int64_t slot, const floa
     uint16_t* dst = (uint16_t*)pages->values + slot * row;
     for (int64_t i = 0; i < row; i++) dst[i] = f32_to_bf16(x[i]);
   } else {
+    /* D % 8 == 0: eight values at a time; _mm256_cvtps_epi32 rounds half to even (MXCSR's default) */
     int8_t* dst = (int8_t*)pages->values + slot * row;
+    const __m256 sign = _mm256_set1_ps(-0.0f), limit = _mm256_set1_ps(127.0f);
     for (int64_t h = 0; h < num_kv_heads; h++) {
       const float* xh = x + h * head_dim;
-      float absmax = 0.0f;
-      for (int64_t d = 0; d < head_dim; d++) absmax = fmaxf(absmax, fabsf(xh[d]));
-      const float inverse = absmax > 0.0f ? 127.0f / absmax : 0.0f;
+      __m256 vmax = _mm256_setzero_ps();
+      for (int64_t d = 0; d < head_dim; d += 8) vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, _mm256_loadu_ps(xh + d)));
+      const float absmax = hmax256(vmax);
+      const __m256 inverse = _mm256_set1_ps(absmax > 0.0f ? 127.0f / absmax : 0.0f);
       pages->scales[slot * num_kv_heads + h] = absmax / 127.0f;
-      for (int64_t d = 0; d < head_dim; d++) {
-        float q = nearbyintf(xh[d] * inverse);
-        q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
-        dst[h * head_dim + d] = (int8_t)q;
+      for (int64_t d = 0; d < head_dim; d += 8) {
+        __m256 q = _mm256_mul_ps(_mm256_loadu_ps(xh + d), inverse);
+        q = _mm256_max_ps(_mm256_min_ps(q, limit), _mm256_sub_ps(_mm256_setzero_ps(), limit));
+        const __m256i q32 = _mm256_cvtps_epi32(q);
+        const __m128i q16 = _mm_packs_epi32(_mm256_castsi256_si128(q32), _mm256_extracti128_si256(q32, 1));
+        _mm_storel_epi64((__m128i*)(dst + h * head_dim + d), _mm_packs_epi16(q16, q16));
       }
     }
   }

@@ -48,11 +48,10 @@ MATVEC_F32_MAX_ROWS = 1  # the float32 matvec kernel takes one row
 # A speculative verify chunk (a decode's last token + its drafts) of at most this many rows runs its
 # attention in the fused decode kernel, one row per token (kernels/attention_plan.py).
 MAX_VERIFY_ROWS_AS_DECODE = 16
-# A step of one sequence's 1..8 rows after a 600-token prefix, relative to 1 row (SmolLM2 over GGUF blocks, one
-# thread, CPU time, `python -m bench.verify_row_costs --repeats 25`, the mean of 3 runs' best of 25, 2026-12-01,
-# with matmul_blocks prefetching the weight rows ahead): the blocks kernels decode each weight block once for all
-# rows, but their multiply-adds grow with the rows, and so does attention (each row scores the whole context; the
-# rows of a chunk read it in one pass).
+# A step of one sequence's 1..8 rows after a 600-token prefix, relative to 1 row (measured by
+# bench/verify_row_costs.py; the run is in docs/performance.md, "Verify row costs"): the blocks kernels decode each
+# weight block once for all rows, but their multiply-adds grow with the rows, and so does attention (each row
+# scores the whole context; the rows of a chunk read it in one pass).
 CPU_VERIFY_ROW_COSTS = (1.0, 1.22, 1.47, 1.71, 1.92, 2.14, 2.35, 2.58)
 # Up to this many rows the block kernels (kernels/block_matmul.py) run a projection; past it, the
 # tiled GEMM over dequantized rows. The kernels decode each block once for up to 8 rows.
@@ -62,16 +61,18 @@ BLOCK_KERNEL_MAX_ROWS = 8
 # docs/performance.md), or "float32" (the default), each weight decoded to its float32 value (exact up
 # to summation order).
 DECODE_ACTIVATIONS = ("int16", "float32")
-# With int8 activations, the projections that keep float activations all the same: the LM head
-# (quality, bench/int8_activation_quality.py; it runs on the few rows that are sampled only).
-INT8_FLOAT_ACTIVATION_LAYERS = ("lm_head",)
+# With int8 activations, the projections (last part of the name: "lm_head", "down_proj") that keep float
+# activations all the same. None by default: keeping the LM head on float activations was not shown to
+# raise top-1 agreement (docs/performance.md) and would slow its decode product; bench/int8_activation_quality.py
+# --float-activation-layers measures a choice.
+INT8_FLOAT_ACTIVATION_LAYERS: tuple[str, ...] = ()
 
 
 class CpuBackend(TorchBackend):
     name = "cpu"
 
     def __init__(self, matvec: CpuMatvec | None, ops: CpuDecodeOps | None, fallbacks: tuple[str, ...] = (),
-                 crossover: str = MEASURE, load_block_kernels: Callable[[], BlockKernels] | None = None,
+                 crossover: str = FIXED, load_block_kernels: Callable[[], BlockKernels] | None = None,
                  gemm_q8: CpuGemmQ8 | None = None, instruction_sets: str = "",
                  float_activation_layers: tuple[str, ...] = INT8_FLOAT_ACTIVATION_LAYERS,
                  decode_activations: str = "float32"):

@@ -12,6 +12,8 @@ import torch
 from bench.document_reuse_bench import REUSE_OFF, REUSE_ON, document_reuse_table
 from bench.document_reuse_metrics import compare_prompt, row_kl, row_top1_agreement, summarize_quality
 from bench.document_reuse_prompts import STYLES, answer_is_correct, rag_prompts
+from engine.document_reuse_stats import DocumentReuseStats
+from engine.metrics import EngineStats
 from bench.metrics import RequestOutcome, summarize
 from bench.rag_collection_workload import COLLECTION, collection_passages, rag_collection_workload
 from bench.rag_workload import rag_workload
@@ -177,7 +179,7 @@ def test_the_quality_report_writes_json_and_a_table_with_the_gates(tmp_path):
 
     same = compare_prompt(torch.eye(3), torch.eye(3), 2)
     differs = compare_prompt(torch.eye(3), torch.eye(3).flip(0), 2)
-    stats = type("Stats", (), {"num_document_reused_tokens": 120})()
+    stats = EngineStats(*([0] * 10), documents=DocumentReuseStats(num_reused_tokens=120))
     good = VariantResult.of(Variant("online, k=16", True, 16), [same, same], [50, 40], [100, 20], 0,
                             [True, False], 1.0, stats)
     bad = VariantResult.of(Variant("online, k=0", True, 0), [differs, same], [30, 30], [100, 0], 0,

@@ -45,10 +45,3 @@ def test_a_split_reports_nothing_and_evictions_report_what_went():
     tree.evict(16)
     removed = [h for e in events if e.kind is PageEventKind.REMOVED for h in e.page_hashes]
     assert sorted(removed) == sorted(events[0].page_hashes)
-
-
-def test_reset_reports_cleared():
-    tree, allocator, events = _tree_with_log()
-    _insert(tree, allocator, [1, 2])
-    tree.reset()
-    assert events[-1].kind is PageEventKind.CLEARED

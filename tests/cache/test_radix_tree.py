@@ -184,23 +184,6 @@ def test_page_hashes_agree_across_trees_with_different_page_ids():
     assert tree_a.page_hashes(tree_a.root) == []
 
 
-def test_reset_releases_everything_and_refuses_while_locked():
-    tree, allocator = make_tree(page_size=1)
-    cache_tokens(tree, allocator, [1, 2, 3])
-    cache_tokens(tree, allocator, [1, 4])
-    node = tree.match_prefix([1, 4]).last_node
-    tree.lock(node)
-    with pytest.raises(ValueError):
-        tree.reset()
-    tree.unlock(node)
-    tree.reset()
-    assert tree.num_cached_pages == 0
-    assert allocator.num_free_pages == allocator.num_pages
-    assert tree.match_prefix([1, 2, 3]).num_tokens == 0
-    with pytest.raises(ValueError):
-        tree.lock(node)
-
-
 def test_peek_prefix_finds_what_match_finds_and_changes_nothing():
     tree2, allocator2 = make_tree(policy=LFUPolicy())
     cache_tokens(tree2, allocator2, [1, 2, 3, 4, 5, 6], "salt")

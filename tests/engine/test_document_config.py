@@ -28,8 +28,8 @@ def test_bad_document_settings_are_refused(field, value):
 
 def test_new_counters_default_to_zero():
     stats = EngineStats(*([0] * 10))
-    assert (stats.num_document_reused_spans, stats.num_document_reused_tokens, stats.num_document_recomputed_tokens,
-            stats.num_document_store_bytes, stats.num_document_store_entries,
-            stats.num_document_selective_recomputed_tokens, stats.num_document_probe_tokens) == (0,) * 7
+    assert (stats.documents.num_reused_spans, stats.documents.num_reused_tokens, stats.documents.num_recomputed_tokens,
+            stats.documents.num_store_bytes, stats.documents.num_store_entries,
+            stats.documents.num_selective_recomputed_tokens, stats.documents.num_probe_tokens) == (0,) * 7
     output = RequestOutput("r", [1], None, None, None, 3, 0, 1)
     assert output.num_reused_document_tokens == 0

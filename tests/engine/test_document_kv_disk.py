@@ -68,8 +68,8 @@ def test_a_restarted_engine_reuses_precomputed_documents_exactly_as_an_in_memory
     _precompute_and_close(tiny_llama_dir, tmp_path)
     restarted = _engine(tiny_llama_dir, tmp_path)
     stats = restarted.stats()
-    assert (stats.num_document_disk_entries, stats.num_document_store_entries) == (2, 0)
-    assert stats.num_document_disk_bytes > 2 * DOC_KV_BYTES
+    assert (stats.documents.num_disk_entries, stats.documents.num_store_entries) == (2, 0)
+    assert stats.documents.num_disk_bytes > 2 * DOC_KV_BYTES
     assert restarted.precompute_documents([DOCS["A"], DOCS["B"]]) == 0  # on disk: nothing to compute
 
     in_memory = _engine(tiny_llama_dir, None)  # the reference: the same documents precomputed in this process
@@ -81,7 +81,7 @@ def test_a_restarted_engine_reuses_precomputed_documents_exactly_as_an_in_memory
         if names == "BA":  # both spans placed but their first k = 4 tokens; the rest computed
             assert got[2] == 2 * DOC_LEN - 8 and got[3] == len(prompt) - got[2]
     stats = restarted.stats()
-    assert (stats.num_document_disk_hits, stats.num_document_store_entries) == (2, 2)  # loaded once each
+    assert (stats.documents.num_disk_hits, stats.documents.num_store_entries) == (2, 2)  # loaded once each
     _assert_drained(restarted)
     restarted.close()
 
@@ -118,11 +118,11 @@ def test_memory_eviction_keeps_the_disk_copy_and_a_memory_miss_loads_it(tiny_lla
     engine.precompute_documents([DOCS[name] for name in "ABC"])
     reference.precompute_documents([DOCS[name] for name in "AC"])
     stats = engine.stats()
-    assert (stats.num_document_store_entries, stats.num_document_disk_entries) == (2, 3)  # A left memory only
+    assert (stats.documents.num_store_entries, stats.documents.num_disk_entries) == (2, 3)  # A left memory only
     prompt, options = _prompt("AC")  # loading A evicts B from memory, the least recently used
     got = _run(engine, prompt, options)
     assert got == _run(reference, prompt, options) and got[2] == 2 * DOC_LEN - 8
-    assert engine.stats().num_document_disk_hits == 1  # A, from disk
+    assert engine.stats().documents.num_disk_hits == 1  # A, from disk
     _assert_drained(engine)
     engine.close()
 
@@ -149,16 +149,16 @@ def test_a_damaged_document_file_is_a_miss_and_the_span_is_computed_again(tiny_l
     prompt, options = _prompt("A")
     got = _run(engine, prompt, options)
     assert got == _run(_engine(tiny_llama_dir, None), prompt, options)  # as with an empty store
-    assert got[2] == 0 and engine.stats().num_document_disk_misses == 1
+    assert got[2] == 0 and engine.stats().documents.num_disk_misses == 1
     engine.document_disk.disk.flush()
-    assert engine.stats().num_document_disk_entries == 1 and path.exists()  # stored again from this prompt
+    assert engine.stats().documents.num_disk_entries == 1 and path.exists()  # stored again from this prompt
     engine.close()
 
 
 def test_another_kv_layout_never_reads_the_documents(tiny_llama_dir, tmp_path):
     _precompute_and_close(tiny_llama_dir, tmp_path, names="A")
     other = _engine(tiny_llama_dir, tmp_path, page_size=32)  # another fingerprint: another directory
-    assert other.stats().num_document_disk_entries == 0
+    assert other.stats().documents.num_disk_entries == 0
     assert other.precompute_documents([DOCS["A"]]) == DOC_LEN
     other.close()
 
@@ -173,7 +173,7 @@ def test_derived_pages_never_reach_the_page_tier_and_exact_lookups_after_a_resta
     tree = first.scheduler.tree
     assert tree.match_prefix(prompt, None).page_ids.__len__() == 1  # the exact page before the first placed one
     first.kv_tier.tier.flush()
-    num_pages_written = first.stats().num_kv_disk_pages
+    num_pages_written = first.stats().kv_disk.num_pages
     # the exact pages: the two precompute prompts' full pages (3 each) and the prompt's first page
     assert num_pages_written == 2 * (DOC_LEN // 16) + 1
     first.close()
@@ -198,10 +198,10 @@ def test_a_prompt_with_more_stored_documents_than_memory_holds_places_what_fits(
     reference.precompute_documents([DOCS[name] for name in "DC"])
     got = _run(engine, prompt, options)
     assert got == _run(reference, prompt, options) and got[2] == 2 * (DOC_LEN - 4)
-    assert engine.stats().num_document_disk_entries == 4
+    assert engine.stats().documents.num_disk_entries == 4
     _assert_drained(engine)
     prompt, options = _prompt("BADC")  # now B and A come from disk, evicting D and C
     assert _run(engine, prompt, options)[2] == 2 * (DOC_LEN - 4)
-    assert engine.stats().num_document_disk_hits == 2
+    assert engine.stats().documents.num_disk_hits == 2
     _assert_drained(engine)
     engine.close()

@@ -94,12 +94,12 @@ def test_zero_delta_reuse_equals_ordinary_prefill(tiny_llama_dir):
     engine = _engine(tiny_llama_dir, documents=replace(REUSE, boundary_tokens=0))
     prompt, options = _prompt(SYSTEM, "AB")
     exact = engine.prompt_tail_logits(prompt, QUESTION_LEN, options=options)  # stores A and B
-    assert engine.stats().num_document_store_entries == 2
+    assert engine.stats().documents.num_store_entries == 2
     _forget_tree(engine)  # only the store can help now
     num_prefill_before = engine.metrics.num_prefill_tokens
     stitched = engine.prompt_tail_logits(prompt, QUESTION_LEN, options=options)
     assert engine.metrics.num_prefill_tokens - num_prefill_before == len(prompt) - 2 * DOC_LEN
-    assert engine.stats().num_document_reused_tokens == 2 * DOC_LEN
+    assert engine.stats().documents.num_reused_tokens == 2 * DOC_LEN
     torch.testing.assert_close(stitched, exact, atol=1e-5, rtol=1e-5)
     _assert_drained(engine)
 
@@ -111,7 +111,7 @@ def test_full_recompute_equals_ordinary_prefill(tiny_llama_dir):
     engine.prompt_tail_logits(*_prompt(SYSTEM, "AB")[:1], 1, options=_prompt(SYSTEM, "AB")[1])
     prompt, options = _prompt(OTHER_SYSTEM, "BA")
     logits = engine.prompt_tail_logits(prompt, QUESTION_LEN, options=options)
-    assert engine.stats().num_document_reused_tokens == 0
+    assert engine.stats().documents.num_reused_tokens == 0
     torch.testing.assert_close(logits, reference.prompt_tail_logits(prompt, QUESTION_LEN), atol=1e-5, rtol=1e-5)
 
 
@@ -129,7 +129,7 @@ def test_moved_documents_are_reused_and_stay_close_to_exact(tiny_llama_dir, back
     assert first.num_cached_tokens == num_reused  # nothing of the new system prompt is cached
     assert engine.metrics.num_prefill_tokens - num_prefill_before == len(prompt) - num_reused
     stats = engine.stats()
-    assert (stats.num_document_reused_spans, stats.num_document_recomputed_tokens) == (3, 8)
+    assert (stats.documents.num_reused_spans, stats.documents.num_recomputed_tokens) == (3, 8)
     _forget_tree(engine)
     stitched = engine.prompt_tail_logits(prompt, 1, options=options)[0]
     exact = reference.prompt_tail_logits(prompt, 1)[0]
@@ -145,7 +145,7 @@ def test_reuse_off_never_gets_derived_kv(tiny_llama_dir):
     _run(engine, *_prompt(SYSTEM, "AB"))
     moved, options = _prompt(OTHER_SYSTEM, "BA")
     _run(engine, moved, options)  # stitched: its derived pages are cached under the derived key
-    assert engine.stats().num_document_reused_tokens > 0
+    assert engine.stats().documents.num_reused_tokens > 0
     # (prompt, its exact-key hit): the page before the first placed position (15 + k = 19); then what
     # moved + [7, 8, 9] just computed exactly; the first request's prompt, computed exactly (7 pages)
     for prompt, num_cached in ((moved + [7, 8, 9], 16), (moved, len(moved) // 16 * 16),
@@ -189,7 +189,7 @@ def test_precompute_documents_stores_spans_once(tiny_llama_dir):
     engine = _engine(tiny_llama_dir)
     docs = [DOCS["A"], DOCS["B"]]
     assert engine.precompute_documents(docs) == 2 * DOC_LEN
-    assert engine.stats().num_document_store_entries == 2
+    assert engine.stats().documents.num_store_entries == 2
     assert engine.precompute_documents(docs) == 0  # stored: costs nothing
     assert engine.precompute_documents(docs, cache_salt="other") == 2 * DOC_LEN
     _, first = _run(engine, *_prompt(SYSTEM, "BA"))
@@ -226,7 +226,7 @@ def test_a_prompt_with_the_precompute_context_then_the_document_reuses_it_exactl
     logits = engine.prompt_tail_logits(prompt, QUESTION_LEN, options=options)
     # the context's tokens come with the span (its lead): all of them match; k = 4 recomputed
     num_placed = SYSTEM_LEN + DOC_LEN - 4
-    assert engine.stats().num_document_reused_tokens == num_placed
+    assert engine.stats().documents.num_reused_tokens == num_placed
     assert engine.metrics.num_prefill_tokens - num_prefill_before == len(prompt) - num_placed
     torch.testing.assert_close(logits, reference.prompt_tail_logits(prompt, QUESTION_LEN), atol=1e-5, rtol=1e-5)
     _assert_drained(engine)
@@ -266,7 +266,7 @@ def test_a_span_the_tree_ends_inside_places_its_rest_from_the_store(tiny_llama_d
     num_prefill_before = engine.metrics.num_prefill_tokens
     logits = engine.prompt_tail_logits(prompt, QUESTION_LEN, options=options)
     assert engine.metrics.num_prefill_tokens - num_prefill_before == QUESTION_LEN
-    assert engine.stats().num_document_reused_tokens == SYSTEM_LEN + DOC_LEN - num_tree_tokens
+    assert engine.stats().documents.num_reused_tokens == SYSTEM_LEN + DOC_LEN - num_tree_tokens
     torch.testing.assert_close(logits, reference.prompt_tail_logits(prompt, QUESTION_LEN), atol=1e-5, rtol=1e-5)
     _assert_drained(engine)
 
@@ -281,7 +281,7 @@ def test_random_mixes_balance_pages_and_store_references(tiny_llama_dir):
                      documents=replace(REUSE, store_bytes=entry_bytes * 3))
     run_random_mixes(engine, random.Random(4),
                      lambda: engine.document_store.num_bytes <= engine.document_store.max_bytes)
-    assert engine.stats().num_document_reused_tokens > 0
+    assert engine.stats().documents.num_reused_tokens > 0
     assert engine.scheduler.tree.num_evicted_pages > 0
 
 
@@ -305,9 +305,9 @@ def test_speculation_over_reused_documents_keeps_the_greedy_output(tiny_llama_di
     for mode in ("off", "ngram"):
         engine = _engine(tiny_llama_dir, speculation=SpeculationConfig(mode))
         outputs[mode] = [_run(engine, prompt, options, max_tokens=24)[0] for prompt, options in prompts]
-        assert engine.stats().num_document_reused_tokens > 0
+        assert engine.stats().documents.num_reused_tokens > 0
         if mode == "ngram":
-            assert engine.stats().num_spec_verify_chunks > 0
+            assert engine.stats().speculation.num_verify_chunks > 0
         _assert_drained(engine)
     assert outputs["ngram"] == outputs["off"]
 
@@ -336,7 +336,7 @@ def test_a_request_waits_for_a_span_another_is_computing_then_reuses_it(tiny_lla
     assert first.status.value == "prefilling" and second.status.value == "waiting"
     _step_until_done(engine)
     assert second.num_reused_document_tokens == 2 * DOC_LEN - 4  # A recomputes k = 4, B follows A as stored
-    assert engine.stats().num_document_store_entries == 2
+    assert engine.stats().documents.num_store_entries == 2
     _assert_drained(engine)
 
 
@@ -354,5 +354,5 @@ def test_waiting_for_spans_never_deadlocks_and_balances(tiny_llama_dir):
                                                                ignore_eos=True),
                            rng.choice([None, "t"]), options)
     _step_until_done(engine, max_steps=2000)
-    assert engine.stats().num_document_reused_tokens > 0
+    assert engine.stats().documents.num_reused_tokens > 0
     _assert_drained(engine)

@@ -62,12 +62,12 @@ def test_after_a_restart_every_full_page_is_a_hit_and_the_output_is_the_cold_one
     first.close()
 
     again = _engine(tiny_llama_dir, tmp_path, policy=policy)
-    assert again.stats().num_kv_disk_pages == (150 + 8) // PAGE_SIZE
+    assert again.stats().kv_disk.num_pages == (150 + 8) // PAGE_SIZE
     output, num_cached = _run(again, prompt)
     assert num_cached == (len(prompt) - 1) // PAGE_SIZE * PAGE_SIZE
     assert output == cold(prompt)
     stats = again.stats()
-    assert stats.num_kv_disk_hit_tokens == num_cached == stats.num_prefix_hit_tokens
+    assert stats.kv_disk.num_hit_tokens == num_cached == stats.num_prefix_hit_tokens
     _assert_pages_balance(again)
     again.close()
 
@@ -98,7 +98,7 @@ def test_damaged_tier_files_are_misses_and_the_output_stays_right(tiny_llama_dir
 
     again = _engine(tiny_llama_dir, tmp_path)
     assert _run(again, prompt) == (cold(prompt), 0)
-    assert again.stats().num_kv_disk_hit_tokens == 0
+    assert again.stats().kv_disk.num_hit_tokens == 0
     _assert_pages_balance(again)
     again.close()
 
@@ -110,7 +110,7 @@ def test_another_model_layout_never_reads_the_pages(tiny_llama_dir, tmp_path):
     first.close()
     other = _engine(tiny_llama_dir, tmp_path, page_size=32)
     assert other.kv_tier.tier.directory != first.kv_tier.tier.directory
-    assert other.stats().num_kv_disk_pages == 0
+    assert other.stats().kv_disk.num_pages == 0
     other.close()
 
 
@@ -126,7 +126,7 @@ def test_under_pressure_evicted_prefixes_come_back_from_the_tier(tiny_llama_dir,
             if round_index == 1:
                 assert num_cached == 96
             _assert_pages_balance(engine)
-    assert engine.stats().num_kv_disk_hit_tokens == 6 * 96
+    assert engine.stats().kv_disk.num_hit_tokens == 6 * 96
     engine.close()
 
 
@@ -149,3 +149,28 @@ def test_an_unusable_tier_directory_leaves_the_engine_serving_without_one(tiny_l
     prompt = _prompt(4, 40)
     assert _run(engine, prompt)[0] == cold(prompt)
     engine.close()
+
+
+def test_longest_prefix_first_asks_the_tier_without_hashing_a_prompt_twice(tiny_llama_dir, tmp_path):
+    """lpm admission asks the tier how much of each waiting prompt it holds every step; the answer
+    stays the one hashing the whole prompt gives, also once the request's tokens have grown."""
+    from cache.page_hash import ROOT_PAGE_HASH, hash_pages
+    from engine.kv_source import max_source_pages
+
+    prompt = _prompt(5, 150)
+    first = _engine(tiny_llama_dir, tmp_path)
+    _run(first, prompt)
+    first.close()
+    again = _engine(tiny_llama_dir, tmp_path, schedule="lpm")
+    link = again.kv_tier
+    stored = again.add_request("stored", prompt, SamplingParams(max_tokens=40, temperature=0.0))
+    other = again.add_request("other", _prompt(6, 150), GREEDY)
+    assert link.num_suppliable_tokens(stored, 0) == link.num_suppliable_tokens(stored, 0) == 144  # 9 full pages
+    assert link.num_suppliable_tokens(other, 0) == 0
+    while again.has_unfinished():
+        again.step()
+    assert stored.num_cached_tokens == 144
+    num_pages = max_source_pages(stored, PAGE_SIZE)  # its 40 outputs added pages: hashed on from the 9th
+    assert num_pages > 9 and link._request_page_hashes(stored, num_pages) == hash_pages(
+        ROOT_PAGE_HASH, stored.all_token_ids[: num_pages * PAGE_SIZE], PAGE_SIZE, None)
+    again.close()

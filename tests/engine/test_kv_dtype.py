@@ -87,11 +87,11 @@ def test_a_tier_written_in_one_format_is_a_miss_for_another(tiny_llama_dir, tmp_
         other = _engine(tiny_llama_dir, tmp_path, kv_dtype=kv_dtype)
         assert other.kv_tier.tier.directory != first.kv_tier.tier.directory
         _, num_cached = _run(other, prompt)
-        assert num_cached == 0 and other.stats().num_kv_disk_hit_tokens == 0
+        assert num_cached == 0 and other.stats().kv_disk.num_hit_tokens == 0
         other.close()
     again = _engine(tiny_llama_dir, tmp_path, kv_dtype="int8")  # the same format: every full page a hit
     again_output, num_cached = _run(again, prompt)
-    assert num_cached == 64 and again.stats().num_kv_disk_hit_tokens == 64 and again_output == output
+    assert num_cached == 64 and again.stats().kv_disk.num_hit_tokens == 64 and again_output == output
     _assert_pages_balance(again)
     again.close()
 

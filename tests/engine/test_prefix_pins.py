@@ -39,10 +39,10 @@ def test_pin_of_an_uncached_prefix_or_zero_seconds_pins_nothing():
     assert len(pins) == 0 and pins.seconds_to_next_expiry() is None
 
 
-def test_release_all_unlocks_everything():
+def test_every_pin_expires_and_unlocks_everything():
     tree, allocator = _tree_with(4, list(range(8)))
     pins = PrefixPins(tree)
-    pins.pin(list(range(8)), None, seconds=30)
-    pins.pin(list(range(4)), None, seconds=60)
-    pins.release_all()
+    pins.pin(list(range(8)), None, seconds=30, now=0.0)
+    pins.pin(list(range(4)), None, seconds=60, now=0.0)
+    assert pins.release_expired(now=60.0) == 2 and len(pins) == 0
     assert tree.evict(4) == 2 and allocator.num_free_pages == 4

@@ -50,7 +50,7 @@ def test_disk_tier_tokens_are_what_the_tier_loaded_for_the_request(tiny_llama_di
 
     restarted = _engine(tiny_llama_dir, kv_disk=KVDiskConfig(directory=tmp_path))
     warm = _last_output(restarted, prompt)
-    assert warm.num_disk_tier_tokens == restarted.stats().num_kv_disk_hit_tokens == 144  # 9 full pages
+    assert warm.num_disk_tier_tokens == restarted.stats().kv_disk.num_hit_tokens == 144  # 9 full pages
     assert warm.num_cached_tokens == warm.num_disk_tier_tokens  # the whole hit came from the tier
     again = _last_output(restarted, prompt)
     assert again.num_cached_tokens == 144 and again.num_disk_tier_tokens == 0  # now in the tree
@@ -70,9 +70,9 @@ def test_document_counts_are_the_plans(tiny_llama_dir):
     before = engine.stats()
     moved = _last_output(engine, *prompt(other_system))
     after = engine.stats()
-    assert moved.num_reused_document_tokens == after.num_document_reused_tokens - before.num_document_reused_tokens > 0
-    assert moved.num_recomputed_document_tokens == (after.num_document_recomputed_tokens
-                                                    - before.num_document_recomputed_tokens) > 0
+    assert moved.num_reused_document_tokens == after.documents.num_reused_tokens - before.documents.num_reused_tokens > 0
+    assert moved.num_recomputed_document_tokens == (after.documents.num_recomputed_tokens
+                                                    - before.documents.num_recomputed_tokens) > 0
     assert moved.num_cached_tokens >= moved.num_reused_document_tokens
     assert moved.num_disk_tier_tokens == 0
 
@@ -82,6 +82,6 @@ def test_speculation_counts_are_the_requests_share_of_the_engines(tiny_llama_dir
     segment = _tokens(4, 12)
     last = _last_output(engine, segment * 4, params=SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
     stats = engine.stats()
-    assert (last.num_draft_tokens, last.num_accepted_draft_tokens) == (stats.num_spec_draft_tokens,
-                                                                       stats.num_spec_accepted_tokens)
+    assert (last.num_draft_tokens, last.num_accepted_draft_tokens) == (stats.speculation.num_draft_tokens,
+                                                                       stats.speculation.num_accepted_tokens)
     assert last.num_accepted_draft_tokens <= last.num_draft_tokens

@@ -67,8 +67,8 @@ def test_recomputing_everything_placed_equals_reuse_off(tiny_llama_dir, backend,
     assert first.num_reused_document_tokens == 0 and first.num_cached_tokens == 0
     assert engine.metrics.num_prefill_tokens - num_prefill_before == len(prompt)
     stats = engine.stats()
-    assert stats.num_document_reused_tokens == 0
-    assert stats.num_document_selective_recomputed_tokens == 3 * DOC_LEN - 2 * 4  # all that was placed
+    assert stats.documents.num_reused_tokens == 0
+    assert stats.documents.num_selective_recomputed_tokens == 3 * DOC_LEN - 2 * 4  # all that was placed
     _forget_tree(engine)
     torch.testing.assert_close(engine.prompt_tail_logits(prompt, QUESTION_LEN, options=options),
                                reference.prompt_tail_logits(prompt, QUESTION_LEN), atol=1e-5, rtol=1e-5)
@@ -82,17 +82,17 @@ def test_a_fraction_recomputes_that_share_of_the_placed_tokens(tiny_llama_dir, f
     prompt, options = _prompt(OTHER_SYSTEM, "CAB")
     num_placed = 3 * DOC_LEN - 2 * 4  # as without selective recompute: B follows A, C and A recompute 4 each
     num_chosen = round(fraction * num_placed)
-    num_prefill_before, probed_before = engine.metrics.num_prefill_tokens, engine.stats().num_document_probe_tokens
+    num_prefill_before, probed_before = engine.metrics.num_prefill_tokens, engine.stats().documents.num_probe_tokens
     _, first = _run(engine, prompt, options, max_tokens=1)
     assert first.num_reused_document_tokens == num_placed - num_chosen
     assert first.num_cached_tokens == num_placed - num_chosen
     assert engine.metrics.num_prefill_tokens - num_prefill_before == len(prompt) - num_placed + num_chosen
     stats = engine.stats()
-    assert stats.num_document_selective_recomputed_tokens == num_chosen
-    assert stats.num_document_recomputed_tokens == 8 + num_chosen
-    assert stats.num_document_reused_tokens == num_placed - num_chosen
+    assert stats.documents.num_selective_recomputed_tokens == num_chosen
+    assert stats.documents.num_recomputed_tokens == 8 + num_chosen
+    assert stats.documents.num_reused_tokens == num_placed - num_chosen
     # the probe ran from the end of the new system prompt's matched pages (none) to the end of B
-    assert stats.num_document_probe_tokens - probed_before == len(OTHER_SYSTEM) + 3 * DOC_LEN
+    assert stats.documents.num_probe_tokens - probed_before == len(OTHER_SYSTEM) + 3 * DOC_LEN
     _assert_drained(engine)
 
 
@@ -140,7 +140,7 @@ def test_zero_fraction_probes_nothing(tiny_llama_dir):
     assert engine.documents.selective is None
     _run(engine, *_prompt(SYSTEM, "AB"))
     _run(engine, *_prompt(OTHER_SYSTEM, "BA"))
-    assert engine.stats().num_document_probe_tokens == engine.stats().num_document_selective_recomputed_tokens == 0
+    assert engine.stats().documents.num_probe_tokens == engine.stats().documents.num_selective_recomputed_tokens == 0
 
 
 def test_abort_after_the_probe_balances_pages_and_references(tiny_llama_dir):
@@ -151,7 +151,7 @@ def test_abort_after_the_probe_balances_pages_and_references(tiny_llama_dir):
     prompt, options = _prompt(OTHER_SYSTEM, "CAB")
     request = engine.add_request("mid", prompt, SamplingParams(max_tokens=4, temperature=0.0), None, options)
     engine.step()
-    assert engine.stats().num_document_probe_tokens > 0 and not request.is_finished and request.stitched_runs
+    assert engine.stats().documents.num_probe_tokens > 0 and not request.is_finished and request.stitched_runs
     assert engine.abort("mid")
     _assert_drained(engine)
     _, first = _run(engine, prompt, options)  # and the next one still reuses and recomputes
@@ -167,7 +167,7 @@ def test_preemption_and_random_mixes_balance_pages_and_references(tiny_llama_dir
     engine = _engine(tiny_llama_dir, kv_cache_bytes=page_bytes * 40, max_num_batched_tokens=48, documents=replace(REUSE, store_bytes=entry_bytes * 3, recompute_fraction=0.3))
     run_random_mixes(engine, random.Random(5))
     stats = engine.stats()
-    assert stats.num_document_selective_recomputed_tokens > 0 and stats.num_document_reused_tokens > 0
+    assert stats.documents.num_selective_recomputed_tokens > 0 and stats.documents.num_reused_tokens > 0
     assert stats.num_preemptions > 0
 
 

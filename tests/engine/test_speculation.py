@@ -75,7 +75,7 @@ def _check_greedy_equal(tiny_llama_dir, backend: str, mode: str, overrides: dict
         assert engine.generate(prompts, params) == expected
         _assert_pages_balance(engine)
     assert engine.metrics.num_accepted_draft_tokens > 0
-    assert engine.stats().num_spec_verify_chunks > 0
+    assert engine.stats().speculation.num_verify_chunks > 0
     if "kv_cache_bytes" in overrides:
         assert engine.stats().num_preemptions > 0
 

@@ -22,7 +22,6 @@ def test_build_from_lists():
     assert inputs.query_lens == [3, 1, 2]
     assert inputs.num_seqs == 3 and inputs.num_tokens == 6
     assert inputs.max_context_len == 5
-    assert not inputs.is_decode_only
     assert inputs.page_table.tolist() == [[2, 3], [1, 4], [5, 0]]  # padded with page 0
     assert inputs.slot_ids.dtype == inputs.page_table.dtype == torch.int64
 
@@ -33,7 +32,7 @@ def test_positions_are_the_last_query_len_positions_of_each_context():
 
 def test_decode_only():
     inputs = AttentionInputs.build([3, 9], [1, 1], [4, 2], [[0], [2]], "cpu")
-    assert inputs.is_decode_only
+    assert inputs.query_lens == [1, 1]
     assert inputs.positions.tolist() == [3, 1]
 
 

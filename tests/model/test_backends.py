@@ -181,17 +181,21 @@ def test_int8_activations_can_be_turned_off(build_dir):
     assert ops.plan().linears["layers.0.mlp.down_proj"].large.startswith("torch GEMM over dequantized tiles")
 
 
-def test_int8_activations_keep_the_lm_head_on_float_activations(build_dir):
-    """Quality: the LM head's int8 activations cost the most top-1 agreement (docs/performance.md)."""
+def test_int8_activations_keep_the_named_projections_on_float_activations(build_dir):
+    """float_activation_layers (the quality lever, bench/int8_activation_quality.py) by the name's last part."""
     from kernels.cpu_features import this_cpu
+    from model.backends.cpu_backend import INT8_FLOAT_ACTIVATION_LAYERS, CpuBackend
 
     if not this_cpu().has("avx2", "fma", "f16c"):
         pytest.skip("this CPU lacks AVX2/FMA/F16C: no int8 kernels")
-    ops = select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, crossover="fixed",
-                         int8_activations=True)
+    assert INT8_FLOAT_ACTIVATION_LAYERS == ()  # the default: every projection over fitting blocks on int8
+    chosen = select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, crossover="fixed",
+                            int8_activations=True)
+    ops = CpuBackend(chosen.matvec, chosen.ops, gemm_q8=chosen.gemm_q8, crossover="fixed",
+                     load_block_kernels=lambda: chosen.block_kernels, float_activation_layers=("lm_head",))
     layer, blocks = _blocks_layer("Q8_0", 96, 64, seed=9)
     head = ops.make_linear("lm_head", layer, [blocks])
-    ops.make_linear("layers.0.mlp.down_proj", *_blocks_layer("Q8_0", 96, 64, seed=10)[:1], [blocks])
+    ops.make_linear("layers.0.mlp.down_proj", layer, [blocks])
     x = torch.randn(3, 64, generator=_gen(4))
     torch.testing.assert_close(head(x), layer(x), atol=1e-4, rtol=1e-4)  # float activations: exact weights
     linears = ops.plan().linears

@@ -196,6 +196,6 @@ def test_document_reuse_re_rotates_each_layer_by_its_own_rope(name, tmp_path, ba
     layer0_k_after_prefill(engine, *prompt(5))  # stores the span at positions 5..28
     moved, options = prompt(11)  # the span at 11..34
     placed = layer0_k_after_prefill(engine, moved, options)
-    assert engine.stats().num_document_reused_tokens > 0
+    assert engine.stats().documents.num_reused_tokens > 0
     plain = layer0_k_after_prefill(_engine(tmp_path, backend, **settings), moved, RequestOptions(document_reuse=False))
     torch.testing.assert_close(placed, plain, atol=1e-4, rtol=1e-4)

@@ -2,6 +2,7 @@
 
 import dataclasses
 
+from engine.document_reuse_stats import DocumentReuseStats
 from engine.metrics import STATS_METRICS, EngineStats
 from replicas.prefix_policy import PrefixRoutingPolicy
 from replicas.replica_metrics import ReplicaStatsCollector
@@ -12,7 +13,8 @@ def test_each_per_replica_series_reports_each_replica_from_the_one_table():
     routing = RoutingState(PrefixRoutingPolicy())
     a = EngineStats(num_admitted=2, num_prefilling=1, num_waiting=3, num_pages=10, num_free_pages=4,
                     num_cached_pages=5, num_held_pages=1, num_pages_in_use=4, num_prefix_query_tokens=100,
-                    num_prefix_hit_tokens=60, num_document_reused_tokens=7, num_document_store_bytes=4096)
+                    num_prefix_hit_tokens=60,
+                    documents=DocumentReuseStats(num_reused_tokens=7, num_store_bytes=4096))
     b = dataclasses.replace(a, num_admitted=1, num_pages_in_use=1)
     routing.sync_replicas({"a": {"engine_stats": dataclasses.asdict(a)}, "b": {"engine_stats": dataclasses.asdict(b)}})
     families = {family.name: family for family in ReplicaStatsCollector(routing).collect()}

@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from retrieval import collection as collection_module
-from retrieval.collection import INDEX_FILE
+from retrieval import indexed_collection as collection_module
+from retrieval.indexed_collection import INDEX_FILE
 from retrieval.collections import Collections, NewDocument
-from retrieval.document_store import DocumentStore
+from retrieval.collection_store import CollectionStore
 from retrieval.errors import (CollectionExistsError, CollectionNotFoundError, DocumentNotFoundError,
                               EmbedderMismatchError, InvalidInputError)
 from retrieval.vector_index import VectorIndex
@@ -164,7 +164,7 @@ def test_the_index_is_rebuilt_from_sqlite(tmp_path, monkeypatch, caplog, damage)
     if damage == "missing":
         index_path.unlink()
     elif damage == "stale":  # a write the index file does not know of
-        store = DocumentStore(tmp_path / "docs" / "store.sqlite3")
+        store = CollectionStore(tmp_path / "docs" / "store.sqlite3")
         with store._write():
             store._db.execute("DELETE FROM documents WHERE id = 'rust'")
         store.close()

@@ -4,7 +4,7 @@ write that returned was in the store when the delete closed it."""
 
 import threading
 
-from retrieval import collection as collection_module
+from retrieval import indexed_collection as collection_module
 from retrieval.collections import Collections, NewDocument
 from retrieval.errors import CollectionNotFoundError
 
@@ -15,7 +15,7 @@ NUM_WRITERS = 3
 def test_delete_under_concurrent_writes_and_searches(tmp_path, fake_embedder, monkeypatch):
     collections = Collections(tmp_path / "collections", lambda: fake_embedder)
     ids_at_close: list[set[str]] = []
-    real_close = collection_module.Collection.close
+    real_close = collection_module.IndexedCollection.close
 
     def close_and_record(self):
         with self._lock:  # what the store holds at the moment of closing
@@ -24,7 +24,7 @@ def test_delete_under_concurrent_writes_and_searches(tmp_path, fake_embedder, mo
                 ids_at_close.append({r[0] for r in rows})
             real_close(self)
 
-    monkeypatch.setattr(collection_module.Collection, "close", close_and_record)
+    monkeypatch.setattr(collection_module.IndexedCollection, "close", close_and_record)
     unexpected: list[BaseException] = []
     for round_index in range(NUM_ROUNDS):
         collections.create("busy")

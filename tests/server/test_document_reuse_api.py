@@ -7,6 +7,7 @@ import json
 import pytest
 
 from engine.document_reuse_config import DocumentReuseConfig
+from engine.document_reuse_stats import DocumentReuseStats
 from engine.engine_config import EngineConfig
 
 MODEL = "fake-model"
@@ -129,11 +130,10 @@ def test_usage_breaks_out_the_reused_document_tokens(reuse_client):
 def test_document_reuse_metrics_come_from_the_engine_stats(reuse_client):
     client, engine = reuse_client
     stats = engine.stats()
-    engine.stats = lambda: dataclasses.replace(stats, num_document_reused_spans=3, num_document_reused_tokens=300,
-                                               num_document_recomputed_tokens=48, num_document_store_bytes=1 << 20,
-                                               num_document_store_entries=5, num_document_disk_hits=4,
-                                               num_document_disk_misses=2, num_document_disk_bytes=1 << 21,
-                                               num_document_disk_entries=9, num_document_selective_recomputed_tokens=20)
+    documents = DocumentReuseStats(num_reused_spans=3, num_reused_tokens=300, num_recomputed_tokens=48,
+                                   num_store_bytes=1 << 20, num_store_entries=5, num_disk_hits=4, num_disk_misses=2,
+                                   num_disk_bytes=1 << 21, num_disk_entries=9, num_selective_recomputed_tokens=20)
+    engine.stats = lambda: dataclasses.replace(stats, documents=documents)
     text = client.get("/metrics").text
     for sample in ("radixserve:document_reuse_spans_total 3.0", "radixserve:document_reuse_tokens_total 300.0",
                    "radixserve:document_reuse_recomputed_tokens_total 48.0",

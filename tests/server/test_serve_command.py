@@ -151,7 +151,8 @@ def test_document_reuse_flags_reach_the_engine_config(smollm2_dir):
     assert (told.enabled, told.store_bytes, told.boundary_tokens, told.recompute_fraction) == (True, 256 << 20, 8, 0.0)
     assert settings_from_args(_args("--document-reuse", "off"), smollm2_dir).engine.documents.enabled is False
     selective = settings_from_args(_args("--document-recompute-fraction", "0.15"), smollm2_dir).engine.documents
-    assert selective.recompute_fraction == 0.15  # CacheBlend-style selective recompute
+    assert selective.recompute_fraction == 0.15
+    assert settings_from_args(_args("--document-min-span-tokens", "32"), smollm2_dir).engine.documents.min_span_tokens == 32  # CacheBlend-style selective recompute
 
 
 @pytest.mark.parametrize("argv, fragment", [
@@ -161,6 +162,7 @@ def test_document_reuse_flags_reach_the_engine_config(smollm2_dir):
     (("--document-recompute-fraction", "1.5"), "document recompute fraction"),
     (("--document-recompute-fraction", "-0.1"), "document recompute fraction"),
     (("--document-recompute-fraction", "nan"), "document recompute fraction"),
+    (("--document-min-span-tokens", "0"), "document min span tokens"),
 ])
 def test_bad_document_reuse_flags_are_one_line_errors(smollm2_dir, argv, fragment):
     with pytest.raises(RadixserveError, match=fragment):

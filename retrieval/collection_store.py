@@ -10,7 +10,7 @@ Durability: WAL journal with synchronous=FULL, so a committed write survives a k
 power cut; every write is one transaction (a document and its chunks appear, change or go
 together). Deleting a document deletes its chunks (ON DELETE CASCADE).
 
-Not thread-safe by itself: the owning `Collection` serialises calls with its lock. Other
+Not thread-safe by itself: the owning `IndexedCollection` serialises calls with its lock. Other
 processes may write the same file at the same time (SQLite's locking, a 30 s busy timeout).
 """
 
@@ -92,7 +92,7 @@ class DocumentRow(NamedTuple):
     num_chunks: int
 
 
-class DocumentStore:
+class CollectionStore:
     def __init__(self, path: Path):
         """Opens an existing store; `create` makes a new one."""
         if not Path(path).is_file():
@@ -101,7 +101,7 @@ class DocumentStore:
         self._db = _connect(self.path)
 
     @classmethod
-    def create(cls, path: Path, meta: dict[str, str]) -> "DocumentStore":
+    def create(cls, path: Path, meta: dict[str, str]) -> "CollectionStore":
         db = _connect(path)
         with _Transaction(db, "BEGIN IMMEDIATE"):
             for statement in _SCHEMA.split(";"):

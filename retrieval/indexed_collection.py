@@ -1,6 +1,6 @@
 """One collection: a directory holding its SQLite store (the truth) and its FAISS index (derived).
 
-    <dir>/store.sqlite3   documents, chunks, embeddings (`DocumentStore`)
+    <dir>/store.sqlite3   documents, chunks, embeddings (`CollectionStore`)
     <dir>/index.faiss     `VectorIndex` saved at some store version
 
 The index in memory follows the store: a write made here updates it in place (or drops it
@@ -27,7 +27,8 @@ from typing import Protocol
 import numpy as np
 
 from retrieval.chunking import ChunkingConfig, TokenSpans, chunk_text
-from retrieval.document_store import ChunkRow, DocumentRow, DocumentStore, EmbeddedDocument, WriteResult, chunk_name
+from retrieval.collection_store import (ChunkRow, CollectionStore, DocumentRow, EmbeddedDocument, WriteResult,
+                                        chunk_name)
 from retrieval.errors import CollectionNotFoundError, EmbedderMismatchError, InvalidInputError
 from retrieval.vector_index import IndexFileError, VectorIndex
 
@@ -72,13 +73,13 @@ class SearchHit:
         return chunk_name(self.id, self.position)
 
 
-class Collection:
+class IndexedCollection:
     def __init__(self, name: str, directory: Path, chunking: ChunkingConfig = ChunkingConfig()):
         self.name = name
         self.directory = directory
         self.chunking = chunking
         try:
-            self._store = DocumentStore(directory / STORE_FILE)
+            self._store = CollectionStore(directory / STORE_FILE)
         except FileNotFoundError:
             raise CollectionNotFoundError(f"collection {name!r} does not exist") from None
         self._index: VectorIndex | None = None

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from retrieval.chunking import Chunk
-from retrieval.document_store import DocumentStore, EmbeddedDocument
+from retrieval.collection_store import CollectionStore, EmbeddedDocument
 
 DIM = 4
 
@@ -19,7 +19,7 @@ def _doc(document_id: str, num_chunks: int, seed: int = 0, metadata=None) -> Emb
 
 @pytest.fixture
 def store(tmp_path):
-    store = DocumentStore.create(tmp_path / "store.sqlite3", {"index_kind": "flat"})
+    store = CollectionStore.create(tmp_path / "store.sqlite3", {"index_kind": "flat"})
     yield store
     store.close()
 
@@ -63,7 +63,7 @@ def test_a_failed_write_changes_nothing(store):
 
 def test_committed_writes_are_seen_by_a_new_connection(tmp_path, store):
     store.put_documents([_doc("a", 2)])
-    other = DocumentStore(store.path)
+    other = CollectionStore(store.path)
     assert other.counts() == (1, 2) and other.version() == 1
     assert other.meta("index_kind") == "flat"
     other.close()

@@ -1,0 +1,107 @@
+"""Quality of quantized KV pages (--kv-dtype) against float32 KV, on the default model.
+
+    .venv/bin/python -m bench.kv_dtype_quality [--num-prompts 200] [--kv-dtypes int8,bfloat16]
+
+Half chat prompts (bench/int8_activation_quality.py's: a system prompt and a user turn about a
+passage of real text), half RAG prompts (bench/document_reuse_prompts.py, the three styles, exact
+document spans as the server finds them), built into token ids by the server's own prompt builder.
+The reference engine (float32 KV, document reuse off) answers each greedily (up to 16 tokens), then
+gives prompt_tail_logits(prompt + answer, len(answer) + 1): row 0 scores the first answer token,
+the other rows the answer teacher-forced. Each variant (a KV dtype, document reuse off or on,
+k = 4 boundary tokens, the store filled online by the earlier prompts) is a fresh engine making the
+same call, prompts in order with the prefix cache on as served (later prompts read earlier prompts'
+shared prefixes from the quantized pages). Reported per variant: first-token agreement, top-1
+agreement over every teacher-forced row, mean KL(float32 || variant) per row. "float32, reuse on"
+shows what document reuse costs alone. A dtype is offered where top-1 >= 0.98; the default changes
+only at >= 0.99 (README, docs/performance.md).
+"""
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+
+import torch
+
+from assembly.chat_template import ChatTemplate
+from assembly.prompt_builder import PromptBuilder
+from assembly.segment_tokenizer import SegmentTokenizer
+from assembly.tokenizer import Tokenizer
+from bench.document_reuse_metrics import row_kl, row_top1_agreement
+from bench.document_reuse_prompts import rag_prompts
+from bench.document_reuse_quality import build_prompt
+from bench.int8_activation_quality import chat_messages
+from engine.document_reuse_config import DocumentReuseConfig
+from engine.engine_config import EngineConfig
+from engine.kv_dtype_config import KVDtypeConfig
+from engine.llm_engine import LLMEngine
+from engine.request_options import RequestOptions
+from engine.sampling_params import SamplingParams
+from store.model_store import pull
+
+NUM_ANSWER_TOKENS = 16
+KV_CACHE_BYTES = 512 << 20
+DOCUMENT_STORE_BYTES = 256 << 20
+
+
+def _engine(model_dir, kv_dtype: str, document_reuse: bool) -> LLMEngine:
+    documents = DocumentReuseConfig(enabled=document_reuse, store_bytes=DOCUMENT_STORE_BYTES, boundary_tokens=4)
+    return LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", kv_cache_bytes=KV_CACHE_BYTES,
+                                  documents=documents, kv_dtype=KVDtypeConfig(kv_dtype)))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--num-prompts", type=int, default=200)
+    parser.add_argument("--kv-dtypes", default="int8,bfloat16")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    model_dir = pull(args.model)
+    builder = PromptBuilder(SegmentTokenizer(Tokenizer(model_dir)), ChatTemplate.from_model_dir(model_dir))
+    num_chat = args.num_prompts // 2
+    _, rag = rag_prompts(args.num_prompts - num_chat, 24, 4, 120, args.seed)
+    prompts = [(builder.build(messages), ()) for messages in chat_messages(num_chat, args.seed)]
+    prompts += [(built.token_ids, built.exact_spans) for built in (build_prompt(builder, p) for p in rag)]
+
+    reference = _engine(model_dir, "float32", False)
+    greedy = SamplingParams(max_tokens=NUM_ANSWER_TOKENS, temperature=0.0)
+    answers, exact_rows = [], []
+    for token_ids, spans in prompts:
+        (answer,) = reference.generate([token_ids], greedy)
+        answers.append(answer)
+        exact_rows.append(reference.prompt_tail_logits(token_ids + answer, len(answer) + 1,
+                                                       options=RequestOptions(document_reuse=False,
+                                                                              document_spans=spans)).float().clone())
+    reference.close()
+    print(f"reference answered {len(prompts)} prompts ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
+
+    # each line printed as it is done: the quantized dtypes first, float32 with reuse (reuse's own cost) last
+    variants = [(kv_dtype, reuse) for kv_dtype in args.kv_dtypes.split(",") for reuse in (False, True)]
+    variants.append(("float32", True))
+    lengths = [len(token_ids) for token_ids, _ in prompts]
+    print(f"{len(prompts)} prompts ({num_chat} chat, {len(prompts) - num_chat} RAG; {min(lengths)}-{max(lengths)} "
+          f"tokens, mean {sum(lengths) / len(lengths):.0f}), against float32 KV with document reuse off:")
+    print(f"  {'KV dtype':<10} {'reuse':<6} {'first token':>12} {'top-1':>8} {'mean KL':>10} {'reused tokens':>14}")
+    for kv_dtype, reuse in variants:
+        engine = _engine(model_dir, kv_dtype, reuse)
+        kls, agreements, first_same = [], [], []
+        for (token_ids, spans), answer, exact in zip(prompts, answers, exact_rows):
+            rows = engine.prompt_tail_logits(token_ids + answer, len(answer) + 1,
+                                             options=RequestOptions(document_reuse=reuse,
+                                                                    document_spans=spans)).float()
+            kls.append(row_kl(exact, rows))
+            agreement = row_top1_agreement(exact, rows)
+            agreements.append(agreement)
+            first_same.append(bool(agreement[0]))
+        kl, agree = torch.cat(kls), torch.cat(agreements).double()
+        print(f"  {kv_dtype:<10} {'on' if reuse else 'off':<6} {sum(first_same) / len(first_same):>12.4f} "
+              f"{agree.mean():>8.4f} {kl.mean():>10.2e} {engine.stats().num_document_reused_tokens:>14}", flush=True)
+        engine.close()
+    print(f"  ({time.perf_counter() - started:.0f} s, {kl.numel()} teacher-forced rows a variant)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
