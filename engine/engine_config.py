@@ -12,6 +12,7 @@ from engine.kv_disk_config import KVDiskConfig
 from engine.kv_dtype_config import KVDtypeConfig
 from engine.setting import SIZE_UNITS
 from engine.speculation_config import SpeculationConfig
+from model.backends.cpu_backend import FLOAT_PREFILL_MAX_BYTES
 
 # The KV pool when not told its size: this many full contexts (room for that many requests at full length, or
 # many short ones beside their cached prefixes; pages beyond it live on in the disk tier), as llama.cpp sizes by
@@ -114,6 +115,9 @@ class EngineConfig:
     # float32 is measured >= 0.99, docs/performance.md) or "float32" (each weight decoded to its float32
     # value; exact up to summation order)
     decode_activations: str = "float32"
+    # cpu: a model whose projections fit in this many bytes as float32 keeps a float32 copy of them for
+    # prefill beside its blocks (model/backends/cpu_backend.py); 0: prefill over the blocks always
+    float_prefill_max_bytes: int = FLOAT_PREFILL_MAX_BYTES
     # Each feature's settings, in its own file (flags derived from their fields: server/config_flags.py)
     kv_disk: KVDiskConfig = KVDiskConfig()  # the disk tier of KV pages (engine/kv_disk_config.py)
     documents: DocumentReuseConfig = DocumentReuseConfig()  # document KV reuse (engine/document_reuse_config.py)

@@ -11,6 +11,9 @@ from engine.sampling_params import SamplingParams
 from server.generation_defaults import GenerationDefaults
 from server.schemas import ChatCompletionRequest, CompletionRequest
 
+# The penalties among the defaults: chosen so that sampled answers end (docs/performance.md), they stay off
+# for a greedy request (temperature 0), which asks for the model's own argmax; its own penalties still apply.
+_SAMPLED_ONLY_DEFAULTS = ("presence_penalty", "frequency_penalty", "repetition_penalty")
 _OPTIONAL_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                     "repetition_penalty", "dry_multiplier", "dry_base", "dry_allowed_length", "seed")
 
@@ -29,12 +32,16 @@ def sampling_fields(request: ChatCompletionRequest | CompletionRequest) -> dict:
 
 def with_defaults(fields: dict, max_new_tokens: int | None, defaults: GenerationDefaults,
                   num_tokens_left: int) -> SamplingParams:
-    """SamplingParams from a request's own `fields` (they win) over `defaults` (every field set). A request
+    """SamplingParams from a request's own `fields` (they win) over `defaults` (every field set; a greedy
+    request takes no default penalty). A request
     without max tokens gets the default cap, cut to the `num_tokens_left` of its context (at least 1); its own
     max tokens is not cut: one that does not fit is the engine's to refuse."""
     if max_new_tokens is None:
         max_new_tokens = max(1, min(defaults.max_tokens, num_tokens_left))
-    return SamplingParams(max_tokens=max_new_tokens, **{**defaults.sampling_fields(), **fields})
+    merged = {**defaults.sampling_fields(), **fields}
+    if merged.get("temperature") == 0:
+        merged = {name: value for name, value in merged.items() if name not in _SAMPLED_ONLY_DEFAULTS or name in fields}
+    return SamplingParams(max_tokens=max_new_tokens, **merged)
 
 
 def choice_params(params: SamplingParams, index: int) -> SamplingParams:

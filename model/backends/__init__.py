@@ -20,7 +20,7 @@ from kernels import block_matmul, cpu_decode_ops, cpu_gemm_q8, cpu_matvec, packe
 from kernels.cpu_features import resolve_variant, this_cpu
 from kernels.native_build import FIND_COMPILER, NativeUnavailable, library_variant
 from model.backends.base import Backend, BackendPlan, LinearPlan, StepPolicy
-from model.backends.cpu_backend import FIXED, CpuBackend
+from model.backends.cpu_backend import FIXED, FLOAT_PREFILL_MAX_BYTES, CpuBackend
 from model.backends.torch_backend import TorchBackend
 from model.config import ModelConfig
 
@@ -40,7 +40,7 @@ def _cpu_unfit(device: torch.device, dtype: torch.dtype) -> str | None:
 
 
 def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crossover: str, variant_choice: str,
-              int8_activations: bool, decode_activations: str) -> Backend:
+              int8_activations: bool, float_prefill_max_bytes: int, decode_activations: str) -> Backend:
     features = this_cpu()
     variant, skipped = resolve_variant(variant_choice, features)
     fallbacks = list(skipped)
@@ -71,7 +71,8 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
     instruction_sets = f"{features.describe()}; kernels: {variant}" + (f" ({builds})" if builds else "")
     return CpuBackend(matvec, ops, tuple(fallbacks), crossover,
                       functools.partial(block_matmul.load_best, build_dir, compiler, variant), gemm_q8=gemm_q8,
-                      instruction_sets=instruction_sets, decode_activations=decode_activations)
+                      instruction_sets=instruction_sets, float_prefill_max_bytes=float_prefill_max_bytes,
+                      decode_activations=decode_activations)
 
 
 # name -> what it needs to run here (None: runs)
@@ -95,6 +96,7 @@ def check_backend_choice(choice: str, device: torch.device | str, dtype: torch.d
 def select_backend(device: torch.device | str, dtype: torch.dtype, config: ModelConfig, choice: str = "auto", *,
                    build_dir: Path, compiler: str | None = FIND_COMPILER, crossover: str = FIXED,
                    cpu_kernels: str = "auto", int8_activations: bool = False,
+                   float_prefill_max_bytes: int = FLOAT_PREFILL_MAX_BYTES,
                    decode_activations: str = "float32") -> Backend:
     """The backend for a model of `config` on `device` in `dtype`. `build_dir` caches the C
     kernels; `compiler` None runs `cpu` as a machine without a C compiler gets it;
@@ -102,8 +104,10 @@ def select_backend(device: torch.device | str, dtype: torch.dtype, config: Model
     `cpu_kernels` the kernel variant (kernels.cpu_features.VARIANT_CHOICES: "auto" is the best this CPU
     runs, "avx2" or "portable" force a lower one); `int8_activations` whether `cpu` runs the products over
     GGUF blocks with int8 activations (kernels/cpu_gemm_q8.py), prefill and decode, instead of oneDNN float32
-    for prefill and the float-activation blocks kernel for decode; `decode_activations` what `cpu`'s few-rows
-    kernels over blocks multiply with (cpu_backend.DECODE_ACTIVATIONS: "int16" or "float32")."""
+    for prefill and the float-activation blocks kernel for decode; `float_prefill_max_bytes` up to which
+    size of its projections as float32 `cpu` keeps a float32 copy of them for prefill (CpuBackend);
+    `decode_activations` what `cpu`'s few-rows kernels over blocks multiply with
+    (cpu_backend.DECODE_ACTIVATIONS: "int16" or "float32")."""
     device = torch.device(device)
     check_backend_choice(choice, device, dtype)
     skipped = []
@@ -113,6 +117,7 @@ def select_backend(device: torch.device | str, dtype: torch.dtype, config: Model
             skipped.append(f"{name} not chosen ({reason})")
             continue
         if name == "cpu":
-            return _make_cpu(config, build_dir, compiler, crossover, cpu_kernels, int8_activations, decode_activations)
+            return _make_cpu(config, build_dir, compiler, crossover, cpu_kernels, int8_activations,
+                             float_prefill_max_bytes, decode_activations)
         return TorchBackend(device, dtype, tuple(skipped))
     raise AssertionError("torch runs everywhere")

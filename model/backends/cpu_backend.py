@@ -7,6 +7,9 @@ instruction sets the CPU has, and which kernel variant was built: kernels/cpu_fe
   prefill and decode alike, as int8 GEMMs with activations quantized per block of 32
   (kernels/cpu_gemm_q8.py: AVX-512 VNNI or AVX2), the blocks repacked at load; other formats, and
   every weight without it, as below;
+- weights held as GGUF blocks: decode over the blocks (C kernels); prefill over a float32 copy of the
+  projections when they fit in `float_prefill_max_bytes` as float32 (a small model), else a tiled GEMM
+  over rows dequantized on the fly (no float32 copy of a weight is ever whole);
 - oneDNN prepacked linear layers always (kernels/packed_linear.py);
 - with the C kernels built (kernels/native_build.py: a C compiler, AVX2/FMA/F16C):
   few-row products read the GGUF blocks of a converted model (or, without blocks, a kept
@@ -66,6 +69,12 @@ DECODE_ACTIVATIONS = ("int16", "float32")
 # raise top-1 agreement (docs/performance.md) and would slow its decode product; bench/int8_activation_quality.py
 # --float-activation-layers measures a choice.
 INT8_FLOAT_ACTIVATION_LAYERS: tuple[str, ...] = ()
+# A model whose projections (every layer's and the LM head, not the embedding) take at most this many
+# bytes as float32 keeps a oneDNN-packed float32 copy of them for prefill beside the blocks decode reads:
+# the tiled GEMM over dequantized blocks took 2-6x oneDNN's time on the default model's shapes (it
+# dequantizes every weight again on each prefill chunk), while the copy costs a small model little
+# (SmolLM2-135M: 513 MiB). Larger models keep blocks only, as the issue of quantized memory asks.
+FLOAT_PREFILL_MAX_BYTES = 1 << 30
 
 
 class CpuBackend(TorchBackend):
@@ -75,6 +84,7 @@ class CpuBackend(TorchBackend):
                  crossover: str = FIXED, load_block_kernels: Callable[[], BlockKernels] | None = None,
                  gemm_q8: CpuGemmQ8 | None = None, instruction_sets: str = "",
                  float_activation_layers: tuple[str, ...] = INT8_FLOAT_ACTIVATION_LAYERS,
+                 float_prefill_max_bytes: int = FLOAT_PREFILL_MAX_BYTES,
                  decode_activations: str = "float32"):
         super().__init__(torch.device("cpu"), torch.float32, fallbacks)
         if crossover not in (MEASURE, FIXED):
@@ -97,6 +107,9 @@ class CpuBackend(TorchBackend):
         self._resident: dict[str, int] = {}  # block format -> bytes held as blocks
         self._embedding_table: BlockWeight | None = None  # the embedding's blocks (a tied LM head shares them)
         self._embedding = ""  # what the embedding runs, when it is blocks
+        self.float_prefill_max_bytes = float_prefill_max_bytes
+        self._float_prefill_bytes = 0  # the float32 prefill copies made (0: prefill over blocks)
+        self._float_prefill = False  # decided per model in prepare
         self.crossover = crossover
         self._crossovers: dict[tuple, int] = {}  # (weight kind, out, in) -> measured few_rows_max
         self.policy = StepPolicy(self.policy.max_num_batched_tokens,
@@ -179,7 +192,29 @@ class CpuBackend(TorchBackend):
                                          f"{kernel} over {formats} blocks", limit)
         if limit < self.policy.max_verify_rows_per_step:
             self.policy = dataclasses.replace(self.policy, max_verify_rows_per_step=limit)
+        if self._float_prefill:
+            return self._float_copy_over_blocks(name, layer, parts, formats, kernel, limit)
         return BlockLinear(parts, layer.bias, self._few_rows_over_blocks, self.block_kernels.dequantize_rows, limit)
+
+    def prepare(self, model: nn.Module, blocks: dict[str, list]) -> None:
+        projection_bytes = sum(4 * part.rows * part.cols for name, parts in blocks.items()
+                               if name != "embed_tokens" for part in parts)
+        self._float_prefill = 0 < projection_bytes <= self.float_prefill_max_bytes
+        super().prepare(model, blocks)
+
+    def _float_copy_over_blocks(self, name: str, layer: nn.Module, parts: list[BlockWeight], formats: str,
+                                kernel: str, limit: int) -> nn.Module:
+        """oneDNN over a float32 copy for more than `limit` rows; the blocks for up to `limit` (decode)."""
+        weight = torch.cat([self.block_kernels.dequantize_rows(part, first=0, count=part.rows) for part in parts])
+        self._float_prefill_bytes += weight.numel() * weight.element_size()
+        self._linears[name] = LinearPlan(f"oneDNN prepacked over a float32 copy of {formats} blocks",
+                                         f"{kernel} over {formats} blocks", limit)
+        return CpuLinear(pack_weight(weight), layer.bias, weight.shape[0],
+                         functools.partial(self._few_rows_over_parts, parts=parts), limit)
+
+    def _few_rows_over_parts(self, x: Tensor, parts: list[BlockWeight]) -> Tensor:
+        outputs = [self._few_rows_over_blocks(x, part) for part in parts]
+        return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
 
     def _embedding_shares(self, parts: list[BlockWeight]) -> bool:
         return self._embedding_table is not None and parts[0] is self._embedding_table
@@ -208,6 +243,9 @@ class CpuBackend(TorchBackend):
         if self._resident:
             notes += ("weights resident as blocks: " + ", ".join(
                 f"{fmt} {size / 2**20:.0f} MiB" for fmt, size in sorted(self._resident.items())),)
+        if self._float_prefill_bytes:
+            notes += (f"prefill over float32 copies of the projections, {self._float_prefill_bytes / 2**20:.0f} MiB "
+                      f"(they fit in {self.float_prefill_max_bytes / 2**20:.0f} MiB as float32)",)
         if self._embedding:
             notes += (f"embedding: {self._embedding}",)
         if self._crossovers:

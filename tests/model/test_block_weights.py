@@ -83,10 +83,12 @@ def write_block_model(path, tokenizer_source, tie: bool, embedding_format: str) 
     writer.close()
 
 
-def _engine(model_dir, backend: str, gguf_blocks: bool = True, decode_activations: str = "float32") -> LLMEngine:
+def _engine(model_dir, backend: str, gguf_blocks: bool = True, float_prefill_max_bytes: int = 0,
+            decode_activations: str = "float32") -> LLMEngine:
     return LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", kv_cache_bytes=16 << 20,
                                   max_num_batched_tokens=2048, gguf_blocks=gguf_blocks, backend=backend,
                                   few_rows_crossover="fixed", speculation=SpeculationConfig("off"),
+                                  float_prefill_max_bytes=float_prefill_max_bytes,
                                   decode_activations=decode_activations))
 
 
@@ -106,6 +108,7 @@ def test_every_block_type_runs_as_blocks_and_matches_dequantized(tmp_path, tiny_
     description = on_blocks.backend.describe()
     assert "weights resident as blocks" in description and f"embedding: {embedding_format} blocks" in description
     assert not [name for name, p in on_blocks.model.named_parameters() if p.dim() == 2]  # nothing float32 2-D
+    assert "float32 copies" not in description  # prefill over tiles (a budget of 0)
     dequantized = _engine(model_dir, "cpu", gguf_blocks=False)
     assert "dequantized to float32 at load" in dequantized.backend.describe()
     reference = _engine(model_dir, "torch")
@@ -118,6 +121,11 @@ def test_every_block_type_runs_as_blocks_and_matches_dequantized(tmp_path, tiny_
     assert dequantized.generate(prompts, params) == expected
     assert on_blocks.generate(prompts, params) == expected  # batched: decode rows share the kernels
     assert [on_blocks.generate([p], params)[0] for p in prompts] == expected  # one at a time
+    # A model this small keeps a float32 copy of its projections for prefill (decode still reads the blocks).
+    with_copy = _engine(model_dir, "cpu", float_prefill_max_bytes=1 << 30)
+    assert "prefill over float32 copies of the projections" in with_copy.backend.describe()
+    assert "oneDNN prepacked over a float32 copy" in with_copy.backend.plan().linears["layers.1.mlp.down_proj"].large
+    assert with_copy.generate(prompts, params) == expected
 
     on_int16 = _engine(model_dir, "cpu", decode_activations="int16")  # every format through matmul_q16
     assert "int16 activations" in on_int16.backend.plan().linears["layers.0.mlp.gate_up_proj"].few_rows

@@ -179,3 +179,15 @@ def test_models_and_health_show_the_defaults_in_force_and_their_sources(make_cli
     api.chat.completions.create(model=MODEL, messages=HI)  # the default cap, cut to what the context has left
     num_tokens_left = engine.facts.max_num_request_tokens - len(engine.prompts[-1])
     assert _sampled(engine.params[-1]) == {**expected, "max_tokens": num_tokens_left}
+
+
+def test_a_greedy_request_takes_no_default_penalty_but_keeps_its_own():
+    from server.sampling import with_defaults
+    defaults = BUILTIN_GENERATION_DEFAULTS
+    assert defaults.presence_penalty > 0  # the built-in default this guards
+    sampled = with_defaults({}, None, defaults, num_tokens_left=4096)
+    assert sampled.presence_penalty == defaults.presence_penalty
+    greedy = with_defaults({"temperature": 0.0}, None, defaults, num_tokens_left=4096)
+    assert greedy.presence_penalty == 0 and greedy.frequency_penalty == 0 and greedy.repetition_penalty == 1
+    own = with_defaults({"temperature": 0.0, "presence_penalty": 0.5}, 8, defaults, num_tokens_left=4096)
+    assert own.presence_penalty == 0.5 and own.max_tokens == 8
