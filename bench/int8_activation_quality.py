@@ -40,7 +40,7 @@ from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from model import backends
 from model.backends.cpu_backend import INT8_FLOAT_ACTIVATION_LAYERS, CpuBackend
-from model.backends.cpu_linear import BlockLinear
+from model.backends.cpu_linear import BlockLinear, CpuLinear
 from store.model_store import pull
 
 NUM_ANSWER_TOKENS = 16
@@ -74,7 +74,7 @@ def _int16_decode_engine(model_dir, cpu_kernels: str) -> LLMEngine:
     score what decode computes."""
     engine = _engine(model_dir, False, cpu_kernels, decode_activations="int16")
     for module in engine.model.modules():
-        if isinstance(module, BlockLinear):
+        if isinstance(module, BlockLinear) or (isinstance(module, CpuLinear) and module.few_rows is not None):
             module.few_rows_max = sys.maxsize
     return engine
 
