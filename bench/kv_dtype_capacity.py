@@ -78,8 +78,9 @@ def main() -> int:
     print(f"  {'':24s} {'capacity tokens':>15s} {'cached share':>12s} {'vs first':>9s} {'TTFT p50 s':>11s}")
     for name, engine in engines.items():
         share = cached[name] / prompt_total
+        ratio = f"{share / base:8.2f}x" if base else f"{'n/a':>9s}"  # the first pool cached nothing
         print(f"  {name:24s} {engine.kv_pool.num_pages * PAGE_SIZE:15d} {share:12.3f} "
-              f"{share / base if base else float('nan'):8.2f}x {statistics.median(ttfts[name]):11.3f}")
+              f"{ratio} {statistics.median(ttfts[name]):11.3f}")
         engine.close()
     return 0
 
