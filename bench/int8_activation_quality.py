@@ -1,7 +1,11 @@
-"""Quality of the cpu backend's int8 activations against float32 ones, on the default model.
+"""Quality of the cpu backend's int8 (or int16) activations against float32 ones, on the default model.
 
     .venv/bin/python -m bench.int8_activation_quality [--num-prompts 200] [--rows 32] [--cpu-kernels auto]
         [--float-activation-layers lm_head,down_proj]
+        [--path int8|int16-decode]
+
+`--path int16-decode` scores the decode kernels' int16 activations (kernels/block_matmul.py's
+matmul_q16), run for every row of the teacher-forced prefill, against the float32 engine.
 
 Half chat prompts (a system prompt and a user turn about a passage of real text), half RAG
 prompts (bench/document_reuse_prompts.py, the three styles), built into token ids by the
@@ -36,6 +40,7 @@ from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from model import backends
 from model.backends.cpu_backend import INT8_FLOAT_ACTIVATION_LAYERS, CpuBackend
+from model.backends.cpu_linear import BlockLinear, CpuLinear
 from store.model_store import pull
 
 NUM_ANSWER_TOKENS = 16
@@ -53,12 +58,25 @@ def chat_messages(num_prompts: int, seed: int) -> list[list[dict]]:
             for _ in range(num_prompts)]
 
 
-def _engine(model_dir, int8_activations: bool, cpu_kernels: str, float_layers: tuple[str, ...] = ()) -> LLMEngine:
+def _engine(model_dir, int8_activations: bool, cpu_kernels: str, float_layers: tuple[str, ...] = (),
+            decode_activations: str = "float32") -> LLMEngine:
     if float_layers:  # the backend's constructor argument, for this measurement only
         backends.CpuBackend = functools.partial(CpuBackend, float_activation_layers=float_layers)
     return LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", kv_cache_bytes=KV_CACHE_BYTES,
-                                  enable_prefix_cache=not int8_activations, int8_activations=int8_activations,
-                                  cpu_kernels=cpu_kernels))
+                                  enable_prefix_cache=not int8_activations and decode_activations == "float32",
+                                  int8_activations=int8_activations,
+                                  cpu_kernels=cpu_kernels, decode_activations=decode_activations))
+
+
+def _int16_decode_engine(model_dir, cpu_kernels: str) -> LLMEngine:
+    """An engine whose every product over blocks runs the int16-activation decode kernel
+    (kernels/block_matmul.py's matmul_q16), prefill rows included: teacher-forced positions then
+    score what decode computes."""
+    engine = _engine(model_dir, False, cpu_kernels, decode_activations="int16")
+    for module in engine.model.modules():
+        if isinstance(module, BlockLinear) or (isinstance(module, CpuLinear) and module.few_rows is not None):
+            module.few_rows_max = sys.maxsize
+    return engine
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -68,6 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=32, help="teacher-forced positions compared per prompt")
     parser.add_argument("--cpu-kernels", default="auto")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--path", choices=("int8", "int16-decode"), default="int8",
+                        help="int8: the int8 GEMM (prefill and decode); int16-decode: the few-rows kernels with "
+                             "int16 activations, forced for every row")
     parser.add_argument("--float-activation-layers", default=",".join(INT8_FLOAT_ACTIVATION_LAYERS),
                         help="projections (last name part, comma-separated) the int8 engine keeps on float activations")
     args = parser.parse_args(argv)
@@ -81,8 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     prompts = [builder.build(messages) for messages in chat_messages(num_chat, args.seed)]
     prompts += [builder.build(list(p.messages), documents=[dict(d) for d in p.documents] or None) for p in rag]
     float_layers = tuple(filter(None, args.float_activation_layers.split(",")))
-    reference, quantized = _engine(model_dir, False, args.cpu_kernels), _engine(model_dir, True, args.cpu_kernels,
-                                                                                float_layers)
+    reference = _engine(model_dir, False, args.cpu_kernels)
+    quantized = (_engine(model_dir, True, args.cpu_kernels, float_layers) if args.path == "int8"
+                 else _int16_decode_engine(model_dir, args.cpu_kernels))
     print(f"float32: {reference.backend.describe()}\nint8: {quantized.backend.describe()}", file=sys.stderr)
     greedy = SamplingParams(max_tokens=NUM_ANSWER_TOKENS, temperature=0.0)
     kls, agreements, first_same = [], [], []
@@ -102,9 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     lengths = [len(p) for p in prompts]
     print(f"{len(prompts)} prompts ({num_chat} chat, {len(prompts) - num_chat} RAG; {min(lengths)}-{max(lengths)} "
           f"tokens, mean {sum(lengths) / len(lengths):.0f}), {kl.numel()} teacher-forced positions, "
-          f"kernels {quantized.backend.gemm_q8.variant if quantized.backend.gemm_q8 else 'none'}:")
-    print(f"  top-1 agreement int8 vs float32: {agree.mean():.4f}")
-    print(f"  mean KL(float32 || int8) per token: {kl.mean():.2e} nats (p99 {kl.quantile(0.99):.2e}, "
+          f"path {args.path}, kernels {quantized.backend.instruction_sets}:")
+    print(f"  top-1 agreement {args.path} vs float32: {agree.mean():.4f}")
+    print(f"  mean KL(float32 || {args.path}) per token: {kl.mean():.2e} nats (p99 {kl.quantile(0.99):.2e}, "
           f"max {kl.max():.2e})")
     print(f"  first answer token agreement: {sum(first_same) / len(first_same):.4f}")
     print(f"  ({time.perf_counter() - started:.0f} s)")

@@ -1,7 +1,7 @@
 """Memory and batch-1 decode speed of radixserve against llama-server on the same quantized GGUF,
 side by side in one run (bench/random_gguf.py's random models in real models' shapes).
 
-    python -m bench.quant_memory_bench --shape llama-3.2-1b --types Q4_K_M,Q8_0
+    python -m bench.quant_memory_bench --shape llama-3.2-1b --types Q4_K_M,Q8_0 [--decode-activations float32,int16]
 
 For each type: the file is made (once), converted for radixserve by `radixserve pull` in its own
 process (conversion is not serving), then each server is started alone on it, one greedy
@@ -100,7 +100,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--log-dir", type=Path, default=Path("/tmp"))
+    parser.add_argument("--decode-activations", default="float32",
+                        help="radixserve's decode activations (serve --decode-activations), comma-separated: one "
+                             "radixserve row each, e.g. float32,int16")
     args = parser.parse_args(argv)
+    variants = [v.strip() for v in args.decode_activations.split(",") if v.strip()]
     llama_server = find_or_build_llama_server()
     kv = kv_bytes(args.shape, args.context)
     rows = []
@@ -114,19 +118,23 @@ def main(argv: list[str] | None = None) -> None:
                       "--speculative", "off"]  # plain decode, as llama-server's
         peer = [str(llama_server), "-m", str(path), "--host", "127.0.0.1", "--port", str(port), "--parallel", "1",
                 "--ctx-size", str(args.context), "--threads", str(args.threads), "--no-webui"]
-        for name, command in (("llama-server", peer), ("radixserve", radixserve)):
-            row = measure(name, command, port, args.log_dir / f"quant_bench_{name}_{type_name}.log", args.max_tokens)
+        servers = [("llama-server", peer)] + [(f"radixserve {variant}", radixserve + ["--decode-activations", variant])
+                                              for variant in variants]
+        for name, command in servers:
+            log = args.log_dir / f"quant_bench_{name.replace(' ', '_')}_{type_name}.log"
+            row = measure(name, command, port, log, args.max_tokens)
             rows.append({"type": type_name, "file_gib": path.stat().st_size / 2**30, **row})
             print(json.dumps(rows[-1]), flush=True)
     print(f"\n{args.shape}, KV {kv / 2**20:.0f} MiB each ({args.context} tokens of f16 in llama-server)")
-    print("| type | file GiB | llama-server peak RSS GiB | radixserve peak RSS GiB | ratio (<= 1.3) "
-          "| llama-server decode tok/s | radixserve decode tok/s | ratio (>= 1) |")
-    print("|---|---|---|---|---|---|---|---|")
-    for peer_row, ours in zip(rows[0::2], rows[1::2]):
-        print(f"| {ours['type']} | {ours['file_gib']:.2f} | {peer_row['peak_rss_gib']:.2f} | {ours['peak_rss_gib']:.2f} "
-              f"| {ours['peak_rss_gib'] / peer_row['peak_rss_gib']:.2f} | {peer_row['decode_tokens_per_s']:.1f} "
-              f"| {ours['decode_tokens_per_s']:.1f} | {ours['decode_tokens_per_s'] / peer_row['decode_tokens_per_s']:.2f} |")
-
+    print("| type | file GiB | server | peak RSS GiB | RSS ratio (<= 1.3) | decode tok/s | decode ratio (>= 1) |")
+    print("|---|---|---|---|---|---|---|")
+    peer_row = None
+    for row in rows:
+        if row["server"] == "llama-server":
+            peer_row = row
+        print(f"| {row['type']} | {row['file_gib']:.2f} | {row['server']} | {row['peak_rss_gib']:.2f} "
+              f"| {row['peak_rss_gib'] / peer_row['peak_rss_gib']:.2f} | {row['decode_tokens_per_s']:.1f} "
+              f"| {row['decode_tokens_per_s'] / peer_row['decode_tokens_per_s']:.2f} |")
 
 if __name__ == "__main__":
     main()

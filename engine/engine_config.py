@@ -110,6 +110,11 @@ class EngineConfig:
     # else float32 activations (oneDNN, the float blocks kernel). Off by default until its quality against
     # float32 is measured (bench/int8_activation_quality.py; docs/performance.md)
     int8_activations: bool = False
+    # cpu: what the few-rows (decode) kernels over GGUF blocks multiply with: "int16" (activations quantized
+    # per group of 32, integer dot products; ~1.6x faster decode; opt-in until its top-1 agreement with
+    # float32 is measured >= 0.99, docs/performance.md) or "float32" (each weight decoded to its float32
+    # value; exact up to summation order)
+    decode_activations: str = "float32"
     # cpu: a model whose projections fit in this many bytes as float32 keeps a float32 copy of them for
     # prefill beside its blocks (model/backends/cpu_backend.py); 0: prefill over the blocks always
     float_prefill_max_bytes: int = FLOAT_PREFILL_MAX_BYTES

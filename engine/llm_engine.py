@@ -61,6 +61,7 @@ class LLMEngine:
         self.backend = select_backend(self.device, self.dtype, ModelConfig.from_model_dir(model_dir), config.backend,
                                       build_dir=radixserve_home() / "kernels", crossover=config.few_rows_crossover,
                                       cpu_kernels=config.cpu_kernels, int8_activations=config.int8_activations,
+                                      decode_activations=config.decode_activations,
                                       float_prefill_max_bytes=config.float_prefill_max_bytes)
         self.model = load_model(model_dir, self.device, self.dtype, self.backend, gguf_blocks=config.gguf_blocks,
                                 max_model_len=config.max_model_len)

@@ -4,11 +4,17 @@ the formats are kernels/block_formats.py's table).
 - `matmul(x, weight)`: x (m, in) @ W^T for a few rows (decode), reading the blocks: each weight
   decoded to exactly its dequantized float32 value, so results equal a float32 product over
   `dequantize_reference(weight)` up to summation order; a row's bits do not depend on m.
+- `matmul_q16(x, weight)`: the same product with x quantized to int16 per group of 32 values
+  (kernels/csrc/block_matmul_q16.c): integer dot products against the blocks' integer weights,
+  about 3x fewer instructions a weight than `matmul`. The weights are exact; x's rounding costs at
+  most max|x over its group| / 65534 a value (Q16_TOLERANCE). Every build gives the same bits,
+  and a row's bits do not depend on m. F16/BF16/F32 weights run `matmul`.
 - `dequantize_rows(weight, ...)`: float32 rows of the weight (the embedding's looked-up rows; the
   tiles a prefill GEMM reads: kernels/block_linear.py).
 
-Two builds: "avx2" (AVX2 + FMA + F16C) and "portable" (plain C); `load` takes the AVX2 one where
-the CPU has it, `load(..., portable=True)` the other (tests run both).
+Builds (kernels/native_build.py): "avx512_vnni" (`vpdpwssd` in matmul_q16), "avx2" (AVX2 + FMA + F16C)
+and "portable" (plain C); `load_best` takes the best the CPU runs at or below the variant asked for,
+`load(..., portable=True)` the plain-C one (tests run every build this machine has).
 """
 
 import ctypes
@@ -18,30 +24,49 @@ import torch
 from torch import Tensor
 
 from kernels.block_formats import BlockWeight
-from kernels.native_build import FIND_COMPILER, NativeUnavailable, load_library
+from kernels.cpu_features import PORTABLE
+from kernels.native_build import FIND_COMPILER, NativeUnavailable, library_variant, load_library
+
+# |matmul_q16 - exact product| <= Q16_TOLERANCE * sum_j |w_j| * max|x over j's group of 32|:
+# each x value is off by at most half a step of max|x| / 32767 (plus float32 sums' rounding).
+Q16_TOLERANCE = 1.0 / 65534 + 1e-6
 
 
 class BlockKernels:
     def __init__(self, library: ctypes.CDLL, instruction_set: str):
-        self.instruction_set = instruction_set  # "avx2" or "portable"
-        self._matmul = library.blocks_matmul
-        self._matmul.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 3 \
+        self.instruction_set = instruction_set  # "avx512_vnni", "avx2" or "portable"
+        product_args = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 3 \
             + [ctypes.c_int64] * 3 + [ctypes.c_int]
+        self._matmul = library.blocks_matmul
+        self._matmul.argtypes = product_args
         self._matmul.restype = ctypes.c_int
+        self._matmul_q16 = library.blocks_matmul_q16
+        self._matmul_q16.argtypes = product_args
+        self._matmul_q16.restype = ctypes.c_int
         self._dequantize = library.blocks_dequantize_rows
         self._dequantize.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                      ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
         self._dequantize.restype = ctypes.c_int
 
     def matmul(self, x: Tensor, weight: BlockWeight) -> Tensor:
-        """x (m, in) float32 @ weight^T -> (m, out)."""
+        """x (m, in) float32 @ weight^T -> (m, out), float32 activations."""
+        return self._product(self._matmul, x, weight)
+
+    def matmul_q16(self, x: Tensor, weight: BlockWeight) -> Tensor:
+        """x (m, in) float32 @ weight^T -> (m, out), x quantized to int16 per group of 32."""
+        return self._product(self._matmul_q16, x, weight)
+
+    @staticmethod
+    def _product(kernel, x: Tensor, weight: BlockWeight) -> Tensor:
         x = x.contiguous()
         if x.dim() != 2 or x.shape[1] != weight.cols or x.dtype != torch.float32:
             raise ValueError(f"blocks matmul wants x (m, {weight.cols}) float32, got {tuple(x.shape)} {x.dtype}")
         spec = weight.spec
         out = torch.empty((x.shape[0], weight.rows), dtype=torch.float32)
-        status = self._matmul(spec.code, spec.block_size, spec.bytes, weight.blocks.data_ptr(), x.data_ptr(),
-                              out.data_ptr(), x.shape[0], weight.rows, weight.cols, torch.get_num_threads())
+        status = kernel(spec.code, spec.block_size, spec.bytes, weight.blocks.data_ptr(), x.data_ptr(),
+                        out.data_ptr(), x.shape[0], weight.rows, weight.cols, torch.get_num_threads())
+        if status == -2:
+            raise MemoryError("blocks matmul: no memory for the quantized activations")
         if status:
             raise ValueError(f"blocks matmul: format {weight.format} unknown to the C kernels")
         return out
@@ -72,18 +97,19 @@ class BlockKernels:
         return out
 
 
-def load(build_dir: Path, compiler: str | None = FIND_COMPILER, portable: bool = False) -> BlockKernels:
-    """The AVX2 build (or, with `portable`, the plain-C one), built once and cached; raises
-    native_build.NativeUnavailable where it cannot run."""
-    if portable:
+def load(build_dir: Path, compiler: str | None = FIND_COMPILER, portable: bool = False,
+         variant: str = "avx2") -> BlockKernels:
+    """The build for `variant` (kernels.cpu_features: "avx512_vnni" or "avx2"; or, with `portable`,
+    the plain-C one), built once and cached; raises native_build.NativeUnavailable where it cannot run."""
+    if portable or variant == PORTABLE:
         return BlockKernels(load_library("blocks_portable", build_dir, compiler), "portable")
-    return BlockKernels(load_library("blocks", build_dir, compiler), "avx2")
+    return BlockKernels(load_library("blocks", build_dir, compiler, variant), library_variant("blocks", variant))
 
 
-def load_best(build_dir: Path, compiler: str | None = FIND_COMPILER) -> BlockKernels:
-    """The AVX2 build where this CPU has AVX2/FMA/F16C, else the portable one (`instruction_set`
+def load_best(build_dir: Path, compiler: str | None = FIND_COMPILER, variant: str = "avx2") -> BlockKernels:
+    """The build for `variant` where this CPU runs it, else the portable one (`instruction_set`
     says which; the cpu backend's describe() names it)."""
     try:
-        return load(build_dir, compiler)
+        return load(build_dir, compiler, variant=variant)
     except NativeUnavailable:
         return load(build_dir, compiler, portable=True)

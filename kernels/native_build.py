@@ -6,7 +6,7 @@ names (plus the shared headers in csrc): no torch headers, so a build takes
 about a second with the system C compiler. A library is built per kernel
 variant (kernels/cpu_features.py: "avx512_vnni", "avx2") with that variant's -m
 flags; LIBRARY_VARIANTS says which variants it has (most are AVX2 code, the int8
-GEMM has an AVX-512 VNNI one too), and `load_library` builds the best of them at
+GEMM and the block kernels have an AVX-512 VNNI one too), and `load_library` builds the best of them at
 or below the variant asked for. The library is cached under `build_dir` by the hash of its sources, headers and
 flags and loaded with ctypes. `load_library` raises NativeUnavailable, with the
 reason in one line, where it cannot run (not x86-64, no AVX2/FMA/F16C, no
@@ -37,14 +37,14 @@ PORTABLE_COMPILE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")
 LIBRARIES = {
     "matvec": ("matvec.c",),
     "decode_ops": ("row_ops.c", "decode_attention.c"),
-    "blocks": ("block_matmul.c",),
+    "blocks": ("block_matmul.c", "block_matmul_q16.c"),
     "gemm_q8": ("gemm_q8.c",),
 }
 # library name -> the variants it is written for, best first (default: avx2 only)
-LIBRARY_VARIANTS = {"gemm_q8": ("avx512_vnni", "avx2")}
+LIBRARY_VARIANTS = {"gemm_q8": ("avx512_vnni", "avx2"), "blocks": ("avx512_vnni", "avx2")}
 # library name -> its C sources, built with PORTABLE_COMPILE_FLAGS: runs on any CPU with a compiler
 PORTABLE_LIBRARIES = {
-    "blocks_portable": ("block_matmul.c",),
+    "blocks_portable": ("block_matmul.c", "block_matmul_q16.c"),
 }
 
 logger = logging.getLogger("radixserve.kernels")

@@ -105,6 +105,10 @@ def rerotate_k(k: Tensor, delta: int, inv_freq: Tensor) -> Tensor:
     return _rotate(k, cos, sin)
 
 
+# Rows of a CPU model's cos/sin tables before the first position past them (RotaryEmbedding).
+LAZY_TABLE_POSITIONS = 4096
+
+
 class RotaryEmbedding:
     """Precomputed cos/sin tables for positions [0, max_positions); applies RoPE to q and k.
 
@@ -133,12 +137,21 @@ class RotaryEmbedding:
         self.max_positions = max_positions
         inv_freq = rope_inv_freq(self.rotary_dim, theta, scaling, long_context).to(device)  # (R/2,)
         self.inv_freq = inv_freq  # float32 (R/2,): what re-rotating stored K by a position delta needs
-        positions = torch.arange(max_positions, device=device, dtype=torch.int64).float()
-        freqs = positions[:, None] * inv_freq[None, :]  # (P, R/2)
+        self._attention_factor = rope_attention_factor(scaling)
+        self._dtype = dtype
+        # On the CPU the tables start at LAZY_TABLE_POSITIONS rows and double when a later position
+        # needs it (131072 positions of a 64-dim head are 64 MiB of cos and sin a model mostly never
+        # reads); elsewhere they are whole from the start (checking positions would sync the device).
+        lazy = torch.device(device).type == "cpu"
+        self._build(min(max_positions, LAZY_TABLE_POSITIONS) if lazy else max_positions)
+
+    def _build(self, num_positions: int) -> None:
+        """cos and sin of positions [0, num_positions): row p the same values at every table size."""
+        positions = torch.arange(num_positions, device=self.inv_freq.device, dtype=torch.int64).float()
+        freqs = positions[:, None] * self.inv_freq[None, :]  # (P, R/2)
         emb = torch.cat((freqs, freqs), dim=-1)  # (P, R)
-        attention_factor = rope_attention_factor(scaling)
-        self.cos = (emb.cos() * attention_factor).to(dtype)  # (P, R)
-        self.sin = (emb.sin() * attention_factor).to(dtype)  # (P, R)
+        self.cos = (emb.cos() * self._attention_factor).to(self._dtype)  # (P, R)
+        self.sin = (emb.sin() * self._attention_factor).to(self._dtype)  # (P, R)
 
     def __call__(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """q (N, H, D), k (N, KVH, D), positions (N,) int64 -> rotated (q, k), same dtypes."""
@@ -148,6 +161,13 @@ class RotaryEmbedding:
     def cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """(N, 1, D) cos and sin rows for `positions`: gathered once per forward
         pass and shared by every layer."""
+        if self.cos.shape[0] < self.max_positions and positions.numel():
+            needed = int(positions.max()) + 1
+            if needed > self.cos.shape[0]:
+                size = self.cos.shape[0]
+                while size < needed:
+                    size *= 2
+                self._build(min(size, self.max_positions))
         return self.cos[positions].to(dtype)[:, None, :], self.sin[positions].to(dtype)[:, None, :]
 
     @staticmethod

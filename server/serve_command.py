@@ -55,6 +55,8 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
         device = resolve_device(args.device)
         check_backend_choice(args.backend, device, resolve_dtype(args.dtype, device))
         resolve_variant(args.cpu_kernels, this_cpu())  # a variant this CPU lacks is refused here, in one line
+        if args.decode_activations is not None:
+            engine_fields["decode_activations"] = args.decode_activations
         engine = EngineConfig(model_dir=model_dir, device=args.device, dtype=args.dtype, schedule=args.schedule,
                               eviction_policy=args.eviction_policy,
                               speculation=config_from_args(SpeculationConfig, args),

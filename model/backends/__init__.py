@@ -40,7 +40,7 @@ def _cpu_unfit(device: torch.device, dtype: torch.dtype) -> str | None:
 
 
 def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crossover: str, variant_choice: str,
-              int8_activations: bool, float_prefill_max_bytes: int) -> Backend:
+              int8_activations: bool, float_prefill_max_bytes: int, decode_activations: str) -> Backend:
     features = this_cpu()
     variant, skipped = resolve_variant(variant_choice, features)
     fallbacks = list(skipped)
@@ -70,8 +70,9 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
                        if kernels is not None)
     instruction_sets = f"{features.describe()}; kernels: {variant}" + (f" ({builds})" if builds else "")
     return CpuBackend(matvec, ops, tuple(fallbacks), crossover,
-                      functools.partial(block_matmul.load_best, build_dir, compiler), gemm_q8=gemm_q8,
-                      instruction_sets=instruction_sets, float_prefill_max_bytes=float_prefill_max_bytes)
+                      functools.partial(block_matmul.load_best, build_dir, compiler, variant), gemm_q8=gemm_q8,
+                      instruction_sets=instruction_sets, float_prefill_max_bytes=float_prefill_max_bytes,
+                      decode_activations=decode_activations)
 
 
 # name -> what it needs to run here (None: runs)
@@ -95,7 +96,8 @@ def check_backend_choice(choice: str, device: torch.device | str, dtype: torch.d
 def select_backend(device: torch.device | str, dtype: torch.dtype, config: ModelConfig, choice: str = "auto", *,
                    build_dir: Path, compiler: str | None = FIND_COMPILER, crossover: str = FIXED,
                    cpu_kernels: str = "auto", int8_activations: bool = False,
-                   float_prefill_max_bytes: int = FLOAT_PREFILL_MAX_BYTES) -> Backend:
+                   float_prefill_max_bytes: int = FLOAT_PREFILL_MAX_BYTES,
+                   decode_activations: str = "float32") -> Backend:
     """The backend for a model of `config` on `device` in `dtype`. `build_dir` caches the C
     kernels; `compiler` None runs `cpu` as a machine without a C compiler gets it;
     `crossover` "fixed" (default: the measured table) or "measure" sets how `cpu` picks its few-rows limits;
@@ -103,7 +105,9 @@ def select_backend(device: torch.device | str, dtype: torch.dtype, config: Model
     runs, "avx2" or "portable" force a lower one); `int8_activations` whether `cpu` runs the products over
     GGUF blocks with int8 activations (kernels/cpu_gemm_q8.py), prefill and decode, instead of oneDNN float32
     for prefill and the float-activation blocks kernel for decode; `float_prefill_max_bytes` up to which
-    size of its projections as float32 `cpu` keeps a float32 copy of them for prefill (CpuBackend)."""
+    size of its projections as float32 `cpu` keeps a float32 copy of them for prefill (CpuBackend);
+    `decode_activations` what `cpu`'s few-rows kernels over blocks multiply with
+    (cpu_backend.DECODE_ACTIVATIONS: "int16" or "float32")."""
     device = torch.device(device)
     check_backend_choice(choice, device, dtype)
     skipped = []
@@ -114,6 +118,6 @@ def select_backend(device: torch.device | str, dtype: torch.dtype, config: Model
             continue
         if name == "cpu":
             return _make_cpu(config, build_dir, compiler, crossover, cpu_kernels, int8_activations,
-                             float_prefill_max_bytes)
+                             float_prefill_max_bytes, decode_activations)
         return TorchBackend(device, dtype, tuple(skipped))
     raise AssertionError("torch runs everywhere")

@@ -59,6 +59,11 @@ CPU_VERIFY_ROW_COSTS = (1.0, 1.22, 1.47, 1.71, 1.92, 2.14, 2.35, 2.58)
 # Up to this many rows the block kernels (kernels/block_matmul.py) run a projection; past it, the
 # tiled GEMM over dequantized rows. The kernels decode each block once for up to 8 rows.
 BLOCK_KERNEL_MAX_ROWS = 8
+# What the few-rows block kernels multiply the blocks with (kernels/block_matmul.py): "int16", x
+# quantized per group of 32 (integer dot products, opt-in until its quality against float32 is measured:
+# docs/performance.md), or "float32" (the default), each weight decoded to its float32 value (exact up
+# to summation order).
+DECODE_ACTIVATIONS = ("int16", "float32")
 # With int8 activations, the projections (last part of the name: "lm_head", "down_proj") that keep float
 # activations all the same. None by default: keeping the LM head on float activations was not shown to
 # raise top-1 agreement (docs/performance.md) and would slow its decode product; bench/int8_activation_quality.py
@@ -79,10 +84,15 @@ class CpuBackend(TorchBackend):
                  crossover: str = FIXED, load_block_kernels: Callable[[], BlockKernels] | None = None,
                  gemm_q8: CpuGemmQ8 | None = None, instruction_sets: str = "",
                  float_activation_layers: tuple[str, ...] = INT8_FLOAT_ACTIVATION_LAYERS,
-                 float_prefill_max_bytes: int = FLOAT_PREFILL_MAX_BYTES):
+                 float_prefill_max_bytes: int = FLOAT_PREFILL_MAX_BYTES,
+                 decode_activations: str = "float32"):
         super().__init__(torch.device("cpu"), torch.float32, fallbacks)
         if crossover not in (MEASURE, FIXED):
             raise ValueError(f"crossover must be {MEASURE!r} or {FIXED!r}, got {crossover!r}")
+        if decode_activations not in DECODE_ACTIVATIONS:
+            raise ValueError(f"decode activations must be one of {', '.join(DECODE_ACTIVATIONS)}, "
+                             f"got {decode_activations!r}")
+        self.decode_activations = decode_activations
         self.matvec = matvec
         self.ops = ops
         # Weights kept as blocks need the block kernels (any CPU with a C compiler: the portable
@@ -127,9 +137,9 @@ class CpuBackend(TorchBackend):
             load, self._load_block_kernels = self._load_block_kernels, None
             try:
                 self._block_kernels = load()
-                if self._block_kernels.instruction_set != "avx2":
-                    self.fallbacks += (f"block kernels: the {self._block_kernels.instruction_set} build "
-                                       "(no AVX2/FMA/F16C here)",)
+                if self._block_kernels.instruction_set == "portable":
+                    self.fallbacks += ("block kernels: the portable build (no AVX2/FMA/F16C here, or "
+                                       "portable kernels asked for)",)
             except NativeUnavailable as error:
                 self.fallbacks += (f"block kernels off ({error}): GGUF blocks dequantized to float32 at load",)
         return self._block_kernels
@@ -150,6 +160,8 @@ class CpuBackend(TorchBackend):
             self._resident[part.format] = self._resident.get(part.format, 0) + part.blocks.numel()
 
     def _few_rows_over_blocks(self, x: Tensor, part: BlockWeight) -> Tensor:
+        if self.decode_activations == "int16":
+            return self.block_kernels.matmul_q16(x, part)  # every format (float ones run float32)
         if self.matvec is not None and part.format in MATVEC_FORMATS:
             return self.matvec.matmul_blocks(x, part)  # the tuned Q4_1 / Q8_0 kernel (kernels/csrc/matvec.c)
         return self.block_kernels.matmul(x, part)
@@ -171,7 +183,10 @@ class CpuBackend(TorchBackend):
             self._linears[name] = LinearPlan(f"int8 GEMM over {formats} blocks ({self.gemm_q8.variant})")
             return BlockLinear(packed, layer.bias, self.gemm_q8, self.block_kernels.dequantize_rows, sys.maxsize)
         tuned = self.matvec is not None and all(p.format in MATVEC_FORMATS for p in parts)
-        kernel = "C matvec" if tuned else f"C block matmul ({self.block_kernels.instruction_set})"
+        if self.decode_activations == "int16":
+            kernel = f"C block matmul, int16 activations ({self.block_kernels.instruction_set})"
+        else:
+            kernel = "C matvec" if tuned else f"C block matmul ({self.block_kernels.instruction_set})"
         limit = min(BLOCKS_MAX_ROWS.get(p.format, BLOCK_KERNEL_MAX_ROWS) for p in parts)
         self._linears[name] = LinearPlan(f"torch GEMM over dequantized tiles of {formats} blocks",
                                          f"{kernel} over {formats} blocks", limit)

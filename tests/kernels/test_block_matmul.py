@@ -1,5 +1,5 @@
 """The block-format kernels (kernels/block_matmul.py) against gguf's own `dequantize` and a float64
-product, for every format of the table, in the AVX2 build and the portable one."""
+product, for every format of the table, in every build this machine runs (AVX-512 VNNI, AVX2, portable)."""
 
 import numpy as np
 import pytest
@@ -18,10 +18,17 @@ FP16_SCALE_OFFSETS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2)
                       "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 
 
-@pytest.fixture(scope="module", params=["avx2", "portable"])
+BUILDS = ["avx512_vnni", "avx2", "portable"]
+
+
+def _load(build: str):
+    return block_matmul.load(radixserve_home() / "kernels", variant=build)
+
+
+@pytest.fixture(scope="module", params=BUILDS)
 def kernels(request):
     try:
-        return block_matmul.load(radixserve_home() / "kernels", portable=request.param == "portable")
+        return _load(request.param)
     except NativeUnavailable as error:
         pytest.skip(str(error))
 
@@ -70,6 +77,37 @@ def test_products_equal_a_float64_product_of_the_dequantized_weights(kernels, fo
         assert torch.equal(kernels.matmul(x[:m], weight), got[:m])
 
 
+@pytest.mark.parametrize("format_name", sorted(FORMATS))
+def test_int16_activation_products_are_within_their_bound(kernels, format_name):
+    """matmul_q16: the weights exact, each x value off by at most max|x over its group of 32| / 65534."""
+    rows, cols = 37, 768
+    weight = BlockWeight.from_gguf(format_name, random_gguf_rows(format_name, rows, cols, seed=2), cols)
+    dense = dequantize_reference(weight).double()
+    x = torch.randn(11, cols, generator=torch.Generator().manual_seed(3))
+    x[2, 40] = 30.0  # an outlier: its group's other values get coarser steps
+    got = kernels.matmul_q16(x, weight)
+    group_max = x.abs().reshape(11, -1, 32).amax(-1, keepdim=True).expand(-1, -1, 32).reshape(11, cols).double()
+    bound = block_matmul.Q16_TOLERANCE * (group_max @ dense.abs().T)
+    assert ((got.double() - x.double() @ dense.T).abs() <= bound).all()
+    for m in (1, 3, 8):  # a row's bits do not depend on how many rows share the call
+        assert torch.equal(kernels.matmul_q16(x[:m], weight), got[:m])
+
+
+@pytest.mark.parametrize("format_name", [name for name in sorted(FORMATS) if FORMATS[name].is_quantized])
+def test_int16_activation_products_are_the_same_bits_in_every_build(format_name):
+    builds = []
+    for build in BUILDS:
+        try:
+            builds.append(_load(build))
+        except NativeUnavailable:
+            pass
+    weight = BlockWeight.from_gguf(format_name, random_gguf_rows(format_name, 19, 512, seed=7), 512)
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(8))
+    first = builds[0].matmul_q16(x, weight)
+    for other in builds[1:]:
+        assert torch.equal(other.matmul_q16(x, weight), first), other.instruction_set
+
+
 def test_quantized_by_gguf_then_multiplied(kernels):
     """Weights made by gguf's quantize (the simple formats it can make), end to end."""
     rng = np.random.default_rng(4)
@@ -80,6 +118,7 @@ def test_quantized_by_gguf_then_multiplied(kernels):
         weight = BlockWeight.from_gguf(format_name, gguf_rows, 256)
         dense = torch.from_numpy(dequantize(gguf_rows, GGMLQuantizationType[format_name]).reshape(16, 256))
         assert torch.allclose(kernels.matmul(x, weight), x @ dense.T, atol=1e-4), format_name
+        assert torch.allclose(kernels.matmul_q16(x, weight), x @ dense.T, atol=1e-2), format_name  # |x @ w| ~ 16
 
 
 def test_widened_formats_round_trip_to_gguf():
@@ -92,6 +131,8 @@ def test_bad_inputs_are_refused(kernels):
     weight = BlockWeight.from_gguf("Q4_K", random_gguf_rows("Q4_K", 4, 256, seed=6), 256)
     with pytest.raises(ValueError):
         kernels.matmul(torch.zeros(1, 255), weight)
+    with pytest.raises(ValueError):
+        kernels.matmul_q16(torch.zeros(1, 255), weight)
     with pytest.raises(IndexError):
         kernels.dequantize_rows(weight, row_ids=torch.tensor([4]))
     with pytest.raises(ValueError):

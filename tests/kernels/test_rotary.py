@@ -3,7 +3,7 @@ import torch
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from kernels.rotary import RotaryEmbedding, rope_inv_freq
+from kernels.rotary import LAZY_TABLE_POSITIONS, RotaryEmbedding, rope_inv_freq
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 6, 2, 32
 MAX_POSITIONS = 4096
@@ -143,3 +143,16 @@ def test_longrope_and_partial_rotary_match_hf():
         our_q, our_k = ours(q, k, positions)
         torch.testing.assert_close(our_q, hf_q[0].transpose(0, 1), atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(our_k, hf_k[0].transpose(0, 1), atol=1e-6, rtol=1e-5)
+
+
+def test_cpu_tables_grow_on_demand_to_the_same_values():
+    """A CPU model's tables start small and double when a later position needs them; every row is the
+    value the whole table gives it."""
+    lazy = RotaryEmbedding(64, 131072, 500000.0, None, "cpu")
+    assert lazy.cos.shape[0] == LAZY_TABLE_POSITIONS
+    whole = RotaryEmbedding(64, 131072, 500000.0, None, "cpu")
+    whole._build(131072)
+    positions = torch.tensor([0, 4095, 4096, 70000, 131071])
+    cos, sin = lazy.cos_sin(positions, torch.float32)
+    assert lazy.cos.shape[0] == 131072
+    assert torch.equal(cos[:, 0], whole.cos[positions]) and torch.equal(sin[:, 0], whole.sin[positions])

@@ -83,11 +83,13 @@ def write_block_model(path, tokenizer_source, tie: bool, embedding_format: str) 
     writer.close()
 
 
-def _engine(model_dir, backend: str, gguf_blocks: bool = True, float_prefill_max_bytes: int = 0) -> LLMEngine:
+def _engine(model_dir, backend: str, gguf_blocks: bool = True, float_prefill_max_bytes: int = 0,
+            decode_activations: str = "float32") -> LLMEngine:
     return LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", kv_cache_bytes=16 << 20,
                                   max_num_batched_tokens=2048, gguf_blocks=gguf_blocks, backend=backend,
                                   few_rows_crossover="fixed", speculation=SpeculationConfig("off"),
-                                  float_prefill_max_bytes=float_prefill_max_bytes))
+                                  float_prefill_max_bytes=float_prefill_max_bytes,
+                                  decode_activations=decode_activations))
 
 
 @pytest.mark.parametrize("tie, embedding_format", [(True, "Q6_K"), (False, "F16")])
@@ -124,6 +126,11 @@ def test_every_block_type_runs_as_blocks_and_matches_dequantized(tmp_path, tiny_
     assert "prefill over float32 copies of the projections" in with_copy.backend.describe()
     assert "oneDNN prepacked over a float32 copy" in with_copy.backend.plan().linears["layers.1.mlp.down_proj"].large
     assert with_copy.generate(prompts, params) == expected
+
+    on_int16 = _engine(model_dir, "cpu", decode_activations="int16")  # every format through matmul_q16
+    assert "int16 activations" in on_int16.backend.plan().linears["layers.0.mlp.gate_up_proj"].few_rows
+    batched = on_int16.generate(prompts, params)
+    assert [on_int16.generate([p], params)[0] for p in prompts] == batched  # a path agrees with itself
 
 
 def test_blocks_file_is_read_without_the_float32_file_growing(tmp_path, tiny_gguf):

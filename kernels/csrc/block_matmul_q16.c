@@ -1,0 +1,259 @@
+/* Decode products over weights held in block formats, with the activations quantized to int16
+   (built into the same libraries as block_matmul.c: AVX-512 VNNI, AVX2, portable).
+
+   y (m, rows) = x (m, cols) @ W^T for a few rows. Each row of x is quantized once per call, per
+   group of 32 values: scale s = max|x| / 32767, xq = round(x / s) (int16), and the float sum of
+   each 16 values (for the formats with a min). A weight group decodes to integers and scales
+   (block_decode_q16.h: w_j = dl * q_j - ml[j / 16]); its product with a row is
+
+     dl * s * sum_j q_j xq_j  -  ml[0] * sum_{j<16} x_j  -  ml[1] * sum_{j>=16} x_j
+
+   with sum_j q_j xq_j exact in int32 (vpmaddwd on AVX2, vpdpwssd on AVX-512 VNNI, plain C in
+   the portable build), 8 int32 lanes a group, converted to float and accumulated with one FMA
+   per group, summed horizontally at the end. The only approximation is x's rounding to int16,
+   an error of at most s / 2 = max|x over the group| / 65534 per value (about 15 bits of each
+   group's largest value; float32 keeps 24): the weights' values are exact.
+
+   Rows of x are quantized independently and rows of W split statically between threads, so a
+   row's result does not depend on m or on the thread count. The quantized x lives in a buffer
+   of the calling thread, grown when needed (no allocation per call once warm). */
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "block_decode_q16.h"
+
+#define GROUP 32
+#define MAX_M 8
+#define Q16_MAX 32767.0f
+
+int blocks_matmul(int code, int64_t block_size, int64_t block_bytes, const uint8_t* W, const float* x, float* y,
+                  int64_t m, int64_t rows, int64_t cols, int num_threads);
+
+/* x (m, cols) quantized: xq (m, cols) int16, scale (m, cols / 32), sums of x per 16 values
+   (m, cols / 16) and per 32 (m, cols / 32: the two 16-sums added) */
+typedef struct {
+  int16_t* xq;
+  float* scale;
+  float* sums;
+  float* sums32;
+} QuantizedRows;
+
+static __thread void* scratch = NULL;
+static __thread size_t scratch_bytes = 0;
+
+static int quantized_rows(int64_t m, int64_t cols, QuantizedRows* out) {
+  size_t xq_bytes = (size_t)(m * cols) * sizeof(int16_t);
+  size_t need = xq_bytes + (size_t)(2 * m * cols / GROUP + m * cols / 16) * sizeof(float) + 64;
+  if (need > scratch_bytes) {
+    void* grown = realloc(scratch, need);
+    if (grown == NULL) return -1;
+    scratch = grown, scratch_bytes = need;
+  }
+  out->xq = (int16_t*)scratch;
+  out->scale = (float*)((char*)scratch + ((xq_bytes + 31) & ~(size_t)31));
+  out->sums = out->scale + m * cols / GROUP;
+  out->sums32 = out->sums + m * cols / 16;
+  return 0;
+}
+
+static void quantize_group(const float* x, int16_t* xq, float* scale, float* sums, float* sum32) {
+#ifdef __AVX2__
+  __m256 v[4], amax = _mm256_setzero_ps();
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  for (int k = 0; k < 4; k++) {
+    v[k] = _mm256_loadu_ps(x + 8 * k);
+    amax = _mm256_max_ps(amax, _mm256_and_ps(v[k], abs_mask));
+  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  float max_abs = _mm_cvtss_f32(m4);
+  float inverse = max_abs > 0.0f ? Q16_MAX / max_abs : 0.0f;
+  __m256 inv = _mm256_set1_ps(inverse);
+  __m256i lo = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[0], inv)), _mm256_cvtps_epi32(_mm256_mul_ps(v[1], inv)));
+  __m256i hi = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[2], inv)), _mm256_cvtps_epi32(_mm256_mul_ps(v[3], inv)));
+  /* packs interleaves 128-bit lanes: put the 16-bit values back in order */
+  _mm256_storeu_si256((__m256i*)xq, _mm256_permute4x64_epi64(lo, 0xD8));
+  _mm256_storeu_si256((__m256i*)(xq + 16), _mm256_permute4x64_epi64(hi, 0xD8));
+  for (int half = 0; half < 2; half++) {
+    __m256 s = _mm256_add_ps(v[2 * half], v[2 * half + 1]);
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+    sums[half] = _mm_cvtss_f32(s4);
+  }
+#else
+  float max_abs = 0.0f;
+  for (int j = 0; j < GROUP; j++) max_abs = fmaxf(max_abs, fabsf(x[j]));
+  float inverse = max_abs > 0.0f ? Q16_MAX / max_abs : 0.0f;
+  for (int j = 0; j < GROUP; j++) xq[j] = (int16_t)nearbyintf(x[j] * inverse);  /* ties to even, as cvtps */
+  for (int half = 0; half < 2; half++) {
+    float lane[8];
+    for (int k = 0; k < 8; k++) lane[k] = x[16 * half + k] + x[16 * half + 8 + k];
+    sums[half] = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+  }
+#endif
+  *scale = max_abs / Q16_MAX;
+  *sum32 = sums[0] + sums[1];
+}
+
+#ifdef __AVX2__
+static inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+/* the 8 int32 pair sums of a group: q . xq */
+static inline __m256i group_dot(const __m256i q[2], const int16_t* xq) {
+  __m256i x0 = _mm256_loadu_si256((const __m256i*)xq), x1 = _mm256_loadu_si256((const __m256i*)(xq + 16));
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpwssd_epi32(_mm256_madd_epi16(q[0], x0), q[1], x1);
+#else
+  return _mm256_add_epi32(_mm256_madd_epi16(q[0], x0), _mm256_madd_epi16(q[1], x1));
+#endif
+}
+
+/* A group's term: the dot product scaled into acc; its min into min_acc (has_min formats). */
+#define GROUP_STEP(acc, min_acc, blk, g)                                                                   \
+  do {                                                                                                    \
+    __m256i q[2];                                                                                         \
+    float dl, ml[2];                                                                                      \
+    decode_group_q16_avx2(code, row + (blk) * block_bytes, g, q, &dl, ml);                                \
+    const int64_t group = (blk) * groups + (g);                                                           \
+    for (int i = 0; i < m; i++) {                                                                         \
+      __m256i dot = group_dot(q, x->xq + i * cols + group * GROUP);                                       \
+      __m256 scale = _mm256_set1_ps(dl * x->scale[i * groups_per_row + group]);                           \
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[i]);                                   \
+      if (code == FORMAT_Q2_K) {                                                                          \
+        const float* sums = x->sums + i * 2 * groups_per_row + 2 * group;                                 \
+        min_acc[i] = min_acc[i] + fmaf(ml[1], sums[1], ml[0] * sums[0]);                                  \
+      } else if (has_min) {                                                                               \
+        min_acc[i] = fmaf(ml[0], x->sums32[i * groups_per_row + group], min_acc[i]);                      \
+      }                                                                                                   \
+    }                                                                                                     \
+  } while (0)
+
+/* One weight row against m quantized rows -> out[i * out_stride]. Inlined with constant code
+   and m (row_dispatch), so the accumulators stay in registers. Groups alternate between two
+   accumulators (even, odd) so that consecutive groups' FMAs do not wait on each other. */
+static inline __attribute__((always_inline)) void row_dot(const int code, const int m, const uint8_t* row,
+                                                          int64_t num_blocks, int64_t block_bytes,
+                                                          const QuantizedRows* x, int64_t cols, float* out,
+                                                          int64_t out_stride) {
+  __m256 even[MAX_M], odd[MAX_M];
+  float min_even[MAX_M], min_odd[MAX_M];
+  for (int i = 0; i < m; i++) even[i] = odd[i] = _mm256_setzero_ps(), min_even[i] = min_odd[i] = 0.0f;
+  const int groups = code >= FORMAT_Q2_K ? 8 : 1, has_min = format_has_min(code);
+  const int64_t groups_per_row = cols / GROUP;
+  if (groups == 1) {
+    int64_t blk = 0;
+    for (; blk + 2 <= num_blocks; blk += 2) {
+      GROUP_STEP(even, min_even, blk, 0);
+      GROUP_STEP(odd, min_odd, blk + 1, 0);
+    }
+    if (blk < num_blocks) GROUP_STEP(even, min_even, blk, 0);
+  } else {
+    for (int64_t blk = 0; blk < num_blocks; blk++) {
+      #pragma GCC unroll 4
+      for (int g = 0; g < 8; g += 2) {
+        GROUP_STEP(even, min_even, blk, g);
+        GROUP_STEP(odd, min_odd, blk, g + 1);
+      }
+    }
+  }
+  for (int i = 0; i < m; i++) out[i * out_stride] = hsum8(_mm256_add_ps(even[i], odd[i])) - (min_even[i] + min_odd[i]);
+}
+
+#else  /* portable: the same sums, lane by lane */
+
+static inline void group_step(int code, int m, const uint8_t* block, int g, int64_t group, const QuantizedRows* x,
+                              int64_t cols, float acc[][8], float* min_acc) {
+  int16_t q[GROUP];
+  float dl, ml[2];
+  decode_group_q16_scalar(code, block, g, q, &dl, ml);
+  const int64_t groups_per_row = cols / GROUP;
+  for (int i = 0; i < m; i++) {
+    const int16_t* xq = x->xq + i * cols + group * GROUP;
+    float scale = dl * x->scale[i * groups_per_row + group];
+    for (int lane = 0; lane < 8; lane++) {  /* vpmaddwd's pairs: lane k sums 2k, 2k + 1 of each half */
+      int32_t dot = q[2 * lane] * xq[2 * lane] + q[2 * lane + 1] * xq[2 * lane + 1]
+                    + q[16 + 2 * lane] * xq[16 + 2 * lane] + q[17 + 2 * lane] * xq[17 + 2 * lane];
+      acc[i][lane] = fmaf((float)dot, scale, acc[i][lane]);
+    }
+    if (code == FORMAT_Q2_K) {
+      const float* sums = x->sums + i * 2 * groups_per_row + 2 * group;
+      min_acc[i] = min_acc[i] + fmaf(ml[1], sums[1], ml[0] * sums[0]);
+    } else if (format_has_min(code)) {
+      min_acc[i] = fmaf(ml[0], x->sums32[i * groups_per_row + group], min_acc[i]);
+    }
+  }
+}
+
+static inline void row_dot(const int code, const int m, const uint8_t* row, int64_t num_blocks, int64_t block_bytes,
+                           const QuantizedRows* x, int64_t cols, float* out, int64_t out_stride) {
+  float even[MAX_M][8] = {{0}}, odd[MAX_M][8] = {{0}}, min_even[MAX_M] = {0}, min_odd[MAX_M] = {0};
+  const int groups = code >= FORMAT_Q2_K ? 8 : 1;
+  for (int64_t group = 0; group < num_blocks * groups; group++) {  /* the AVX2 build's order */
+    const uint8_t* block = row + group / groups * block_bytes;
+    group_step(code, m, block, (int)(group % groups), group, x, cols, group % 2 ? odd : even,
+               group % 2 ? min_odd : min_even);
+  }
+  for (int i = 0; i < m; i++) {
+    float a[8];
+    for (int lane = 0; lane < 8; lane++) a[lane] = even[i][lane] + odd[i][lane];
+    out[i * out_stride] = (((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])))
+                          - (min_even[i] + min_odd[i]);
+  }
+}
+#endif
+
+#define ROW_CASE(C, M) case M: row_dot(C, M, row, num_blocks, block_bytes, x, cols, out, out_stride); break;
+#define CODE_CASE(C)                                                                              \
+  case C:                                                                                         \
+    switch (m) { ROW_CASE(C, 1) ROW_CASE(C, 2) ROW_CASE(C, 3) ROW_CASE(C, 4) ROW_CASE(C, 5)       \
+                 ROW_CASE(C, 6) ROW_CASE(C, 7) ROW_CASE(C, 8) }                                    \
+    break;
+
+static void row_dispatch(int code, int m, const uint8_t* row, int64_t num_blocks, int64_t block_bytes,
+                         const QuantizedRows* x, int64_t cols, float* out, int64_t out_stride) {
+  switch (code) {
+    CODE_CASE(0) CODE_CASE(1) CODE_CASE(2) CODE_CASE(3) CODE_CASE(4) CODE_CASE(5) CODE_CASE(6)
+    CODE_CASE(7) CODE_CASE(8) CODE_CASE(9)
+  }
+}
+
+/* y (m, rows) = x (m, cols) @ W^T, activations quantized to int16. The float formats (F16, BF16,
+   F32) have no integer weights: they run blocks_matmul's float product. Returns 0, -1 for a bad
+   format code, -2 when the activation buffer cannot be had. */
+int blocks_matmul_q16(int code, int64_t block_size, int64_t block_bytes, const uint8_t* W, const float* x, float* y,
+                      int64_t m, int64_t rows, int64_t cols, int num_threads) {
+  if (code < 0 || code >= NUM_FORMATS) return -1;
+  if (code >= FORMAT_F16) return blocks_matmul(code, block_size, block_bytes, W, x, y, m, rows, cols, num_threads);
+  QuantizedRows quantized;
+  if (quantized_rows(m, cols, &quantized)) return -2;
+  const int64_t groups_per_row = cols / GROUP;
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t group = 0; group < groups_per_row; group++)
+      quantize_group(x + i * cols + group * GROUP, quantized.xq + i * cols + group * GROUP,
+                     quantized.scale + i * groups_per_row + group, quantized.sums + 2 * (i * groups_per_row + group),
+                     quantized.sums32 + i * groups_per_row + group);
+  const int64_t num_blocks = cols / block_size, row_bytes = num_blocks * block_bytes;
+  for (int64_t first = 0; first < m; first += MAX_M) {
+    int group_m = (int)(m - first < MAX_M ? m - first : MAX_M);
+    QuantizedRows part = {quantized.xq + first * cols, quantized.scale + first * groups_per_row,
+                          quantized.sums + 2 * first * groups_per_row, quantized.sums32 + first * groups_per_row};
+    float* yg = y + first * rows;
+    #pragma omp parallel num_threads(num_threads)
+    {
+      int64_t thread = omp_get_thread_num(), num = omp_get_num_threads();
+      int64_t r0 = rows * thread / num, r1 = rows * (thread + 1) / num;
+      for (int64_t r = r0; r < r1; r++)
+        row_dispatch(code, group_m, W + r * row_bytes, num_blocks, block_bytes, &part, cols, yg + r, rows);
+    }
+  }
+  return 0;
+}
