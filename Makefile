@@ -8,7 +8,7 @@ VPY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install install-cluster install-browser serve test test-llama test-ootb llama-tools node-sdk fuzz bench bench-peers clean-venv
+.PHONY: install install-cluster install-browser serve test test-extended test-llama test-ootb llama-tools node-sdk fuzz bench bench-peers clean-venv
 
 install: $(STAMP)
 
@@ -34,7 +34,11 @@ install-browser:
 # Tests that need llama.cpp-made model files (marker llama_tools) are left out here: `make test-llama`;
 # so is the out-of-the-box check (marker ootb, about a minute of generation): `make test-ootb`.
 test: install
-	$(VPY) -m pytest -m "not llama_tools and not ootb" $(PYTEST_ARGS)
+	$(VPY) -m pytest -m "not llama_tools and not ootb and not extended" $(PYTEST_ARGS)
+
+# The heaviest default-model checks on the backends make test leaves them out for (about 2 minutes).
+test-extended: install
+	$(VPY) -m pytest -m extended $(PYTEST_ARGS)
 
 test-ootb: install
 	$(VPY) -m pytest -m ootb $(PYTEST_ARGS)

@@ -192,6 +192,10 @@ def engine_device() -> str:
 # Engine and model tests run once per execution backend (model/backends). `cpu-no-compiler` is
 # `cpu` as a machine without a C compiler gets it: forced here, so the fallback always runs.
 BACKENDS = ("torch", "cpu", "cpu-no-compiler") if TEST_DEVICE == "cpu" else ("torch",)
+# For the heaviest default-model tests: the default backend in `make test`, the others marked `extended`
+# (make test-extended), since every backend already runs the same checks on the tiny models there.
+DEFAULT_BACKEND_FIRST = [name if name == BACKENDS[min(1, len(BACKENDS) - 1)] else
+                         pytest.param(name, marks=pytest.mark.extended) for name in BACKENDS]
 
 
 @pytest.fixture(params=BACKENDS)

@@ -9,6 +9,7 @@ from engine.engine_config import EngineConfig
 from engine.generate import greedy_generate
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from tests.conftest import DEFAULT_BACKEND_FIRST
 
 PAGE_SIZE = 16
 TEST_DEVICE = os.environ.get("RADIXSERVE_TEST_DEVICE", "cpu")  # see tests/conftest.py
@@ -92,6 +93,7 @@ def test_tiny_small_pool_forces_eviction_and_preemption(tiny_dir, backend):
 
 
 @pytest.mark.model
+@pytest.mark.parametrize("backend", DEFAULT_BACKEND_FIRST, indirect=True)
 def test_smollm2_16_requests_batched_equal_alone(smollm2_dir, backend):
     probe = _engine(smollm2_dir, backend=backend)
     prompts = _mixed_prompts(49152, seed=3)

@@ -16,16 +16,17 @@ from gguf.quants import dequantize, quantize
 from kernels import cpu_gemm_q8
 from kernels.cpu_features import VARIANTS, this_cpu
 from kernels.block_formats import FORMATS, BlockWeight
+from store.model_store import radixserve_home
 from kernels.native_build import find_compiler
 
 RUNNABLE = [name for name, (needs, _) in VARIANTS.items() if this_cpu().has(*needs)]
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
-def gemm(request, tmp_path_factory):
+def gemm(request):
     if request.param not in RUNNABLE or find_compiler() is None:
         pytest.skip(f"this machine cannot build or run the {request.param} variant")
-    kernels = cpu_gemm_q8.load(tmp_path_factory.mktemp("kernels"), variant=request.param)
+    kernels = cpu_gemm_q8.load(radixserve_home() / "kernels", variant=request.param)
     assert kernels.variant == request.param
     return kernels
 

@@ -12,6 +12,7 @@ from model.backends import BACKEND_CHOICES, select_backend
 from model.backends.crossover import CANDIDATE_ROWS
 from model.config import ModelConfig
 from model.linear import Linear
+from store.model_store import radixserve_home
 
 CONFIG = ModelConfig(architecture="LlamaForCausalLM", vocab_size=256, hidden_size=64, intermediate_size=128,
                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0,
@@ -19,8 +20,10 @@ CONFIG = ModelConfig(architecture="LlamaForCausalLM", vocab_size=256, hidden_siz
 
 
 @pytest.fixture(scope="module")
-def build_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("kernels")
+def build_dir():
+    # the suite's shared build cache: kernels are keyed by source hash and variant, so a library another
+    # test built already is loaded, not compiled again (each build is tens of seconds on 2 cores)
+    return radixserve_home() / "kernels"
 
 
 def _backend(name, build_dir, dtype=torch.float32, crossover="fixed"):

@@ -7,6 +7,7 @@ import transformers
 from engine.generate import greedy_generate, load
 from model.weights import load_model
 from tests.model.hf_reference import hf_reference_model
+from tests.conftest import DEFAULT_BACKEND_FIRST
 
 TINY = dict(
     vocab_size=128,
@@ -134,6 +135,7 @@ CHAT_PROMPTS = [
 
 
 @pytest.mark.model
+@pytest.mark.parametrize("backend", DEFAULT_BACKEND_FIRST, indirect=True)
 def test_smollm2_greedy_matches_transformers(smollm2_dir, backend):
     from assembly.chat_template import ChatTemplate
     from assembly.tokenizer import Tokenizer
