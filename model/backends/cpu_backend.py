@@ -70,10 +70,10 @@ DECODE_ACTIVATIONS = ("int16", "float32")
 # --float-activation-layers measures a choice.
 INT8_FLOAT_ACTIVATION_LAYERS: tuple[str, ...] = ()
 # A model whose projections (every layer's and the LM head, not the embedding) take at most this many
-# bytes as float32 keeps a oneDNN-packed float32 copy of them for prefill beside the blocks decode reads:
-# the tiled GEMM over dequantized blocks took 2-6x oneDNN's time on the default model's shapes (it
-# dequantizes every weight again on each prefill chunk), while the copy costs a small model little
-# (SmolLM2-135M: 513 MiB). Larger models keep blocks only, as the issue of quantized memory asks.
+# bytes as float32 keeps a oneDNN-packed float32 copy of them for prefill beside the blocks decode reads.
+# The tiled GEMM over blocks dequantizes every weight again on each prefill chunk; with the copy the
+# default model prefilled 1.3x (1k tokens) to 2.1x (32 tokens) as fast (docs/performance.md), and the
+# copy costs a small model little (SmolLM2-135M: 513 MiB). Larger models keep blocks only.
 FLOAT_PREFILL_MAX_BYTES = 1 << 30
 
 
