@@ -129,7 +129,8 @@ class KVTierLink(KVSource):
         match = MatchResult(request.page_ids[: request.num_tree_pages], request.num_tree_pages * self.page_size,
                             request.tree_node)  # what the scheduler's match locked into the request
         num_loaded_before = self.num_hit_tokens
-        extended = self.extend_match(tree, request.all_token_ids, request.cache_salt, match, max_num_pages)
+        extended = self.extend_match(tree, request.all_token_ids, request.cache_salt, match,
+                                     self._request_page_hashes(request, max_num_pages))
         if request.timings.first_scheduled is None:  # counted at the first admission, as cached tokens are
             request.num_disk_tier_tokens = self.num_hit_tokens - num_loaded_before
         if extended.num_tokens <= request.num_tree_pages * self.page_size:
@@ -142,18 +143,15 @@ class KVTierLink(KVSource):
         request.num_computed_tokens = extended.num_tokens
 
     def extend_match(self, tree: RadixTree, token_ids: Sequence[int], cache_salt: str | None, match: MatchResult,
-                     max_num_pages: int) -> MatchResult:
-        """Continue ``match`` (the tree's, of ``token_ids``) in the tier, up to ``max_num_pages``
-        pages in all: load the hits into pages from ``tree.allocate_pages`` (which may evict unlocked
+                     page_hashes: Sequence[bytes]) -> MatchResult:
+        """Continue ``match`` (the tree's, of ``token_ids``) in the tier, up to ``len(page_hashes)`` pages
+        in all (the request's chained page hashes, computed once per request): load the hits into pages from ``tree.allocate_pages`` (which may evict unlocked
         cache), insert them into the tree, and return the tree's new match. Takes no lock for the caller."""
-        num_tree_pages = len(match.page_ids)
+        num_tree_pages, max_num_pages = len(match.page_ids), len(page_hashes)
         if num_tree_pages >= max_num_pages:
             return match
         page_size = self.page_size
-        tree_hashes = tree.page_hashes(match.last_node)
-        parent_hash = tree_hashes[-1] if tree_hashes else ROOT_PAGE_HASH
-        rest_tokens = token_ids[num_tree_pages * page_size : max_num_pages * page_size]
-        rest_hashes = hash_pages(parent_hash, rest_tokens, page_size, cache_salt)
+        rest_hashes = page_hashes[num_tree_pages:]  # the request's own chain: the tree's pages hash alike
         self.num_query_tokens += len(rest_hashes) * page_size
         num_hits = self.tier.num_leading_hits(rest_hashes)
         if num_hits == 0:

@@ -5,6 +5,7 @@ import torch
 from cache import PageAllocator, RadixTree, hash_pages
 from cache.kv_pool import KVPool, KVPoolShape
 from cache.page_events import PageEvent, PageEventKind
+from cache.page_hash import ROOT_PAGE_HASH
 from engine.kv_tier_link import KVTierLink, open_disk_tier_link
 
 PAGE_SIZE = 4
@@ -58,8 +59,12 @@ def test_extend_match_loads_the_chain_into_the_tree_and_keeps_pages_balanced(tmp
     link = _link(tmp_path, pool)
     allocator = PageAllocator(pool.num_pages)
     tree = RadixTree(PAGE_SIZE, allocator)
-    assert link.extend_match(tree, tokens, "other salt", tree.match_prefix(tokens, "other salt"), 4).num_tokens == 0
-    match = link.extend_match(tree, tokens, "salt", tree.match_prefix(tokens, "salt"), 4)
+    def chain(salt):  # the 4 pages' chained hashes, as a request keeps them
+        return hash_pages(ROOT_PAGE_HASH, tokens[: 4 * PAGE_SIZE], PAGE_SIZE, salt)
+
+    assert link.extend_match(tree, tokens, "other salt", tree.match_prefix(tokens, "other salt"),
+                             chain("other salt")).num_tokens == 0
+    match = link.extend_match(tree, tokens, "salt", tree.match_prefix(tokens, "salt"), chain("salt"))
     assert match.num_tokens == 4 * PAGE_SIZE and tree.page_hashes(match.last_node) == hashes[:4]
     loaded = [_page(pool, page_id) for page_id in match.page_ids]
     assert all(torch.equal(a, b) for got, want in zip(loaded, expected) for a, b in zip(got, want))
