@@ -10,7 +10,7 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from engine.cached_prefixes import CachedPrefix, cached_prefixes_now
@@ -73,24 +73,44 @@ class AsyncEngine:
     cached_prefixes_unavailable = None  # its one tree is read between steps
     prometheus_collectors = ()  # every series it has is the server's own
 
-    def __init__(self, engine: LLMEngine):
-        self.engine = engine
-        self.metrics = engine.metrics  # the server's histograms listen to it
-        num_pool_tokens = engine.scheduler.allocator.num_pages * engine.config.page_size
-        self.facts = EngineFacts(engine.vocab_size, engine.eos_token_ids, engine.max_model_len,
-                                 min(engine.max_model_len, num_pool_tokens), engine.backend.name,
-                                 engine.backend.describe(), engine.config.page_size)
+    def __init__(self, engine: LLMEngine | Callable[[], LLMEngine]):
+        """`engine`, or what builds it: then it is built on the engine thread (from_config), before
+        __init__ returns (or raises what building raised)."""
         self._commands: queue.Queue = queue.Queue()
         # request_id -> (loop, asyncio.Queue); touched by the engine thread only.
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
-        self._stats = engine.stats()
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="radixserve-engine", daemon=True)
+        self._started = threading.Event()
+        built: queue.Queue = queue.Queue(maxsize=1)  # the engine, or what building it raised
+        build = engine if callable(engine) and not isinstance(engine, LLMEngine) else (lambda: engine)
+        self._thread = threading.Thread(target=self._build_and_run, args=(build, built), name="radixserve-engine",
+                                        daemon=True)
         self._thread.start()
+        outcome = built.get()
+        if isinstance(outcome, BaseException):
+            self._thread.join()
+            raise outcome
+        try:
+            self.engine = outcome
+            self.metrics = self.engine.metrics  # the server's histograms listen to it
+            num_pool_tokens = self.engine.scheduler.allocator.num_pages * self.engine.config.page_size
+            self.facts = EngineFacts(self.engine.vocab_size, self.engine.eos_token_ids, self.engine.max_model_len,
+                                     min(self.engine.max_model_len, num_pool_tokens), self.engine.backend.name,
+                                     self.engine.backend.describe(), self.engine.config.page_size)
+            self._stats = self.engine.stats()
+        finally:  # the thread steps once __init__ is done with the engine (or stops: it failed)
+            if not hasattr(self, "_stats"):
+                self._stopping.set()
+            self._started.set()
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "AsyncEngine":
-        return cls(LLMEngine(config))
+        # Built on the thread that runs its steps. The kernels parallelize with OpenMP, whose runtime keeps a team
+        # of workers per thread that starts parallel work: loading on one thread and stepping on another made two
+        # teams, more OpenMP threads than cores, and libgomp then puts idle workers to sleep at once instead of
+        # spinning, so every parallel product of a step paid a wake-up. On a 1B model (2 cores) steps ran
+        # 1.3x as long (docs/performance.md, "One thread for the engine").
+        return cls(lambda: LLMEngine(config))
 
     # ---- asyncio side ---------------------------------------------------
 
@@ -165,6 +185,16 @@ class AsyncEngine:
             self.engine.close()  # the disk tier's last writes; only once the engine thread is done with it
 
     # ---- engine thread --------------------------------------------------
+
+    def _build_and_run(self, build: Callable[[], LLMEngine], built: queue.Queue) -> None:
+        try:
+            engine = build()
+        except BaseException as error:  # __init__ raises it in the caller's thread
+            built.put(error)
+            return
+        built.put(engine)
+        self._started.wait()  # __init__ has read the engine's facts
+        self._run()
 
     def _run(self) -> None:
         while not self._stopping.is_set():

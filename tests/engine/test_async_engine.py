@@ -95,3 +95,37 @@ def test_precompute_documents_runs_between_steps_while_streams_flow(engine):
     with pytest.raises(RequestError, match="empty"):
         asyncio.run(engine.precompute_documents([[5] * 70, []]))
     _wait_idle(engine)
+
+
+def test_from_config_builds_the_engine_on_the_thread_that_steps_it(tiny_llama_dir, engine_device):
+    # One OpenMP team for load and steps: the kernels' parallel work starts on one thread only.
+    import threading
+
+    from engine.llm_engine import LLMEngine
+
+    built_on = []
+
+    def build():
+        built_on.append(threading.current_thread().name)
+        return LLMEngine(EngineConfig(model_dir=tiny_llama_dir, device=engine_device, dtype="float32",
+                                      kv_cache_bytes=8 << 20))
+
+    handle = AsyncEngine(build)
+    try:
+        assert built_on == ["radixserve-engine"] and handle._thread.name == "radixserve-engine"
+        assert handle.facts.vocab_size == handle.engine.vocab_size
+    finally:
+        handle.shutdown()
+
+
+def test_a_failed_build_raises_in_the_caller_and_leaves_no_thread(tmp_path):
+    import threading
+
+    def engine_threads():
+        return {t.ident for t in threading.enumerate() if t.name == "radixserve-engine"}
+
+    before = engine_threads()
+    with pytest.raises(Exception, match="no-such-model"):
+        AsyncEngine.from_config(EngineConfig(model_dir=tmp_path / "no-such-model", device="cpu", dtype="float32",
+                                             kv_cache_bytes=8 << 20))
+    assert engine_threads() == before
