@@ -71,7 +71,7 @@ def _engine(model_dir, int8_activations: bool, cpu_kernels: str, float_layers: t
     return LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", kv_cache_bytes=KV_CACHE_BYTES,
                                   enable_prefix_cache=not int8_activations,
                                   int8_activations=int8_activations,
-                                  cpu_kernels=cpu_kernels))
+                                  cpu_kernels=cpu_kernels, decode_activations="float32"))
 
 
 class Int16TailRows:
@@ -83,6 +83,7 @@ class Int16TailRows:
         self.modules = [m for m in engine.model.modules()
                         if isinstance(m, BlockLinear) or (isinstance(m, CpuLinear) and m.few_rows is not None)]
         self.limits = [m.few_rows_max for m in self.modules]
+        self.activations = self.backend.decode_activations
 
     def __enter__(self):
         self.backend.decode_activations = "int16"
@@ -90,7 +91,7 @@ class Int16TailRows:
             module.few_rows_max = sys.maxsize
 
     def __exit__(self, *exc_info):
-        self.backend.decode_activations = "float32"
+        self.backend.decode_activations = self.activations
         for module, limit in zip(self.modules, self.limits):
             module.few_rows_max = limit
 
