@@ -1,6 +1,7 @@
 """Quality of quantized KV pages (--kv-dtype) against float32 KV, on the default model.
 
     .venv/bin/python -m bench.kv_dtype_quality [--num-prompts 200] [--kv-dtypes int8,bfloat16]
+        [--variants int8:off,int8:on] [--exact-cache FILE]
 
 Half chat prompts (bench/int8_activation_quality.py's: a system prompt and a user turn about a
 passage of real text), half RAG prompts (bench/document_reuse_prompts.py, the three styles, exact
@@ -14,12 +15,18 @@ shared prefixes from the quantized pages). Reported per variant: first-token agr
 agreement over every teacher-forced row, mean KL(float32 || variant) per row. "float32, reuse on"
 shows what document reuse costs alone. A dtype is offered where top-1 >= 0.98; the default changes
 only at >= 0.99 (README, docs/performance.md).
+
+--variants runs only these (`dtype:off|on`, comma-separated) instead of every dtype of --kv-dtypes
+off and on plus float32 on; --exact-cache FILE keeps the reference pass on disk
+(bench/document_reuse_exact_cache.py, keyed by each prompt's token ids), so runs split by variant
+pay it once.
 """
 
 import argparse
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -27,6 +34,7 @@ from assembly.chat_template import ChatTemplate
 from assembly.prompt_builder import PromptBuilder
 from assembly.segment_tokenizer import SegmentTokenizer
 from assembly.tokenizer import Tokenizer
+from bench.document_reuse_exact_cache import ExactAnswer, current_commit, load_exact_answers, save_exact_answers
 from bench.document_reuse_metrics import row_kl, row_top1_agreement
 from bench.document_reuse_prompts import rag_prompts
 from bench.document_reuse_quality import build_prompt
@@ -56,7 +64,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--num-prompts", type=int, default=200)
     parser.add_argument("--kv-dtypes", default="int8,bfloat16")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--variants", default=None, help="only these, e.g. int8:off,int8:on (default: every "
+                                                          "--kv-dtypes dtype off and on, then float32:on)")
+    parser.add_argument("--exact-cache", type=Path, default=None, help="keep the reference pass in this file")
     args = parser.parse_args(argv)
+    if args.variants:
+        if any(variant.partition(":")[2] not in ("off", "on") for variant in args.variants.split(",")):
+            parser.error(f"--variants takes dtype:off|on, comma-separated, got {args.variants!r}")
+        variants = [(variant.partition(":")[0], variant.partition(":")[2] == "on")
+                    for variant in args.variants.split(",")]
+    else:  # the quantized dtypes first, float32 with reuse (reuse's own cost) last
+        variants = [(kv_dtype, reuse) for kv_dtype in args.kv_dtypes.split(",") for reuse in (False, True)]
+        variants.append(("float32", True))
     started = time.perf_counter()
     model_dir = pull(args.model)
     builder = PromptBuilder(SegmentTokenizer(Tokenizer(model_dir)), ChatTemplate.from_model_dir(model_dir))
@@ -65,26 +84,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     prompts = [(builder.build(messages), ()) for messages in chat_messages(num_chat, args.seed)]
     prompts += [(built.token_ids, built.exact_spans) for built in (build_prompt(builder, p) for p in rag)]
 
-    reference = _engine(model_dir, "float32", False)
-    greedy = SamplingParams(max_tokens=NUM_ANSWER_TOKENS, temperature=0.0)
-    answers, exact_rows = [], []
-    for token_ids, spans in prompts:
-        (answer,) = reference.generate([token_ids], greedy)
-        answers.append(answer)
-        exact_rows.append(reference.prompt_tail_logits(token_ids + answer, len(answer) + 1,
-                                                       options=RequestOptions(document_reuse=False,
-                                                                              document_spans=spans)).float().clone())
-    reference.close()
-    print(f"reference answered {len(prompts)} prompts ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
+    prompt_ids = [token_ids for token_ids, _ in prompts]
+    cached, _, _ = load_exact_answers(args.exact_cache, prompt_ids) if args.exact_cache else ([], "", 0.0)
+    answers, exact_rows = [c.answer_ids for c in cached], [c.rows for c in cached]
+    if len(cached) < len(prompts):
+        reference = _engine(model_dir, "float32", False)
+        greedy = SamplingParams(max_tokens=NUM_ANSWER_TOKENS, temperature=0.0)
+        for token_ids, spans in prompts[len(cached):]:
+            (answer,) = reference.generate([token_ids], greedy)
+            answers.append(answer)
+            exact_rows.append(reference.prompt_tail_logits(token_ids + answer, len(answer) + 1,
+                                                           options=RequestOptions(document_reuse=False,
+                                                                                  document_spans=spans)
+                                                           ).float().clone())
+        reference.close()
+        if args.exact_cache:
+            save_exact_answers(args.exact_cache, prompt_ids,
+                               [ExactAnswer(answer, "", rows, 0) for answer, rows in zip(answers, exact_rows)],
+                               current_commit(), time.perf_counter() - started)
+    print(f"reference: {len(prompts)} prompts, {len(cached)} read from {args.exact_cache} "
+          f"({time.perf_counter() - started:.0f} s)", file=sys.stderr)
 
-    # each line printed as it is done: the quantized dtypes first, float32 with reuse (reuse's own cost) last
-    variants = [(kv_dtype, reuse) for kv_dtype in args.kv_dtypes.split(",") for reuse in (False, True)]
-    variants.append(("float32", True))
+    # each line printed as it is done
     lengths = [len(token_ids) for token_ids, _ in prompts]
     print(f"{len(prompts)} prompts ({num_chat} chat, {len(prompts) - num_chat} RAG; {min(lengths)}-{max(lengths)} "
           f"tokens, mean {sum(lengths) / len(lengths):.0f}), against float32 KV with document reuse off:")
-    print(f"  {'KV dtype':<10} {'reuse':<6} {'first token':>12} {'top-1':>8} {'mean KL':>10} {'reused tokens':>14}")
+    print(f"  {'KV dtype':<10} {'reuse':<6} {'first token':>12} {'top-1':>8} {'mean KL':>10} {'reused tokens':>14} "
+          f"{'seconds':>8}")
     for kv_dtype, reuse in variants:
+        variant_started = time.perf_counter()
         engine = _engine(model_dir, kv_dtype, reuse)
         kls, agreements, first_same = [], [], []
         for (token_ids, spans), answer, exact in zip(prompts, answers, exact_rows):
@@ -97,7 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             first_same.append(bool(agreement[0]))
         kl, agree = torch.cat(kls), torch.cat(agreements).double()
         print(f"  {kv_dtype:<10} {'on' if reuse else 'off':<6} {sum(first_same) / len(first_same):>12.4f} "
-              f"{agree.mean():>8.4f} {kl.mean():>10.2e} {engine.stats().num_document_reused_tokens:>14}", flush=True)
+              f"{agree.mean():>8.4f} {kl.mean():>10.2e} {engine.stats().num_document_reused_tokens:>14} "
+              f"{time.perf_counter() - variant_started:>8.0f}", flush=True)
         engine.close()
     print(f"  ({time.perf_counter() - started:.0f} s, {kl.numel()} teacher-forced rows a variant)")
     return 0
