@@ -125,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             first_same.append(bool(agreement[0]))
         kl, agree = torch.cat(kls), torch.cat(agreements).double()
         print(f"  {kv_dtype:<10} {'on' if reuse else 'off':<6} {sum(first_same) / len(first_same):>12.4f} "
-              f"{agree.mean():>8.4f} {kl.mean():>10.2e} {engine.stats().num_document_reused_tokens:>14} "
+              f"{agree.mean():>8.4f} {kl.mean():>10.2e} {engine.stats().documents.num_reused_tokens:>14} "
               f"{time.perf_counter() - variant_started:>8.0f}", flush=True)
         engine.close()
     print(f"  ({time.perf_counter() - started:.0f} s, {kl.numel()} teacher-forced rows a variant)")
