@@ -1,0 +1,95 @@
+"""Batch-1 decode products over a model's GGUF blocks against the machine's copy bandwidth, per weight,
+float32 and int16 activations side by side in one run (kernels/block_matmul.py).
+
+    nice .venv/bin/python -m bench.decode_products_bench [--type Q4_K_M] [--shape llama-3.2-1b] [--model NAME|PATH]
+        [--repeats 20] [--threads N] [--cpu-time]
+
+Loads the model (--model, else bench/random_gguf.py's random --shape model as --type, made once) (the engine thread's rule: load and time on the same thread), then for the
+block parts of layer 1's projections and the LM head times `matmul` (float32 activations) and
+`matmul_q16` (int16) on one row of x, alternating, best of --repeats; GB/s is the weight's block bytes
+over that time. The step line adds them up as a decode step reads them (every layer as layer 1, the
+head once). --cpu-time: one thread's CPU time (`time.thread_time`, one thread), which a loaded
+machine does not inflate; otherwise wall time on --threads threads (default torch's). Copy bandwidth:
+a 256 MiB tensor copied, read + write bytes over the best time. About a minute on a quiet machine.
+"""
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+
+import torch
+
+from engine.engine_config import EngineConfig
+from engine.llm_engine import LLMEngine
+from bench.random_gguf import SHAPES, random_gguf
+from model.backends.cpu_linear import BlockLinear
+from store.model_store import pull
+
+COPY_BYTES = 256 << 20
+
+
+def copy_bandwidth(repeats: int) -> float:
+    """GB/s of a large tensor copy, read + write bytes."""
+    source = torch.ones(COPY_BYTES // 4)
+    target = torch.empty_like(source)
+    best = min(_timed(lambda: target.copy_(source), time.perf_counter) for _ in range(max(3, repeats // 4)))
+    return 2 * COPY_BYTES / best / 1e9
+
+
+def _timed(run, clock) -> float:
+    started = clock()
+    run()
+    return clock() - started
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="a model name or path (default: the random --shape model as --type)")
+    parser.add_argument("--shape", default="llama-3.2-1b", choices=SHAPES)
+    parser.add_argument("--type", default="Q4_K_M", help="the random model's GGUF type (llama-quantize's name)")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--cpu-time", action="store_true", help="one thread's CPU time instead of wall time")
+    args = parser.parse_args(argv)
+    if args.cpu_time:
+        torch.set_num_threads(1)
+    elif args.threads:
+        torch.set_num_threads(args.threads)
+    clock = time.thread_time if args.cpu_time else time.perf_counter
+    model = args.model or str(random_gguf(args.shape, args.type))
+    engine = LLMEngine(EngineConfig(model_dir=pull(model), device="cpu", dtype="float32",
+                                    kv_cache_bytes=16 << 20))
+    kernels = engine.backend.block_kernels
+    if kernels is None:
+        print("no block kernels on this machine (see the backend's fallbacks)", file=sys.stderr)
+        return 1
+    linears = {name: m for name, m in engine.model.named_modules() if isinstance(m, BlockLinear)}
+    num_layers = engine.model.config.num_layers
+    print(f"{engine.backend.instruction_sets}; {torch.get_num_threads()} thread(s), "
+          f"{'CPU time of one thread' if args.cpu_time else 'wall time'}, best of {args.repeats}; "
+          f"copy bandwidth {copy_bandwidth(args.repeats):.1f} GB/s (read + write)")
+    print(f"{'weight':32s} {'format':6s} {'shape':>13s} {'float32 ms':>10s} {'GB/s':>5s} {'int16 ms':>9s} {'GB/s':>5s}")
+    step = {"float32": 0.0, "int16": 0.0}
+    for name in [n for n in linears if n.startswith("layers.1.")] + [n for n in linears if n.endswith("lm_head")]:
+        for part in linears[name].parts:
+            x = torch.randn(1, part.cols)
+            best = {"float32": float("inf"), "int16": float("inf")}
+            products = {"float32": kernels.matmul, "int16": kernels.matmul_q16}
+            for product in products.values():
+                product(x, part)  # warm
+            for _ in range(args.repeats):
+                for kind, product in products.items():
+                    best[kind] = min(best[kind], _timed(lambda: product(x, part), clock))
+            for kind in step:
+                step[kind] += best[kind] * (1 if name.endswith("lm_head") else num_layers)
+            size = part.blocks.numel() / 1e9
+            print(f"{name:32s} {part.format:6s} {part.rows:>6d}x{part.cols:<6d} {best['float32'] * 1e3:10.3f} "
+                  f"{size / best['float32']:5.1f} {best['int16'] * 1e3:9.3f} {size / best['int16']:5.1f}")
+    print(f"a step's products ({num_layers} layers as layer 1, the head once): float32 {step['float32'] * 1e3:.1f} ms, "
+          f"int16 {step['int16'] * 1e3:.1f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
