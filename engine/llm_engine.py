@@ -62,7 +62,8 @@ class LLMEngine:
                                       build_dir=radixserve_home() / "kernels", crossover=config.few_rows_crossover,
                                       cpu_kernels=config.cpu_kernels, int8_activations=config.int8_activations,
                                       decode_activations=config.decode_activations,
-                                      float_prefill_max_bytes=config.float_prefill_max_bytes)
+                                      float_prefill_max_bytes=config.float_prefill_max_bytes,
+                                      prefill_dtype=config.prefill_dtype)
         self.model = load_model(model_dir, self.device, self.dtype, self.backend, gguf_blocks=config.gguf_blocks,
                                 max_model_len=config.max_model_len)
         if config.max_num_batched_tokens is None:
