@@ -6,7 +6,8 @@
 
 `--path` names one path or several, comma-separated: each is scored against the same float32 reference
 in one run (the reference is computed once). `bf16`: prefill's GEMMs in bfloat16
-(EngineConfig.prefill_dtype; needs native bf16). `int8`: the int8 GEMM over blocks. `int16-decode`: the
+(EngineConfig.prefill_dtype; needs native bf16), the LM head float32 (cpu_backend.BF16_FLOAT_LAYERS);
+`bf16-all`: the LM head in bfloat16 too. `int8`: the int8 GEMM over blocks. `int16-decode`: the
 decode kernels' int16 activations (kernels/block_matmul.py's matmul_q16), run for every row of the
 teacher-forced prefill. On a quiet 2-core AVX-512 machine 200 prompts take about 6 minutes for bf16
 alone (an estimate from a reduced run: docs/performance.md), about 2 more a further path.
@@ -47,7 +48,7 @@ from model.backends.cpu_backend import INT8_FLOAT_ACTIVATION_LAYERS, CpuBackend
 from model.backends.cpu_linear import BlockLinear, CpuLinear
 from store.model_store import pull
 
-PATHS = ("bf16", "int8", "int16-decode")
+PATHS = ("bf16", "bf16-all", "int8", "int16-decode")
 NUM_ANSWER_TOKENS = 16
 KV_CACHE_BYTES = 256 << 20
 CHAT_SYSTEM = "You are a helpful assistant. Answer briefly and precisely."
@@ -96,7 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cpu-kernels", default="auto")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--path", default="bf16",
-                        help=f"of {', '.join(PATHS)}, comma-separated: bf16: prefill's GEMMs in bfloat16; int8: the "
+                        help=f"of {', '.join(PATHS)}, comma-separated: bf16: prefill's GEMMs in bfloat16 (bf16-all: the LM "
+                             "head too); int8: the "
                              "int8 GEMM (prefill and decode); int16-decode: the few-rows kernels with int16 "
                              "activations, forced for every row")
     parser.add_argument("--float-activation-layers", default=",".join(INT8_FLOAT_ACTIVATION_LAYERS),
@@ -156,6 +158,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _path_engine(path: str, model_dir, cpu_kernels: str, float_layers: tuple[str, ...]) -> LLMEngine:
     if path == "bf16":
+        return _engine(model_dir, False, cpu_kernels, prefill_dtype="bfloat16")
+    if path == "bf16-all":  # the LM head too (cpu_backend.BF16_FLOAT_LAYERS keeps it float32 by default)
+        backends.CpuBackend = functools.partial(CpuBackend, bf16_float_layers=())
         return _engine(model_dir, False, cpu_kernels, prefill_dtype="bfloat16")
     if path == "int8":
         return _engine(model_dir, True, cpu_kernels, float_layers)

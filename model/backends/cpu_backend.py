@@ -80,6 +80,10 @@ INT8_FLOAT_ACTIVATION_LAYERS: tuple[str, ...] = ()
 # keep blocks only.
 FLOAT_PREFILL_MAX_BYTES = 1 << 30
 PREFILL_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# With bfloat16 prefill, the projections (last part of the name) that prefill in float32 all the same. The LM
+# head's output is the logits sampling reads: rounded to bf16 (steps of 1/16 at 16) near-ties flip; and in
+# serving it runs on one row per prefilling sequence, so float32 costs it nothing there.
+BF16_FLOAT_LAYERS: tuple[str, ...] = ("lm_head",)
 
 
 class CpuBackend(TorchBackend):
@@ -90,12 +94,14 @@ class CpuBackend(TorchBackend):
                  gemm_q8: CpuGemmQ8 | None = None, instruction_sets: str = "",
                  float_activation_layers: tuple[str, ...] = INT8_FLOAT_ACTIVATION_LAYERS,
                  float_prefill_max_bytes: int = FLOAT_PREFILL_MAX_BYTES,
-                 decode_activations: str = "float32", prefill_dtype: str = "float32"):
+                 decode_activations: str = "float32", prefill_dtype: str = "float32",
+                 bf16_float_layers: tuple[str, ...] = BF16_FLOAT_LAYERS):
         super().__init__(torch.device("cpu"), torch.float32, fallbacks)
         if prefill_dtype not in PREFILL_TORCH_DTYPES:
             raise ValueError(f"prefill dtype must be one of {', '.join(PREFILL_TORCH_DTYPES)}, got {prefill_dtype!r}")
         # what prefill's GEMMs over GGUF blocks multiply in (resolved: kernels.cpu_features.resolve_prefill_dtype)
         self.prefill_dtype = prefill_dtype
+        self.bf16_float_layers = bf16_float_layers  # with bfloat16 prefill, these stay float32 (last name part)
         if crossover not in (MEASURE, FIXED):
             raise ValueError(f"crossover must be {MEASURE!r} or {FIXED!r}, got {crossover!r}")
         if decode_activations not in DECODE_ACTIVATIONS:
@@ -197,7 +203,8 @@ class CpuBackend(TorchBackend):
         else:
             kernel = "C matvec" if tuned else f"C block matmul ({self.block_kernels.instruction_set})"
         limit = min(BLOCKS_MAX_ROWS.get(p.format, BLOCK_KERNEL_MAX_ROWS) for p in parts)
-        tiles = "" if self.prefill_dtype == "float32" else f" ({self.prefill_dtype})"
+        dtype = self._prefill_dtype_of(name)
+        tiles = "" if dtype == "float32" else f" ({dtype})"
         self._linears[name] = LinearPlan(f"torch GEMM over dequantized tiles of {formats} blocks{tiles}",
                                          f"{kernel} over {formats} blocks", limit)
         if limit < self.policy.max_verify_rows_per_step:
@@ -205,23 +212,25 @@ class CpuBackend(TorchBackend):
         if self._float_prefill:
             return self._float_copy_over_blocks(name, layer, parts, formats, kernel, limit)
         return BlockLinear(parts, layer.bias, self._few_rows_over_blocks, self.block_kernels.dequantize_rows, limit,
-                           PREFILL_TORCH_DTYPES[self.prefill_dtype])
+                           PREFILL_TORCH_DTYPES[dtype])
+
+    def _prefill_dtype_of(self, name: str) -> str:
+        return "float32" if name.rsplit(".", 1)[-1] in self.bf16_float_layers else self.prefill_dtype
 
     def prepare(self, model: nn.Module, blocks: dict[str, list]) -> None:
-        bytes_per_weight = PREFILL_TORCH_DTYPES[self.prefill_dtype].itemsize
-        projection_bytes = sum(bytes_per_weight * part.rows * part.cols for name, parts in blocks.items()
-                               if name != "embed_tokens" for part in parts)
+        projection_bytes = sum(PREFILL_TORCH_DTYPES[self._prefill_dtype_of(name)].itemsize * part.rows * part.cols
+                               for name, parts in blocks.items() if name != "embed_tokens" for part in parts)
         self._float_prefill = 0 < projection_bytes <= self.float_prefill_max_bytes
         super().prepare(model, blocks)
 
     def _float_copy_over_blocks(self, name: str, layer: nn.Module, parts: list[BlockWeight], formats: str,
                                 kernel: str, limit: int) -> nn.Module:
         """oneDNN over a copy in prefill's dtype for more than `limit` rows; the blocks for up to `limit` (decode)."""
-        dtype = PREFILL_TORCH_DTYPES[self.prefill_dtype]
+        dtype = PREFILL_TORCH_DTYPES[self._prefill_dtype_of(name)]
         weight = torch.cat([self.block_kernels.dequantize_rows(part, first=0, count=part.rows).to(dtype)
                             for part in parts])
         self._float_prefill_bytes += weight.numel() * weight.element_size()
-        self._linears[name] = LinearPlan(f"oneDNN prepacked over a {self.prefill_dtype} copy of {formats} blocks",
+        self._linears[name] = LinearPlan(f"oneDNN prepacked over a {self._prefill_dtype_of(name)} copy of {formats} blocks",
                                          f"{kernel} over {formats} blocks", limit)
         return CpuLinear(pack_weight(weight), layer.bias, weight.shape[0],
                          functools.partial(self._few_rows_over_parts, parts=parts), limit, dtype)
@@ -263,7 +272,8 @@ class CpuBackend(TorchBackend):
                       f"{self.float_prefill_max_bytes / 2**20:.0f} MiB)",)
         if self.prefill_dtype == "bfloat16":
             notes += ("prefill GEMMs over blocks in bfloat16 (x and weights rounded to bf16, float32 accumulation, "
-                      "output rounded to bf16)",)
+                      "output rounded to bf16)" + (f", but {'/'.join(self.bf16_float_layers)} in float32"
+                                                   if self.bf16_float_layers else ""),)
         if self._embedding:
             notes += (f"embedding: {self._embedding}",)
         if self._crossovers:

@@ -243,3 +243,6 @@ def test_bf16_prefill_tiles_round_to_bf16_and_decode_rows_stay_float32(build_dir
     # what is left: the output's rounding to bf16 (half a unit in the 8th bit) and summation order
     torch.testing.assert_close(prefill.double(), rounded, atol=1e-6, rtol=2 ** -8)
     torch.testing.assert_close(linear(x[:3]), layer(x[:3]), atol=1e-4, rtol=1e-4)  # decode rows: float32 kernels
+    head = ops.make_linear("lm_head", layer, [blocks])  # the logits: float32 (cpu_backend.BF16_FLOAT_LAYERS)
+    assert ops.plan().linears["lm_head"].large == "torch GEMM over dequantized tiles of Q4_1 blocks"
+    torch.testing.assert_close(head(x), layer(x), atol=1e-4, rtol=1e-4)
