@@ -107,9 +107,8 @@ class AsyncEngine:
     def from_config(cls, config: EngineConfig) -> "AsyncEngine":
         # Built on the thread that runs its steps. The kernels parallelize with OpenMP, whose runtime keeps a team
         # of workers per thread that starts parallel work: loading on one thread and stepping on another made two
-        # teams, more OpenMP threads than cores, and libgomp then puts idle workers to sleep at once instead of
-        # spinning, so every parallel product of a step paid a wake-up. On a 1B model (2 cores) steps ran
-        # 1.3x as long (docs/performance.md, "One thread for the engine").
+        # teams, more OpenMP threads than cores, and a 1B model's decode steps ran 1.3x as long (2 cores;
+        # docs/performance.md, "One thread for the engine").
         return cls(lambda: LLMEngine(config))
 
     # ---- asyncio side ---------------------------------------------------
