@@ -1,7 +1,7 @@
 """Decode speed over quantized KV pages (--kv-dtype) against float32 KV, side by side in one run.
 
     nice .venv/bin/python -m bench.kv_dtype_speed [--context 4096] [--batches 1,8] [--kv-dtypes float32,bfloat16,int8]
-        [--tokens 32] [--rounds 3] [--attention-only] [--rerotate-only]
+        [--tokens 32] [--rounds 3] [--attention-only [--layers 30]] [--rerotate-only]
 
 In-process, one engine per KV dtype on the default model (cpu backend as served, prefix cache on),
 all alive at once. Each sequence of a batch is a shared prefix of `context` - 64 random tokens (prefilled once per
@@ -13,8 +13,9 @@ CPU's instruction sets and the backend's plan: the numbers belong to them.
 
 --attention-only: the C decode attention kernel alone (kernels/csrc/decode_attention.c) over pages of
 each dtype in the default model's shapes (9 query heads, 3 KV heads of 64), every sequence at `context`
-positions on its own pages, one layer's call timed (best of `rounds` x 20 calls, the dtypes interleaved),
-on torch's thread count.
+positions on its own pages, `layers` layers' pages (default 30, the default model's: a step's KV does not
+stay in the CPU's caches, as in real decode; --layers 1 times one layer's pages, which do), one step (a
+call per layer) timed, best of `rounds` x 5 steps, the dtypes interleaved, on torch's thread count.
 
 --rerotate-only: document reuse's placing of a stored span (C rerotate_store_kv: K rotated by a position
 delta, K and V stored; int8: dequantized before, quantized again on store), a 512-token span of one
@@ -65,20 +66,23 @@ def decode_rate(engine: LLMEngine, prefix: list[int], batch: int, num_tokens: in
     return (sum(len(r.output_token_ids) for r in requests) - done_before) / seconds
 
 
-def attention_seconds(kv_dtypes: list[str], batches: list[int], context: int, rounds: int) -> dict:
-    """(kv_dtype, batch) -> best seconds of one decode attention call over `batch` sequences."""
+def attention_seconds(kv_dtypes: list[str], batches: list[int], context: int, rounds: int, layers: int) -> dict:
+    """(kv_dtype, batch) -> best seconds of one step's decode attention (a call per layer) over `batch`
+    sequences."""
     ops = cpu_decode_ops.load(radixserve_home() / "kernels")
     heads, kv_heads, head_dim, page_size = 9, 3, 64, 16
     gen = torch.Generator().manual_seed(0)
     pages_per_seq = -(-context // page_size)
     num_pages = max(batches) * pages_per_seq
     float_pages = [torch.randn(num_pages, page_size, kv_heads, head_dim, generator=gen) for _ in range(2)]
-    caches = {}
+    caches = {}  # kv_dtype -> a (K, V) pair per layer, each layer its own memory
     for kv_dtype in kv_dtypes:
-        pages = [KVPages.zeros(kv_dtype, tuple(float_pages[0].shape), "cpu") for _ in range(2)]
-        for cache, values in zip(pages, float_pages):
-            cache.store(torch.arange(num_pages * page_size), values.view(-1, kv_heads, head_dim))
-        caches[kv_dtype] = pages
+        caches[kv_dtype] = []
+        for _ in range(layers):
+            pages = [KVPages.zeros(kv_dtype, tuple(float_pages[0].shape), "cpu") for _ in range(2)]
+            for cache, values in zip(pages, float_pages):
+                cache.store(torch.arange(num_pages * page_size), values.view(-1, kv_heads, head_dim))
+            caches[kv_dtype].append(pages)
     best = {}
     for _ in range(rounds):
         for batch in batches:
@@ -86,11 +90,12 @@ def attention_seconds(kv_dtypes: list[str], batches: list[int], context: int, ro
             out = torch.empty_like(q)
             page_table = torch.arange(batch * pages_per_seq).view(batch, pages_per_seq)
             context_lens, rows = torch.full((batch,), context), torch.arange(batch)
-            for kv_dtype, (k_cache, v_cache) in caches.items():
+            for kv_dtype, layer_caches in caches.items():
                 started = time.perf_counter()
-                for _ in range(20):
-                    ops.paged_decode_attention(q, k_cache, v_cache, page_table, context_lens, rows, 0.125, out)
-                seconds = (time.perf_counter() - started) / 20
+                for _ in range(5):
+                    for k_cache, v_cache in layer_caches:
+                        ops.paged_decode_attention(q, k_cache, v_cache, page_table, context_lens, rows, 0.125, out)
+                seconds = (time.perf_counter() - started) / 5
                 best[kv_dtype, batch] = min(best.get((kv_dtype, batch), float("inf")), seconds)
     return best
 
@@ -123,6 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--attention-only", action="store_true")
+    parser.add_argument("--layers", type=int, default=30, help="--attention-only: layers' pages a step reads")
     parser.add_argument("--rerotate-only", action="store_true")
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
@@ -134,9 +140,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               ", ".join(f"{kv_dtype} {seconds * 1e6:.0f} us" for kv_dtype, seconds in best.items()))
         return 0
     if args.attention_only:
-        best = attention_seconds(kv_dtypes, batches, args.context, args.rounds)
-        print(f"cpu: {this_cpu()}, {torch.get_num_threads()} threads; decode attention, one layer, {args.context} "
-              f"positions a sequence, best of {args.rounds} x 20 calls (microseconds):")
+        best = attention_seconds(kv_dtypes, batches, args.context, args.rounds, args.layers)
+        print(f"cpu: {this_cpu()}, {torch.get_num_threads()} threads; decode attention, {args.layers} layers, "
+              f"{args.context} positions a sequence, best of {args.rounds} x 5 steps (microseconds a step):")
         for batch in batches:
             base = best.get(("float32", batch))
             print(f"  batch {batch}: " + ", ".join(

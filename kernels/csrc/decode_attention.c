@@ -1,7 +1,8 @@
 /* Paged decode attention for CPU, float32 queries: one query token per sequence, K/V read
    straight from the pages (see kernels/cpu_decode_ops.py), in their stored formats (kv_formats.h):
-   float32 pages are read in place; bfloat16 and int8 pages are dequantized per block of
-   ATTN_BLOCK positions and one KV head into a scratch on the stack (never a copy of the pool). Builds into one library
+   float32 pages are read in place; bfloat16 pages are dequantized and int8 pages converted (their
+   scales applied to the scores and the probabilities) per block of ATTN_BLOCK positions and one KV
+   head into a scratch on the stack, once for all the head's query heads (never a copy of the pool). Builds into one library
    with row_ops.c. Indices that point into memory (rows, context lengths, page ids)
    are checked first; on a bad one the call returns nonzero and writes nothing. */
 
@@ -71,14 +72,19 @@ static inline void softmax_block(float* s, int64_t n, int64_t G, float softcap, 
 }
 
 /* One KV head's G query heads (qh: G x D contiguous) over the n positions at offs,
-   online softmax: m, l (G,) and acc (G, D) updated; s (G * ATTN_BLOCK) and corr (G) scratch. */
+   online softmax: m, l (G,) and acc (G, D) updated; s (G * ATTN_BLOCK) and corr (G) scratch.
+   k_scale, v_scale (ATTN_BLOCK,) or NULL: per-position factors of K and V (int8 pages' scales, the
+   values at kh, vh being the unscaled integers): a score is q . k_j * k_scale[j], a probability
+   multiplies v_j * v_scale[j]. Entries from n up to the next multiple of 8 must be finite. */
 static inline void attend_block_head(const float* qh, const float* kh, const float* vh, const int64_t* offs,
-                                     int64_t n, int64_t G, int64_t D, __m256 vscale, float softcap, float* s,
-                                     float* corr, float* mh, float* lh, float* acc_h) {
+                                     int64_t n, int64_t G, int64_t D, __m256 vscale, const float* k_scale,
+                                     const float* v_scale, float softcap, float* s, float* corr, float* mh,
+                                     float* lh, float* acc_h) {
   /* scores s[g][j] = scale * q_g . k_j, eight positions at a time */
   for (int64_t j0 = 0; j0 < n; j0 += 8) {
     const float* kp[8];
     for (int jj = 0; jj < 8; jj++) kp[jj] = kh + offs[j0 + jj < n ? j0 + jj : n - 1];
+    const __m256 kscale = k_scale ? _mm256_mul_ps(_mm256_loadu_ps(k_scale + j0), vscale) : vscale;
     for (int64_t g = 0; g < G; g++) {
       const float* qg = qh + g * D;
       __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps();
@@ -95,10 +101,15 @@ static inline void attend_block_head(const float* qh, const float* kh, const flo
         a6 = _mm256_fmadd_ps(_mm256_loadu_ps(kp[6] + d), qv, a6);
         a7 = _mm256_fmadd_ps(_mm256_loadu_ps(kp[7] + d), qv, a7);
       }
-      _mm256_store_ps(s + g * ATTN_BLOCK + j0, _mm256_mul_ps(hsum8x8(a0, a1, a2, a3, a4, a5, a6, a7), vscale));
+      _mm256_store_ps(s + g * ATTN_BLOCK + j0, _mm256_mul_ps(hsum8x8(a0, a1, a2, a3, a4, a5, a6, a7), kscale));
     }
   }
   softmax_block(s, n, G, softcap, corr, mh, lh);
+  if (v_scale) /* p_gj * v_scale[j]: the sum l keeps the plain probabilities */
+    for (int64_t g = 0; g < G; g++)
+      for (int64_t j = 0; j < n; j += 8)
+        _mm256_store_ps(s + g * ATTN_BLOCK + j,
+                        _mm256_mul_ps(_mm256_load_ps(s + g * ATTN_BLOCK + j), _mm256_loadu_ps(v_scale + j)));
   /* acc_g = acc_g * corr_g + sum_j p_gj v_j, D in chunks of 64 floats held in registers */
   for (int64_t g = 0; g < G; g++) {
     float* ag = acc_h + g * D;
@@ -119,77 +130,17 @@ static inline void attend_block_head(const float* qh, const float* kh, const flo
 }
 
 
-/* ------------------------------------------------- int8 pages, dequantized on the fly */
+/* ------------------------------------------------- int8 pages */
 
-static inline __m256 load8_i8(const int8_t* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
-}
-
-/* acc (nv*8,) = acc * corr + sum_j (p[j] * v_scale[j]) * v[offs[j] ...] (int8) */
-static inline __attribute__((always_inline)) void pv_block_i8(float* acc, float corr, const float* p,
-                                                             const float* v_scale, const int8_t* v,
-                                                             const int64_t* offs, int64_t n, const int nv) {
-  __m256 a[8];
-  const __m256 c = _mm256_set1_ps(corr);
-  for (int i = 0; i < nv; i++) a[i] = _mm256_mul_ps(_mm256_loadu_ps(acc + 8 * i), c);
+/* dst (n, D) floats, row j at j * D = the int8 values at src + offs[j], converted but not scaled (the
+   scale goes on the score, or on the probability: attend_block_head). Once per block and KV head,
+   for all its G query heads and all R rows: reading int8 in place converted each value G * R times. */
+static inline void convert_block_i8(float* dst, const int8_t* src, const int64_t* offs, int64_t n, int64_t D) {
   for (int64_t j = 0; j < n; j++) {
-    const int8_t* vj = v + offs[j];
-    const __m256 pj = _mm256_set1_ps(p[j] * v_scale[j]);
-    for (int i = 0; i < nv; i++) a[i] = _mm256_fmadd_ps(pj, load8_i8(vj + 8 * i), a[i]);
-  }
-  for (int i = 0; i < nv; i++) _mm256_storeu_ps(acc + 8 * i, a[i]);
-}
-
-/* attend_block_head over int8 K and V: kh, vh this head's int8 values (offs in elements), k_scale,
-   v_scale (n,) the positions' scales for this head. Scores are q . k_q times k_scale. */
-static inline void attend_block_head_i8(const float* qh, const int8_t* kh, const int8_t* vh, const int64_t* offs,
-                                        const float* k_scale, const float* v_scale, int64_t n, int64_t G, int64_t D,
-                                        __m256 vscale, float softcap, float* s, float* corr, float* mh, float* lh,
-                                        float* acc_h) {
-  for (int64_t j0 = 0; j0 < n; j0 += 8) {
-    const int8_t* kp[8];
-    float ks[8] __attribute__((aligned(32)));
-    for (int jj = 0; jj < 8; jj++) {
-      const int64_t j = j0 + jj < n ? j0 + jj : n - 1;
-      kp[jj] = kh + offs[j];
-      ks[jj] = k_scale[j];
-    }
-    const __m256 kscale = _mm256_mul_ps(_mm256_load_ps(ks), vscale);
-    for (int64_t g = 0; g < G; g++) {
-      const float* qg = qh + g * D;
-      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps();
-      __m256 a3 = _mm256_setzero_ps(), a4 = _mm256_setzero_ps(), a5 = _mm256_setzero_ps();
-      __m256 a6 = _mm256_setzero_ps(), a7 = _mm256_setzero_ps();
-      for (int64_t d = 0; d < D; d += 8) {
-        const __m256 qv = _mm256_loadu_ps(qg + d);
-        a0 = _mm256_fmadd_ps(load8_i8(kp[0] + d), qv, a0);
-        a1 = _mm256_fmadd_ps(load8_i8(kp[1] + d), qv, a1);
-        a2 = _mm256_fmadd_ps(load8_i8(kp[2] + d), qv, a2);
-        a3 = _mm256_fmadd_ps(load8_i8(kp[3] + d), qv, a3);
-        a4 = _mm256_fmadd_ps(load8_i8(kp[4] + d), qv, a4);
-        a5 = _mm256_fmadd_ps(load8_i8(kp[5] + d), qv, a5);
-        a6 = _mm256_fmadd_ps(load8_i8(kp[6] + d), qv, a6);
-        a7 = _mm256_fmadd_ps(load8_i8(kp[7] + d), qv, a7);
-      }
-      _mm256_store_ps(s + g * ATTN_BLOCK + j0, _mm256_mul_ps(hsum8x8(a0, a1, a2, a3, a4, a5, a6, a7), kscale));
-    }
-  }
-  softmax_block(s, n, G, softcap, corr, mh, lh);
-  for (int64_t g = 0; g < G; g++) {
-    float* ag = acc_h + g * D;
-    const float* pg = s + g * ATTN_BLOCK;
-    for (int64_t d0 = 0; d0 < D; d0 += 64) {
-      switch ((D - d0) >= 64 ? 8 : (D - d0) / 8) {
-        case 8: pv_block_i8(ag + d0, corr[g], pg, v_scale, vh + d0, offs, n, 8); break;
-        case 7: pv_block_i8(ag + d0, corr[g], pg, v_scale, vh + d0, offs, n, 7); break;
-        case 6: pv_block_i8(ag + d0, corr[g], pg, v_scale, vh + d0, offs, n, 6); break;
-        case 5: pv_block_i8(ag + d0, corr[g], pg, v_scale, vh + d0, offs, n, 5); break;
-        case 4: pv_block_i8(ag + d0, corr[g], pg, v_scale, vh + d0, offs, n, 4); break;
-        case 3: pv_block_i8(ag + d0, corr[g], pg, v_scale, vh + d0, offs, n, 3); break;
-        case 2: pv_block_i8(ag + d0, corr[g], pg, v_scale, vh + d0, offs, n, 2); break;
-        default: pv_block_i8(ag + d0, corr[g], pg, v_scale, vh + d0, offs, n, 1); break;
-      }
-    }
+    const int8_t* row = src + offs[j];
+    float* out = dst + j * D;
+    for (int64_t d = 0; d < D; d += 8)
+      _mm256_store_ps(out + d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(row + d)))));
   }
 }
 
@@ -218,10 +169,10 @@ static void attend_rows(const float* const* q, int64_t R, const kv_pages* k_cach
   int64_t offs[ATTN_BLOCK], offs_next[ATTN_BLOCK];
   float s[ATTN_MAX_GROUP * ATTN_BLOCK] __attribute__((aligned(32)));
   float corr[ATTN_MAX_GROUP];
-  /* a quantized block of one KV head, dequantized: row j at j * D */
-  /* (other mixes: K and V in different formats, bfloat16) */
-  float k_block[is_f32 || is_i8 ? 1 : ATTN_BLOCK * D] __attribute__((aligned(32)));
-  float v_block[is_f32 || is_i8 ? 1 : ATTN_BLOCK * D] __attribute__((aligned(32)));
+  /* a quantized block of one KV head, converted (int8: unscaled) or dequantized: row j at j * D */
+  float k_block[is_f32 ? 1 : ATTN_BLOCK * D] __attribute__((aligned(32)));
+  float v_block[is_f32 ? 1 : ATTN_BLOCK * D] __attribute__((aligned(32)));
+  float k_scale[ATTN_BLOCK] = {0}, v_scale[ATTN_BLOCK] = {0}; /* int8: this head's scales of the block */
   int64_t block_offs[ATTN_BLOCK];
   for (int64_t j = 0; j < ATTN_BLOCK; j++) block_offs[j] = j * D;
   const __m256 vscale = _mm256_set1_ps(scale);
@@ -250,27 +201,22 @@ static void attend_rows(const float* const* q, int64_t R, const kv_pages* k_cach
       }
     }
     for (int64_t kvh = 0; kvh < num_kv_heads; kvh++) {
-      if (is_i8) { /* int8 K and V read in place, their scales gathered for this head */
-        float k_scale[ATTN_BLOCK], v_scale[ATTN_BLOCK];
-        for (int64_t j = 0; j < n; j++) {
-          const int64_t at = offs[j] / D + kvh; /* (slot * KVH + kvh) */
-          k_scale[j] = k_cache->scales[at];
-          v_scale[j] = v_cache->scales[at];
-        }
-        for (int64_t r = 0; r < R; r++) {
-          const int64_t n_row = t1[r] - tb < n ? t1[r] - tb : n;
-          if (n_row <= 0) continue;
-          attend_block_head_i8(q[r] + kvh * G * D, (const int8_t*)k_cache->values + kvh * D,
-                               (const int8_t*)v_cache->values + kvh * D, offs, k_scale, v_scale, n_row, G, D, vscale,
-                               softcap, s, corr, m[r] + kvh * G, l[r] + kvh * G, acc[r] + kvh * G * D);
-        }
-        continue;
-      }
       const float *kh, *vh;
       const int64_t* block = offs;
       if (is_f32) {
         kh = (const float*)k_cache->values + kvh * D;
         vh = (const float*)v_cache->values + kvh * D;
+      } else if (is_i8) { /* this head's n rows converted and their scales gathered, once for all R rows */
+        for (int64_t j = 0; j < n; j++) {
+          const int64_t at = offs[j] / D + kvh; /* (slot * KVH + kvh) */
+          k_scale[j] = k_cache->scales[at];
+          v_scale[j] = v_cache->scales[at];
+        }
+        convert_block_i8(k_block, (const int8_t*)k_cache->values + kvh * D, offs, n, D);
+        convert_block_i8(v_block, (const int8_t*)v_cache->values + kvh * D, offs, n, D);
+        kh = k_block;
+        vh = v_block;
+        block = block_offs;
       } else { /* this head's n rows, dequantized once for all R rows */
         for (int64_t j = 0; j < n; j++) {
           const int64_t slot = offs[j] / row_size;
@@ -284,7 +230,8 @@ static void attend_rows(const float* const* q, int64_t R, const kv_pages* k_cach
       for (int64_t r = 0; r < R; r++) {
         const int64_t n_row = t1[r] - tb < n ? t1[r] - tb : n;
         if (n_row <= 0) continue;
-        attend_block_head(q[r] + kvh * G * D, kh, vh, block, n_row, G, D, vscale, softcap, s, corr,
+        attend_block_head(q[r] + kvh * G * D, kh, vh, block, n_row, G, D, vscale, is_i8 ? k_scale : NULL,
+                          is_i8 ? v_scale : NULL, softcap, s, corr,
                           m[r] + kvh * G, l[r] + kvh * G, acc[r] + kvh * G * D);
       }
     }

@@ -125,6 +125,23 @@ def test_k_and_v_in_different_formats(ops, k_dtype, v_dtype):
 
 
 @pytest.mark.parametrize("kv_dtype", ["bfloat16", "int8"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_the_c_kernel_over_long_quantized_contexts(ops, kv_dtype, head_dim, num_threads):
+    """Contexts long enough to be cut into pieces across threads (and merged), a last block of
+    a length no multiple of 8, 3 query heads a KV head: the C kernel over the format equals float32
+    attention over the same values dequantized; and it stays within the format's tolerance."""
+    q, k_cache, v_cache, inputs = _case([(701, 1), (333, 1), (1, 1), (130, 3)], page_size=16, num_kv_heads=3,
+                                        group=3, head_dim=head_dim, seed=head_dim)
+    scale = head_dim ** -0.5
+    k_pages, v_pages = _as_format(k_cache, kv_dtype), _as_format(v_cache, kv_dtype)
+    got = paged_attention(q, k_pages, v_pages, inputs, scale, FUSED, ops)
+    exact = paged_attention_reference(q, _dequantized(k_pages), _dequantized(v_pages), inputs, scale)
+    torch.testing.assert_close(got, exact, atol=1e-5, rtol=1e-5)
+    expected = paged_attention_reference(q, k_cache, v_cache, inputs, scale)
+    torch.testing.assert_close(got, expected, atol=FORMAT_TOLERANCE[kv_dtype], rtol=0)
+
+
+@pytest.mark.parametrize("kv_dtype", ["bfloat16", "int8"])
 def test_the_c_store_quantizes_as_the_reference(ops, kv_dtype, num_threads):
     """rope_store_kv (q and k rotated, k and v stored) and rerotate_store_kv into pages of the format: the
     stored values are the reference's quantization of the same rotated rows (int8: at most one step apart
