@@ -5,7 +5,11 @@
         [--path int8|int16-decode]
 
 `--path int16-decode` scores the decode kernels' int16 activations (kernels/block_matmul.py's
-matmul_q16), run for every row of the teacher-forced prefill, against the float32 engine.
+matmul_q16) as serving runs them: the prompt prefilled on the float path, then the teacher-forced
+rows (the last `--rows` positions, and the rest of their page) computed through the int16 few-rows
+kernels over that cached prefix, one engine switched between float32 and int16 for its tail rows.
+(A row's result does not depend on how many rows a kernel call takes, so the tail in one call
+scores exactly what decode computes one token at a time.)
 
 Half chat prompts (a system prompt and a user turn about a passage of real text), half RAG
 prompts (bench/document_reuse_prompts.py, the three styles), built into token ids by the
@@ -45,6 +49,9 @@ from store.model_store import pull
 
 NUM_ANSWER_TOKENS = 16
 KV_CACHE_BYTES = 256 << 20
+# The float32 engine answers this many prompts in one batch: a decode step reads the weights once for
+# all of them (the answers dominated the run's time one prompt at a time).
+ANSWER_BATCH = 8
 CHAT_SYSTEM = "You are a helpful assistant. Answer briefly and precisely."
 CHAT_ASKS = ("Summarize this in two sentences:", "What is the main point of this passage?",
              "Explain this to a beginner:", "List the key terms used here:")
@@ -58,25 +65,35 @@ def chat_messages(num_prompts: int, seed: int) -> list[list[dict]]:
             for _ in range(num_prompts)]
 
 
-def _engine(model_dir, int8_activations: bool, cpu_kernels: str, float_layers: tuple[str, ...] = (),
-            decode_activations: str = "float32") -> LLMEngine:
+def _engine(model_dir, int8_activations: bool, cpu_kernels: str, float_layers: tuple[str, ...] = ()) -> LLMEngine:
     if float_layers:  # the backend's constructor argument, for this measurement only
         backends.CpuBackend = functools.partial(CpuBackend, float_activation_layers=float_layers)
     return LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", kv_cache_bytes=KV_CACHE_BYTES,
-                                  enable_prefix_cache=not int8_activations and decode_activations == "float32",
+                                  enable_prefix_cache=not int8_activations,
                                   int8_activations=int8_activations,
-                                  cpu_kernels=cpu_kernels, decode_activations=decode_activations))
+                                  cpu_kernels=cpu_kernels, decode_activations="float32"))
 
 
-def _int16_decode_engine(model_dir, cpu_kernels: str) -> LLMEngine:
-    """An engine whose every product over blocks runs the int16-activation decode kernel
-    (kernels/block_matmul.py's matmul_q16), prefill rows included: teacher-forced positions then
-    score what decode computes."""
-    engine = _engine(model_dir, False, cpu_kernels, decode_activations="int16")
-    for module in engine.model.modules():
-        if isinstance(module, BlockLinear) or (isinstance(module, CpuLinear) and module.few_rows is not None):
+class Int16TailRows:
+    """Switches an engine's few-rows products over blocks to int16 activations for every row count
+    (the tail rows of prompt_tail_logits go through the decode kernels), and back to float32."""
+
+    def __init__(self, engine: LLMEngine):
+        self.backend = engine.backend
+        self.modules = [m for m in engine.model.modules()
+                        if isinstance(m, BlockLinear) or (isinstance(m, CpuLinear) and m.few_rows is not None)]
+        self.limits = [m.few_rows_max for m in self.modules]
+        self.activations = self.backend.decode_activations
+
+    def __enter__(self):
+        self.backend.decode_activations = "int16"
+        for module in self.modules:
             module.few_rows_max = sys.maxsize
-    return engine
+
+    def __exit__(self, *exc_info):
+        self.backend.decode_activations = self.activations
+        for module, limit in zip(self.modules, self.limits):
+            module.few_rows_max = limit
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -103,17 +120,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     prompts += [builder.build(list(p.messages), documents=[dict(d) for d in p.documents] or None) for p in rag]
     float_layers = tuple(filter(None, args.float_activation_layers.split(",")))
     reference = _engine(model_dir, False, args.cpu_kernels)
-    quantized = (_engine(model_dir, True, args.cpu_kernels, float_layers) if args.path == "int8"
-                 else _int16_decode_engine(model_dir, args.cpu_kernels))
-    print(f"float32: {reference.backend.describe()}\nint8: {quantized.backend.describe()}", file=sys.stderr)
+    if args.path == "int8":
+        quantized = _engine(model_dir, True, args.cpu_kernels, float_layers)
+        print(f"float32: {reference.backend.describe()}\nint8: {quantized.backend.describe()}", file=sys.stderr)
+    else:
+        quantized, int16_tail = reference, Int16TailRows(reference)
+        print(f"float32, int16 tail rows: {reference.backend.describe()}", file=sys.stderr)
     greedy = SamplingParams(max_tokens=NUM_ANSWER_TOKENS, temperature=0.0)
     kls, agreements, first_same = [], [], []
+    answers: list[list[int]] = []
     for index, prompt in enumerate(prompts):
-        (answer,) = reference.generate([prompt], greedy)  # one at a time: its prompt's KV is still cached next
+        if index % ANSWER_BATCH == 0:  # greedy answers are the same batched and alone (tested)
+            answers = reference.generate(prompts[index:index + ANSWER_BATCH], greedy)
+        answer = answers[index % ANSWER_BATCH]  # its prompt's KV is most likely still cached
         tokens = prompt + answer
         rows = min(args.rows, len(tokens))
         exact = reference.prompt_tail_logits(tokens, rows).float()
-        approx = quantized.prompt_tail_logits(tokens, rows).float()
+        if args.path == "int8":
+            approx = quantized.prompt_tail_logits(tokens, rows).float()
+        else:
+            with int16_tail:  # the same cached float prefix; the tail rows through the int16 kernels
+                approx = quantized.prompt_tail_logits(tokens, rows).float()
         kls.append(row_kl(exact, approx))
         agreements.append(row_top1_agreement(exact, approx))
         first = rows - len(answer) - 1  # the row that scores the first answer token
