@@ -7,10 +7,14 @@
 `--path` names one path or several, comma-separated: each is scored against the same float32 reference
 in one run (the reference is computed once). `bf16`: prefill's GEMMs in bfloat16
 (EngineConfig.prefill_dtype; needs native bf16), the LM head float32 (cpu_backend.BF16_FLOAT_LAYERS);
-`bf16-all`: the LM head in bfloat16 too. `int8`: the int8 GEMM over blocks. `int16-decode`: the
-decode kernels' int16 activations (kernels/block_matmul.py's matmul_q16), run for every row of the
-teacher-forced prefill. On a quiet 2-core AVX-512 machine 200 prompts take about 6 minutes for bf16
-alone (an estimate from a reduced run: docs/performance.md), about 2 more a further path.
+`bf16-all`: the LM head in bfloat16 too. `int8`: the int8 GEMM over blocks. On a quiet 2-core AVX-512
+machine 200 prompts should take about 6-8 minutes for bf16 alone (an estimate: docs/performance.md).
+`int16-decode` scores the decode kernels' int16 activations (kernels/block_matmul.py's
+matmul_q16) as serving runs them: the prompt prefilled on the float path, then the teacher-forced
+rows (the last `--rows` positions, and the rest of their page) computed through the int16 few-rows
+kernels over that cached prefix, one engine switched between float32 and int16 for its tail rows.
+(A row's result does not depend on how many rows a kernel call takes, so the tail in one call
+scores exactly what decode computes one token at a time.)
 
 Half chat prompts (a system prompt and a user turn about a passage of real text), half RAG
 prompts (bench/document_reuse_prompts.py, the three styles), built into token ids by the
@@ -51,6 +55,9 @@ from store.model_store import pull
 PATHS = ("bf16", "bf16-all", "int8", "int16-decode")
 NUM_ANSWER_TOKENS = 16
 KV_CACHE_BYTES = 256 << 20
+# The float32 engine answers this many prompts in one batch: a decode step reads the weights once for
+# all of them (the answers dominated the run's time one prompt at a time).
+ANSWER_BATCH = 8
 CHAT_SYSTEM = "You are a helpful assistant. Answer briefly and precisely."
 CHAT_ASKS = ("Summarize this in two sentences:", "What is the main point of this passage?",
              "Explain this to a beginner:", "List the key terms used here:")
@@ -65,28 +72,39 @@ def chat_messages(num_prompts: int, seed: int) -> list[list[dict]]:
 
 
 def _engine(model_dir, int8_activations: bool, cpu_kernels: str, float_layers: tuple[str, ...] = (),
-            decode_activations: str = "float32", prefill_dtype: str = "float32") -> LLMEngine:
+            prefill_dtype: str = "float32") -> LLMEngine:
     """The reference (every option at float32) keeps its prefix cache; any other engine prefills cold."""
     if float_layers:  # the backend's constructor argument, for this measurement only
         backends.CpuBackend = functools.partial(CpuBackend, float_activation_layers=float_layers)
-    is_reference = not int8_activations and decode_activations == "float32" and prefill_dtype == "float32"
+    is_reference = not int8_activations and prefill_dtype == "float32"
     engine = LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", kv_cache_bytes=KV_CACHE_BYTES,
                                     enable_prefix_cache=is_reference, int8_activations=int8_activations,
-                                    cpu_kernels=cpu_kernels, decode_activations=decode_activations,
+                                    cpu_kernels=cpu_kernels, decode_activations="float32",
                                     prefill_dtype=prefill_dtype))
     backends.CpuBackend = CpuBackend
     return engine
 
 
-def _int16_decode_engine(model_dir, cpu_kernels: str) -> LLMEngine:
-    """An engine whose every product over blocks runs the int16-activation decode kernel
-    (kernels/block_matmul.py's matmul_q16), prefill rows included: teacher-forced positions then
-    score what decode computes."""
-    engine = _engine(model_dir, False, cpu_kernels, decode_activations="int16")
-    for module in engine.model.modules():
-        if isinstance(module, BlockLinear) or (isinstance(module, CpuLinear) and module.few_rows is not None):
+class Int16TailRows:
+    """Switches an engine's few-rows products over blocks to int16 activations for every row count
+    (the tail rows of prompt_tail_logits go through the decode kernels), and back to float32."""
+
+    def __init__(self, engine: LLMEngine):
+        self.backend = engine.backend
+        self.modules = [m for m in engine.model.modules()
+                        if isinstance(m, BlockLinear) or (isinstance(m, CpuLinear) and m.few_rows is not None)]
+        self.limits = [m.few_rows_max for m in self.modules]
+        self.activations = self.backend.decode_activations
+
+    def __enter__(self):
+        self.backend.decode_activations = "int16"
+        for module in self.modules:
             module.few_rows_max = sys.maxsize
-    return engine
+
+    def __exit__(self, *exc_info):
+        self.backend.decode_activations = self.activations
+        for module, limit in zip(self.modules, self.limits):
+            module.few_rows_max = limit
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -99,8 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--path", default="bf16",
                         help=f"of {', '.join(PATHS)}, comma-separated: bf16: prefill's GEMMs in bfloat16 (bf16-all: the LM "
                              "head too); int8: the "
-                             "int8 GEMM (prefill and decode); int16-decode: the few-rows kernels with int16 "
-                             "activations, forced for every row")
+                             "int8 GEMM (prefill and decode); int16-decode: the teacher-forced tail rows through the "
+                             "few-rows kernels with int16 activations")
     parser.add_argument("--float-activation-layers", default=",".join(INT8_FLOAT_ACTIVATION_LAYERS),
                         help="projections (last name part, comma-separated) the int8 engine keeps on float activations")
     args = parser.parse_args(argv)
@@ -120,19 +138,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     reference = _engine(model_dir, False, args.cpu_kernels)
     print(f"float32: {reference.backend.describe()}", file=sys.stderr)
     engines = {}
-    for path in paths:
-        engines[path] = _path_engine(path, model_dir, args.cpu_kernels, float_layers)
+    for path in paths:  # int16-decode: the reference itself, switched for its tail rows
+        engines[path] = reference if path == "int16-decode" else _path_engine(path, model_dir, args.cpu_kernels,
+                                                                               float_layers)
         print(f"{path}: {engines[path].backend.describe()}", file=sys.stderr)
+    int16_tail = Int16TailRows(reference)
     greedy = SamplingParams(max_tokens=NUM_ANSWER_TOKENS, temperature=0.0)
     scores = {path: ([], [], []) for path in paths}  # path -> (KL rows, agreement rows, first answer token same)
+    answers: list[list[int]] = []
     for index, prompt in enumerate(prompts):
-        (answer,) = reference.generate([prompt], greedy)  # one at a time: its prompt's KV is still cached next
+        if index % ANSWER_BATCH == 0:  # greedy answers are the same batched and alone (tested)
+            answers = reference.generate(prompts[index:index + ANSWER_BATCH], greedy)
+        answer = answers[index % ANSWER_BATCH]  # its prompt's KV is most likely still cached
         tokens = prompt + answer
         rows = min(args.rows, len(tokens))
         exact = reference.prompt_tail_logits(tokens, rows).float()
         first = rows - len(answer) - 1  # the row that scores the first answer token
         for path, engine in engines.items():
-            approx = engine.prompt_tail_logits(tokens, rows).float()
+            if path == "int16-decode":
+                with int16_tail:  # the same cached float prefix; the tail rows through the int16 kernels
+                    approx = engine.prompt_tail_logits(tokens, rows).float()
+            else:
+                approx = engine.prompt_tail_logits(tokens, rows).float()
             kls, agreements, first_same = scores[path]
             kls.append(row_kl(exact, approx))
             agreements.append(row_top1_agreement(exact, approx))
@@ -162,9 +189,7 @@ def _path_engine(path: str, model_dir, cpu_kernels: str, float_layers: tuple[str
     if path == "bf16-all":  # the LM head too (cpu_backend.BF16_FLOAT_LAYERS keeps it float32 by default)
         backends.CpuBackend = functools.partial(CpuBackend, bf16_float_layers=())
         return _engine(model_dir, False, cpu_kernels, prefill_dtype="bfloat16")
-    if path == "int8":
-        return _engine(model_dir, True, cpu_kernels, float_layers)
-    return _int16_decode_engine(model_dir, cpu_kernels)
+    return _engine(model_dir, True, cpu_kernels, float_layers)  # int8
 
 
 if __name__ == "__main__":

@@ -117,7 +117,7 @@ static inline __m256i group_dot(const __m256i q[2], const int16_t* xq) {
 #endif
 }
 
-/* A group's term: the dot product scaled into acc; its min into min_acc (has_min formats). */
+/* A 32-weight block's term: the dot product scaled into acc; its min into min_acc (has_min formats). */
 #define GROUP_STEP(acc, min_acc, blk, g)                                                                   \
   do {                                                                                                    \
     __m256i q[2];                                                                                         \
@@ -128,25 +128,39 @@ static inline __m256i group_dot(const __m256i q[2], const int16_t* xq) {
       __m256i dot = group_dot(q, x->xq + i * cols + group * GROUP);                                       \
       __m256 scale = _mm256_set1_ps(dl * x->scale[i * groups_per_row + group]);                           \
       acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[i]);                                   \
-      if (code == FORMAT_Q2_K) {                                                                          \
-        const float* sums = x->sums + i * 2 * groups_per_row + 2 * group;                                 \
-        min_acc[i] = min_acc[i] + fmaf(ml[1], sums[1], ml[0] * sums[0]);                                  \
-      } else if (has_min) {                                                                               \
+      if (has_min) {                                                                                      \
         min_acc[i] = fmaf(ml[0], x->sums32[i * groups_per_row + group], min_acc[i]);                      \
       }                                                                                                   \
     }                                                                                                     \
   } while (0)
 
+/* A K-quant group's term (its block's factors decoded once, sdl = dl * the rows' x scales). */
+#define K_GROUP_STEP(acc, g)                                                                              \
+  do {                                                                                                    \
+    __m256i q[2];                                                                                         \
+    decode_k_group_q16_avx2(code, block, g, q);                                                           \
+    for (int i = 0; i < m; i++) {                                                                         \
+      __m256i dot = group_dot(q, x->xq + i * cols + (blk * 8 + (g)) * GROUP);                             \
+      __m256 scale = _mm256_permutevar8x32_ps(sdl[i], _mm256_set1_epi32(g));                              \
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[i]);                                   \
+    }                                                                                                     \
+  } while (0)
+
 /* One weight row against m quantized rows -> out[i * out_stride]. Inlined with constant code
    and m (row_dispatch), so the accumulators stay in registers. Groups alternate between two
-   accumulators (even, odd) so that consecutive groups' FMAs do not wait on each other. */
+   accumulators (even, odd) so that consecutive groups' FMAs do not wait on each other. A K-quant
+   block's scales and mins are decoded once for its 8 groups, and its mins' term is one FMA of 8
+   lanes (group g's min times the sum of x over it) per row. */
 static inline __attribute__((always_inline)) void row_dot(const int code, const int m, const uint8_t* row,
                                                           int64_t num_blocks, int64_t block_bytes,
                                                           const QuantizedRows* x, int64_t cols, float* out,
                                                           int64_t out_stride) {
-  __m256 even[MAX_M], odd[MAX_M];
+  __m256 even[MAX_M], odd[MAX_M], min_lanes[MAX_M];
   float min_even[MAX_M], min_odd[MAX_M];
-  for (int i = 0; i < m; i++) even[i] = odd[i] = _mm256_setzero_ps(), min_even[i] = min_odd[i] = 0.0f;
+  for (int i = 0; i < m; i++) {
+    even[i] = odd[i] = min_lanes[i] = _mm256_setzero_ps();
+    min_even[i] = min_odd[i] = 0.0f;
+  }
   const int groups = code >= FORMAT_Q2_K ? 8 : 1, has_min = format_has_min(code);
   const int64_t groups_per_row = cols / GROUP;
   if (groups == 1) {
@@ -158,55 +172,92 @@ static inline __attribute__((always_inline)) void row_dot(const int code, const 
     if (blk < num_blocks) GROUP_STEP(even, min_even, blk, 0);
   } else {
     for (int64_t blk = 0; blk < num_blocks; blk++) {
-      #pragma GCC unroll 4
-      for (int g = 0; g < 8; g += 2) {
-        GROUP_STEP(even, min_even, blk, g);
-        GROUP_STEP(odd, min_odd, blk, g + 1);
+      const uint8_t* block = row + blk * block_bytes;
+      __m256 dl, ml, ml_hi, sdl[MAX_M];
+      k_block_scales_avx2(code, block, &dl, &ml, &ml_hi);
+      for (int i = 0; i < m; i++) {
+        const int64_t first = i * groups_per_row + blk * 8;  /* the block's first group in row i */
+        sdl[i] = _mm256_mul_ps(dl, _mm256_loadu_ps(x->scale + first));
+        if (code == FORMAT_Q2_K) {
+          min_lanes[i] = _mm256_fmadd_ps(ml, _mm256_loadu_ps(x->sums + 2 * first), min_lanes[i]);
+          min_lanes[i] = _mm256_fmadd_ps(ml_hi, _mm256_loadu_ps(x->sums + 2 * first + 8), min_lanes[i]);
+        } else if (has_min) {
+          min_lanes[i] = _mm256_fmadd_ps(ml, _mm256_loadu_ps(x->sums32 + first), min_lanes[i]);
+        }
       }
+      K_GROUP_STEP(even, 0); K_GROUP_STEP(odd, 1); K_GROUP_STEP(even, 2); K_GROUP_STEP(odd, 3);
+      K_GROUP_STEP(even, 4); K_GROUP_STEP(odd, 5); K_GROUP_STEP(even, 6); K_GROUP_STEP(odd, 7);
     }
   }
-  for (int i = 0; i < m; i++) out[i * out_stride] = hsum8(_mm256_add_ps(even[i], odd[i])) - (min_even[i] + min_odd[i]);
+  for (int i = 0; i < m; i++)
+    out[i * out_stride] = hsum8(_mm256_add_ps(even[i], odd[i])) - ((min_even[i] + min_odd[i]) + hsum8(min_lanes[i]));
 }
 
 #else  /* portable: the same sums, lane by lane */
 
-static inline void group_step(int code, int m, const uint8_t* block, int g, int64_t group, const QuantizedRows* x,
-                              int64_t cols, float acc[][8], float* min_acc) {
-  int16_t q[GROUP];
-  float dl, ml[2];
-  decode_group_q16_scalar(code, block, g, q, &dl, ml);
-  const int64_t groups_per_row = cols / GROUP;
+static inline float hsum_lanes(const float a[8]) {  /* hsum8's order */
+  return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
+/* the dot products of an already decoded group of integers q, scaled by sdl[i] into acc[i] */
+static inline void integer_group_step(int m, const int16_t* q, int64_t group, const float* sdl, int64_t sdl_stride,
+                                      const QuantizedRows* x, int64_t cols, float acc[][8]) {
   for (int i = 0; i < m; i++) {
     const int16_t* xq = x->xq + i * cols + group * GROUP;
-    float scale = dl * x->scale[i * groups_per_row + group];
     for (int lane = 0; lane < 8; lane++) {  /* vpmaddwd's pairs: lane k sums 2k, 2k + 1 of each half */
       int32_t dot = q[2 * lane] * xq[2 * lane] + q[2 * lane + 1] * xq[2 * lane + 1]
                     + q[16 + 2 * lane] * xq[16 + 2 * lane] + q[17 + 2 * lane] * xq[17 + 2 * lane];
-      acc[i][lane] = fmaf((float)dot, scale, acc[i][lane]);
-    }
-    if (code == FORMAT_Q2_K) {
-      const float* sums = x->sums + i * 2 * groups_per_row + 2 * group;
-      min_acc[i] = min_acc[i] + fmaf(ml[1], sums[1], ml[0] * sums[0]);
-    } else if (format_has_min(code)) {
-      min_acc[i] = fmaf(ml[0], x->sums32[i * groups_per_row + group], min_acc[i]);
+      acc[i][lane] = fmaf((float)dot, sdl[i * sdl_stride], acc[i][lane]);
     }
   }
 }
 
 static inline void row_dot(const int code, const int m, const uint8_t* row, int64_t num_blocks, int64_t block_bytes,
                            const QuantizedRows* x, int64_t cols, float* out, int64_t out_stride) {
-  float even[MAX_M][8] = {{0}}, odd[MAX_M][8] = {{0}}, min_even[MAX_M] = {0}, min_odd[MAX_M] = {0};
-  const int groups = code >= FORMAT_Q2_K ? 8 : 1;
-  for (int64_t group = 0; group < num_blocks * groups; group++) {  /* the AVX2 build's order */
-    const uint8_t* block = row + group / groups * block_bytes;
-    group_step(code, m, block, (int)(group % groups), group, x, cols, group % 2 ? odd : even,
-               group % 2 ? min_odd : min_even);
+  float even[MAX_M][8] = {{0}}, odd[MAX_M][8] = {{0}}, min_lanes[MAX_M][8] = {{0}};
+  float min_even[MAX_M] = {0}, min_odd[MAX_M] = {0};
+  const int64_t groups_per_row = cols / GROUP;
+  if (code < FORMAT_Q2_K) {
+    for (int64_t blk = 0; blk < num_blocks; blk++) {  /* the AVX2 build's order */
+      int16_t q[GROUP];
+      float dl, ml[2], sdl[MAX_M], *min_acc = blk % 2 ? min_odd : min_even;
+      decode_group_q16_scalar(code, row + blk * block_bytes, 0, q, &dl, ml);
+      for (int i = 0; i < m; i++) {
+        sdl[i] = dl * x->scale[i * groups_per_row + blk];
+        if (format_has_min(code)) min_acc[i] = fmaf(ml[0], x->sums32[i * groups_per_row + blk], min_acc[i]);
+      }
+      integer_group_step(m, q, blk, sdl, 1, x, cols, blk % 2 ? odd : even);
+    }
+  } else {
+    for (int64_t blk = 0; blk < num_blocks; blk++) {
+      const uint8_t* block = row + blk * block_bytes;
+      KBlockFactors factors;
+      k_block_factors(code, block, &factors);
+      float sdl[MAX_M][8];
+      for (int i = 0; i < m; i++) {
+        const int64_t first = i * groups_per_row + blk * 8;
+        for (int g = 0; g < 8; g++) {
+          sdl[i][g] = factors.dl[g] * x->scale[first + g];
+          if (code == FORMAT_Q2_K) {
+            min_lanes[i][g] = fmaf(factors.ml[g], x->sums[2 * first + g], min_lanes[i][g]);
+          } else if (format_has_min(code)) {
+            min_lanes[i][g] = fmaf(factors.ml[g], x->sums32[first + g], min_lanes[i][g]);
+          }
+        }
+        if (code == FORMAT_Q2_K)
+          for (int g = 0; g < 8; g++) min_lanes[i][g] = fmaf(factors.ml[8 + g], x->sums[2 * first + 8 + g], min_lanes[i][g]);
+      }
+      for (int g = 0; g < 8; g++) {
+        int16_t q[GROUP];
+        decode_k_group_q16_scalar(code, block, g, &factors, q);
+        integer_group_step(m, q, blk * 8 + g, &sdl[0][g], 8, x, cols, g % 2 ? odd : even);
+      }
+    }
   }
   for (int i = 0; i < m; i++) {
     float a[8];
     for (int lane = 0; lane < 8; lane++) a[lane] = even[i][lane] + odd[i][lane];
-    out[i * out_stride] = (((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])))
-                          - (min_even[i] + min_odd[i]);
+    out[i * out_stride] = hsum_lanes(a) - ((min_even[i] + min_odd[i]) + hsum_lanes(min_lanes[i]));
   }
 }
 #endif
