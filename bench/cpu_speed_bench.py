@@ -2,26 +2,30 @@
 against the machine's limits, side by side in one run.
 
     nice .venv/bin/python -m bench.cpu_speed_bench [--models default,q4_k_m,q8_0] [--lengths 1024,4096]
-        [--threads N] [--also-float-activations]
+        [--paths float32,bf16,int8] [--no-decode] [--prefill-repeats 1] [--threads N]
 
-One command (an estimated 10 minutes on a quiet 2-core machine). First the machine's limits on one weight
-shape (2048 x 2048, 512 rows): our int8 GEMM over Q8_0 blocks (kernels/cpu_gemm_q8.py), torch's
-fbgemm dynamic int8 linear, oneDNN's bfloat16 and float32 GEMMs (GOP/s, interleaved, best of 3),
-and copy bandwidth (GB/s, read + write). Then, per model, each server started alone on the model's
-GGUF file (radixserve `serve --model FILE --int8-activations`, prefix cache and KV disk tier off;
-llama-server from bench/llama_server.py, prompt caching off per request), the same client over
-HTTP (/v1/completions, token-id prompts of random ids, greedy, ignore_eos):
+First the machine's limits on one weight shape (2048 x 2048, 512 rows): our int8 GEMM over Q8_0 blocks
+(kernels/cpu_gemm_q8.py), torch's fbgemm dynamic int8 linear, oneDNN's bfloat16 and float32 GEMMs (GOP/s,
+interleaved, best of 3), and copy bandwidth (GB/s, read + write). Then, per model, each server started
+alone on the model's GGUF file: llama-server (bench/llama_server.py, prompt caching off per request) and
+radixserve once per prefill path (`--paths`: `serve --model FILE` with `--prefill-dtype float32`,
+`--prefill-dtype bfloat16` (where the CPU has native bf16; elsewhere the row says why it is missing), or
+`--int8-activations`; prefix cache and KV disk tier off), the same client over HTTP (/v1/completions,
+token-id prompts of random ids, greedy, ignore_eos):
 - prefill tokens/s, cold: a prompt of L random tokens, one output token, wall time of the request
-  (the median of 3 at 1024, one at 4096);
-- decode tokens/s at batch 1 and 8: B streamed requests at once, 32-token prompts, DECODE_TOKENS + 1
-  tokens each; B x DECODE_TOKENS over the time from the last stream's first chunk to the last chunk;
+  (the median of `--prefill-repeats`, after a 64-token warm-up);
+- decode tokens/s at batch 1 and 8 (unless `--no-decode`): B streamed requests at once, 32-token prompts,
+  DECODE_TOKENS + 1 tokens each; B x DECODE_TOKENS over the time from the last stream's first chunk to the
+  last chunk;
 - the server's peak RSS (VmHWM of /proc/PID/status, read before it is stopped).
 Then per model: prefill's linear layers as GOP/s (2 x their weights a token; the LM head runs for
-the last token only, attention not counted) against the int8 GEMM's measured rate, and batch-1
-decode against the bandwidth limit (the file's bytes read once a token at the copy bandwidth).
+the last token only, attention not counted) against the int8 GEMM's measured rate, batch-1
+decode against the bandwidth limit (the file's bytes read once a token at the copy bandwidth), and each
+radixserve row's prefill over llama-server's at each length.
 Models: `default` (SmolLM2-135M-Instruct Q4_1, the pulled default) and the random files in
 Llama-3.2-1B's shapes (bench/random_gguf.py: made once by llama-quantize). Prints the CPU's
-instruction sets: the numbers belong to them. Results go to docs/performance.md by hand.
+instruction sets: the numbers belong to them. Results go to docs/performance.md by hand. Run times on a
+quiet 2-core machine: docs/performance.md ("The side-by-side bench").
 """
 
 import argparse
@@ -52,7 +56,10 @@ from store.model_store import radixserve_home
 
 DECODE_TOKENS = 64
 DECODE_PROMPT_TOKENS = 32
-PREFILL_REPEATS = {1024: 3}  # other lengths: one request (a 4k prefill of a 1B model is tens of seconds)
+# radixserve's prefill paths (a row each) -> the serve flags that choose it
+PREFILL_PATHS = {"float32": ["--prefill-dtype", "float32", "--no-int8-activations"],
+                 "bf16": ["--prefill-dtype", "bfloat16", "--no-int8-activations"],
+                 "int8": ["--int8-activations"]}
 CONTEXT = 4352  # tokens a llama-server slot holds: a 4096-token prompt and its answer
 NUM_SLOTS = 8  # decode at batch 8
 MODEL_FILES = {"default": None, "q4_k_m": ("llama-3.2-1b", "Q4_K_M"), "q8_0": ("llama-3.2-1b", "Q8_0")}
@@ -185,16 +192,17 @@ class Client:
         return batch * DECODE_TOKENS / (max(t[-1] for t in times) - max(t[0] for t in times))
 
 
-def measure_server(name: str, argv: list[str], port: int, vocab: int, lengths: list[int], log_path: Path) -> dict:
+def measure_server(name: str, argv: list[str], port: int, vocab: int, lengths: list[int], log_path: Path,
+                   prefill_repeats: int, decode: bool) -> dict:
     process = start(argv, port, log_path)
     try:
-        client = Client(port, vocab, seed=len(lengths))  # both servers get the same prompts
+        client = Client(port, vocab, seed=len(lengths))  # every server gets the same prompts
         client.prefill_seconds(64)  # warm-up
         results = {}
         for length in lengths:
-            seconds = [client.prefill_seconds(length) for _ in range(PREFILL_REPEATS.get(length, 1))]
+            seconds = [client.prefill_seconds(length) for _ in range(prefill_repeats)]
             results[f"prefill tok/s @{length}"] = length / statistics.median(seconds)
-        for batch in (1, NUM_SLOTS):
+        for batch in (1, NUM_SLOTS) if decode else ():
             results[f"decode tok/s @batch {batch}"] = client.decode_rate(batch)
         results["peak RSS GiB"] = peak_rss_bytes(process.pid) / 2**30
     finally:
@@ -214,29 +222,50 @@ def llama_argv(binary: Path, gguf_path: Path, port: int, threads: int) -> list[s
             str(NUM_SLOTS), "--ctx-size", str(NUM_SLOTS * CONTEXT), "--threads", str(threads), "--no-webui"]
 
 
+def radixserve_rows(paths: list[str]) -> tuple[dict[str, list[str]], list[str]]:
+    """(row name -> the serve flags of each path that runs here, a line for each path that does not)."""
+    from kernels.cpu_features import resolve_prefill_dtype
+    from kernels.packed_linear import bf16_is_available
+
+    rows, missing = {}, []
+    for path in paths:
+        if path not in PREFILL_PATHS:
+            raise SystemExit(f"--paths takes {', '.join(PREFILL_PATHS)}, got {path!r}")
+        if path == "bf16":
+            try:
+                resolve_prefill_dtype("bfloat16", this_cpu(), bf16_is_available())
+            except ValueError as error:
+                missing.append(f"radixserve bf16: not run ({error})")
+                continue
+        rows[f"radixserve {path}"] = PREFILL_PATHS[path]
+    return rows, missing
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default=",".join(MODEL_FILES), help=f"of {', '.join(MODEL_FILES)}")
     parser.add_argument("--lengths", default="1024,4096")
+    parser.add_argument("--paths", default=",".join(PREFILL_PATHS), help="radixserve's prefill paths, a row each")
+    parser.add_argument("--prefill-repeats", type=int, default=1, help="prefill requests per length (the median)")
+    parser.add_argument("--no-decode", action="store_true", help="prefill and peak RSS only")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--also-float-activations", action="store_true",
-                        help="a third column: radixserve with int8 activations off")
     parser.add_argument("--log-dir", type=Path, default=Path(tempfile.gettempdir()))
     args = parser.parse_args(argv)
     started = time.perf_counter()
     torch.set_num_threads(args.threads)
     lengths = [int(v) for v in args.lengths.split(",")]
+    ours, missing = radixserve_rows(list(filter(None, args.paths.split(","))))
     binary = find_or_build_llama_server()
     print(f"cpu: {this_cpu().describe()}; best kernels {this_cpu().best_variant()}; {args.threads} threads; "
           f"load average {os.getloadavg()[0]:.1f}; llama-server {llama_server_version(binary)}")
+    for line in missing:
+        print(line)
     limits = machine_limits()
     print("machine limits (2048 x 2048 weight, 512 rows):")
     for name, value in limits.items():
         print(f"  {name}: {value:.1f}" + ("" if "GB/s" in name else " GOP/s"))
     int8_rate = next(v for k, v in limits.items() if k.startswith("int8 GEMM"))
     copy_rate = limits["copy GB/s (read + write)"]
-    servers = ["radixserve", "llama-server"] + (["radixserve float32 activations"] if args.also_float_activations else [])
-    # radixserve's columns name their activations explicitly, whatever the default is
     tables = {}
     for model in filter(None, args.models.split(",")):
         gguf_path = model_file(model)
@@ -244,30 +273,34 @@ def main(argv: list[str] | None = None) -> int:
         vocab = len(meta["tokenizer.ggml.tokens"])
         print(f"{model}: {gguf_path.name} ({gguf_path.stat().st_size / 2**30:.2f} GiB)", flush=True)
         rows = {}
-        for server in servers:
+        for server in ["llama-server", *ours]:
             port = random.randrange(18000, 19000)
             log_path = args.log_dir / f"cpu_speed_bench_{model}_{server.replace(' ', '_')}.log"
             command = (llama_argv(binary, gguf_path, port, args.threads) if server == "llama-server" else
-                       radixserve_argv(gguf_path, port, llama_kv_bytes(meta), ["--int8-activations"] if server == "radixserve"
-                                       else ["--no-int8-activations"]))
-            rows[server] = measure_server(server, command, port, vocab, lengths, log_path)
+                       radixserve_argv(gguf_path, port, llama_kv_bytes(meta), ours[server]))
+            rows[server] = measure_server(server, command, port, vocab, lengths, log_path, args.prefill_repeats,
+                                          not args.no_decode)
         linear_ops = 2 * linear_weight_elements(meta)
         for values in rows.values():
             best_prefill = max(v for k, v in values.items() if k.startswith("prefill"))
             values["prefill linear GOP/s"] = best_prefill * linear_ops / 1e9
             values["% of int8 GEMM rate"] = 100 * values["prefill linear GOP/s"] / int8_rate
-            values["% of bandwidth limit @batch 1"] = (100 * values["decode tok/s @batch 1"]
-                                                       * gguf_path.stat().st_size / (copy_rate * 1e9))
+            if not args.no_decode:
+                values["% of bandwidth limit @batch 1"] = (100 * values["decode tok/s @batch 1"]
+                                                           * gguf_path.stat().st_size / (copy_rate * 1e9))
+        for values in rows.values():  # prefill over llama-server's, per length
+            for length in lengths:
+                values[f"prefill @{length} / llama-server"] = (values[f"prefill tok/s @{length}"]
+                                                              / rows["llama-server"][f"prefill tok/s @{length}"])
         tables[model] = rows
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}; {time.perf_counter() - started:.0f} s")
     for model, rows in tables.items():
         print(f"\n{model} ({model_file(model).name})\n")
-        print("| | " + " | ".join(rows) + " | radixserve / llama-server |")
-        print("|---|" + "---|" * (len(rows) + 1))
-        for metric in rows["radixserve"]:
-            ours, peer = rows["radixserve"][metric], rows["llama-server"][metric]
-            print(f"| {metric} | " + " | ".join(f"{values[metric]:.1f}" for values in rows.values())
-                  + f" | {ours / peer:.2f} |")
+        metrics = list(rows["llama-server"])
+        print("| | " + " | ".join(metrics) + " |")
+        print("|---|" + "---|" * len(metrics))
+        for server, values in rows.items():
+            print(f"| {server} | " + " | ".join(f"{values[metric]:.2f}" for metric in metrics) + " |")
     return 0
 
 

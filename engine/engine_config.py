@@ -12,6 +12,7 @@ from engine.kv_disk_config import KVDiskConfig
 from engine.kv_dtype_config import KVDtypeConfig
 from engine.setting import SIZE_UNITS
 from engine.speculation_config import SpeculationConfig
+from kernels.cpu_features import PREFILL_DTYPE_CHOICES
 from model.backends.cpu_backend import FLOAT_PREFILL_MAX_BYTES
 
 # The KV pool when not told its size: this many full contexts (room for that many requests at full length, or
@@ -115,9 +116,14 @@ class EngineConfig:
     # float32 is measured >= 0.99, docs/performance.md) or "float32" (each weight decoded to its float32
     # value; exact up to summation order)
     decode_activations: str = "float32"
-    # cpu: a model whose projections fit in this many bytes as float32 keeps a float32 copy of them for
+    # cpu: a model whose projections fit in this many bytes in prefill's dtype keeps a copy of them for
     # prefill beside its blocks (model/backends/cpu_backend.py); 0: prefill over the blocks always
     float_prefill_max_bytes: int = FLOAT_PREFILL_MAX_BYTES
+    # cpu: what prefill's GEMMs over GGUF blocks multiply in (kernels.cpu_features.PREFILL_DTYPE_CHOICES):
+    # "bfloat16" (x and weights rounded to bf16; needs native bf16: AVX512_BF16 or AMX), "float32", or
+    # "auto" (bfloat16 where native). float32 by default until bf16's top-1 agreement with float32 is
+    # measured >= 0.99 (bench/int8_activation_quality.py --paths bf16; docs/performance.md)
+    prefill_dtype: str = "float32"
     # Each feature's settings, in its own file (flags derived from their fields: server/config_flags.py)
     kv_disk: KVDiskConfig = KVDiskConfig()  # the disk tier of KV pages (engine/kv_disk_config.py)
     documents: DocumentReuseConfig = DocumentReuseConfig()  # document KV reuse (engine/document_reuse_config.py)
@@ -142,3 +148,6 @@ class EngineConfig:
                              f"got {self.eviction_policy!r}")
         if self.schedule not in ("fcfs", "lpm"):
             raise ValueError(f"schedule must be 'fcfs' or 'lpm', got {self.schedule!r}")
+        if self.prefill_dtype not in PREFILL_DTYPE_CHOICES:
+            raise ValueError(f"prefill_dtype must be one of {', '.join(PREFILL_DTYPE_CHOICES)}, "
+                             f"got {self.prefill_dtype!r}")

@@ -38,6 +38,7 @@ from engine.sampler import Sampler, make_sampling_state
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledChunk, Scheduler
 from engine.selective_recompute import SelectiveRecompute
+from engine.heap_trim import trim_freed_heap
 from engine.span_breaks import span_breaks
 from engine.speculative_verify import AcceptedTokens, sample_and_verify
 from kernels.kv_format import kv_dtype_name
@@ -62,9 +63,15 @@ class LLMEngine:
                                       build_dir=radixserve_home() / "kernels", crossover=config.few_rows_crossover,
                                       cpu_kernels=config.cpu_kernels, int8_activations=config.int8_activations,
                                       decode_activations=config.decode_activations,
-                                      float_prefill_max_bytes=config.float_prefill_max_bytes)
+                                      float_prefill_max_bytes=config.float_prefill_max_bytes,
+                                      prefill_dtype=config.prefill_dtype)
+        # Before the weights: the tokenizer it decodes the vocabulary with is dropped, and its freed pages
+        # (~90 MiB of a 128k vocabulary's, resident when this ran after the KV pool) go back at once.
+        breaks = span_breaks(model_dir)
+        trim_freed_heap()
         self.model = load_model(model_dir, self.device, self.dtype, self.backend, gguf_blocks=config.gguf_blocks,
                                 max_model_len=config.max_model_len)
+        trim_freed_heap()
         if config.max_num_batched_tokens is None:
             config = dataclasses.replace(config, max_num_batched_tokens=self.backend.policy.max_num_batched_tokens)
         self.config = config
@@ -101,7 +108,7 @@ class LLMEngine:
         selective = None  # CacheBlend-style recompute of the most deviating placed tokens
         if config.documents.recompute_fraction > 0:
             selective = SelectiveRecompute(config.documents.recompute_fraction, self.model, self.kv_pool, self.device)
-        self.documents = DocumentReuse(config, self.document_store, span_breaks(model_dir), copier, selective)
+        self.documents = DocumentReuse(config, self.document_store, breaks, copier, selective)
         sources = [source for source in (self.kv_tier, self.documents) if source is not None]
         self.scheduler = Scheduler(config, num_pages, self.max_model_len, sources)
         if self.kv_tier is not None:

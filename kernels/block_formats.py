@@ -4,8 +4,10 @@ bytes and layout, which the loader, the C kernels' wrappers and their tests read
 A weight is a `BlockWeight(format, blocks, cols)`: `blocks` is (rows, bytes_per_row) uint8, one
 output row per row (q/k rows already un-permuted from llama.cpp's rope order), each row
 `cols / block_size` blocks back to back. A block's bytes are GGUF's own block struct
-(ggml-common.h), except Q4_1 and Q8_0, whose fp16 scales are widened (exactly) to float32 so a
-block's scale is one broadcast load. Values (`dequantize_reference` is the contract, gguf's own
+(ggml-common.h), except Q4_1, whose fp16 scales are widened (exactly) to float32 so a block's
+scale is one broadcast load. Q8_0 keeps GGUF's 34-byte block (the kernels load its fp16 scale and
+32 bytes unaligned): widened to 36 bytes it held 73 MiB more of a 1B model, read from memory at
+every token, for one conversion a block that F16C does in an instruction. Values (`dequantize_reference` is the contract, gguf's own
 `dequantize` of the GGUF bytes), with all integers little-endian, fp16 = IEEE half:
 
   Q4_0  32 / 18 B  {fp16 d, 16 B nibbles}: element j < 16 is the low nibble of byte j, j + 16
@@ -14,7 +16,7 @@ block's scale is one broadcast load. Values (`dequantize_reference` is the contr
   Q5_0  32 / 22 B  {fp16 d, u32 qh, 16 B nibbles}: nibbles as Q4_0, bit j of qh is element j's
                    fifth bit; w = d * (q - 16)
   Q5_1  32 / 24 B  {fp16 d, fp16 m, u32 qh, 16 B nibbles}; w = d * q + m
-  Q8_0  32 / 36 B  widened {f32 d, 32 int8} (GGUF: fp16 d, 34 B); w = d * q
+  Q8_0  32 / 34 B  {fp16 d, 32 int8}; w = d * q
   Q2_K 256 / 84 B  {16 B scales, 64 B qs, fp16 d, fp16 dmin}: 32-group g (0..7) holds 2-bit
                    values (qs[32 * (g / 4) + e] >> 2 * (g % 4)) & 3; element i's 16-group
                    s = i / 16 has scale byte scales[s]: w = d * (sc & 15) * q - dmin * (sc >> 4)
@@ -54,7 +56,7 @@ class BlockFormat:
     code: int  # the C kernels' format code (kernels/csrc/block_decode.h, FORMAT_*)
     block_size: int  # weights per block along a row
     bytes: int  # bytes of one block as held at run time
-    widened_scales: int = 0  # leading fp16 scales widened to float32 (Q4_1: 2, Q8_0: 1); 0 = GGUF's struct
+    widened_scales: int = 0  # leading fp16 scales widened to float32 (Q4_1: 2); 0 = GGUF's struct
 
     @property
     def gguf_bytes(self) -> int:
@@ -68,7 +70,7 @@ class BlockFormat:
 
 FORMATS = {f.name: f for f in (
     BlockFormat("Q4_1", 0, 32, 24, widened_scales=2),
-    BlockFormat("Q8_0", 1, 32, 36, widened_scales=1),
+    BlockFormat("Q8_0", 1, 32, 34),
     BlockFormat("Q4_0", 2, 32, 18),
     BlockFormat("Q5_0", 3, 32, 22),
     BlockFormat("Q5_1", 4, 32, 24),

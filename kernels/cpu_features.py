@@ -13,6 +13,10 @@ Variants, best first:
 AVX_VNNI (VEX-coded `vpdpbusd` of 256 bits, Alder Lake and later), AVX512_BF16 and AMX
 are detected and named; no kernel of ours uses them (oneDNN picks AMX and BF16 itself
 where its GEMMs can use them).
+
+Prefill's dtype (`resolve_prefill_dtype`): bfloat16 GEMMs (oneDNN's, through torch) where the CPU
+multiplies bf16 natively (AVX512_BF16 or AMX-BF16: ~1.5-3x its float32 GEMM); elsewhere float32,
+since bf16 on AVX2 is emulated and slower than float32.
 """
 
 import functools
@@ -35,6 +39,10 @@ VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "avx2": (("avx2", "fma", "f16c"), ("-mavx2", "-mfma", "-mf16c")),
 }
 VARIANT_CHOICES = ("auto", *VARIANTS, PORTABLE)
+# Either flag gives native bf16 products: AVX512_BF16's `vdpbf16ps`, or AMX's bf16 tiles.
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+PREFILL_DTYPES = ("float32", "bfloat16")
+PREFILL_DTYPE_CHOICES = ("auto", *PREFILL_DTYPES)
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,9 @@ class CpuFeatures:
 
     def best_variant(self) -> str:
         return next((name for name, (needs, _) in VARIANTS.items() if self.has(*needs)), PORTABLE)
+
+    def has_native_bf16(self) -> bool:
+        return any(self.has(flag) for flag in NATIVE_BF16_FLAGS)
 
     def describe(self) -> str:
         """e.g. "x86_64 with AVX2, FMA, F16C, AVX-512F, ..." in KNOWN_FLAGS' order."""
@@ -67,6 +78,28 @@ def resolve_variant(choice: str, features: "CpuFeatures") -> tuple[str, tuple[st
     if choice != PORTABLE and not features.has(*VARIANTS[choice][0]):
         raise ValueError(f"cpu kernel variant {choice} needs {_missing(choice, features)}, which this CPU lacks")
     return choice, (f"{best} kernels not used ({choice} asked for)",) if choice != best else ()
+
+
+def resolve_prefill_dtype(choice: str, features: "CpuFeatures", onednn_bf16: bool) -> tuple[str, tuple[str, ...]]:
+    """(the dtype prefill's GEMMs multiply in, the fallbacks on the way) for `choice` in PREFILL_DTYPE_CHOICES.
+    `onednn_bf16`: whether this torch's oneDNN runs bf16 GEMMs. "auto" takes bfloat16 where both the CPU
+    (NATIVE_BF16_FLAGS) and oneDNN have it; "bfloat16" asked for where either lacks it is an error."""
+    if choice not in PREFILL_DTYPE_CHOICES:
+        raise ValueError(f"prefill dtype must be one of {', '.join(PREFILL_DTYPE_CHOICES)}, got {choice!r}")
+    lacking = _bf16_lacking(features, onednn_bf16)
+    if choice == "auto":
+        return ("float32", (f"bfloat16 prefill off ({lacking}): float32 GEMMs",)) if lacking else ("bfloat16", ())
+    if choice == "bfloat16" and lacking:
+        raise ValueError(f"bfloat16 prefill needs native bf16 ({lacking})")
+    return choice, ()
+
+
+def _bf16_lacking(features: "CpuFeatures", onednn_bf16: bool) -> str:
+    """Why bf16 GEMMs are not native here ("" when they are)."""
+    if not features.has_native_bf16():
+        labels = "/".join(KNOWN_FLAGS[flag] for flag in NATIVE_BF16_FLAGS)
+        return f"this CPU lacks {labels}" if features.machine in ("x86_64", "AMD64") else "not x86-64"
+    return "" if onednn_bf16 else "this torch's oneDNN has no bf16 GEMM"
 
 
 def _rank(variant: str) -> int:

@@ -30,7 +30,7 @@ from kernels.native_build import FIND_COMPILER, load_library
 # speculative verify chunk of up to 8 rows run every projection in the one kernel, whose rows do not
 # depend on how many share a call. The cpu backend can measure it per shape at load instead.
 BLOCKS_MAX_ROWS = {"Q4_1": 8, "Q8_0": 8}
-# The formats matmul_blocks (kernels/csrc/matvec.c) reads, in their widened layouts (block_formats.py).
+# The formats matmul_blocks (kernels/csrc/matvec.c) reads, in their run-time layouts (block_formats.py).
 MATVEC_FORMATS = ("Q4_1", "Q8_0")
 
 

@@ -120,6 +120,20 @@ class DecoderLayer(nn.Module):
         return hidden, residual
 
 
+def _materialize_empty(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    """Every meta parameter becomes an uninitialised tensor of `dtype` on `device`. By hand, not
+    `to(dtype).to_empty()`, and with no init on the meta device (the embedding is given its table):
+    those run torch's Python meta kernels, whose import (sympy, mpmath) held 70 MiB resident."""
+    for module in model.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            if param.is_meta:
+                setattr(module, name, nn.Parameter(torch.empty(param.shape, dtype=dtype, device=device),
+                                                   requires_grad=param.requires_grad))
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            if buffer.is_meta:
+                module._buffers[name] = torch.empty(buffer.shape, dtype=buffer.dtype, device=device)
+
+
 class DecoderForCausalLM(nn.Module):
     """Parameters are created empty on `device`/`dtype`; model/weights.py fills them.
     `lm_head` is always a Linear; with tied embeddings its weight is the embedding table.
@@ -142,11 +156,12 @@ class DecoderForCausalLM(nn.Module):
         # Built on the meta device then materialised uninitialised: random
         # init of 100M+ parameters would only be overwritten by the loader.
         with torch.device("meta"):
-            self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+            self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
+                                             _weight=torch.empty(config.vocab_size, config.hidden_size))
             self.layers = nn.ModuleList(DecoderLayer(config, i, backend) for i in range(config.num_layers))
             self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, backend)
             self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.to(dtype).to_empty(device=device)
+        _materialize_empty(self, device, dtype)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.requires_grad_(False)

@@ -21,6 +21,8 @@ from store.errors import RadixserveError
 BACKEND_CHOICES = ("auto", "cpu", "torch")
 # kernels.cpu_features.VARIANT_CHOICES, spelled out for the same reason (a test holds them equal)
 CPU_KERNEL_CHOICES = ("auto", "avx512_vnni", "avx2", "portable")
+# kernels.cpu_features.PREFILL_DTYPE_CHOICES, likewise
+PREFILL_DTYPE_CHOICES = ("auto", "float32", "bfloat16")
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
@@ -151,6 +153,10 @@ def _add_serve_parser(commands, default_model: str) -> None:
                        help="cpu backend: products over the GGUF blocks with int8 activations (one kernel, prefill and "
                        "decode). Default: off "
                        "(its quality against float32: docs/performance.md)")
+    serve.add_argument("--prefill-dtype", choices=PREFILL_DTYPE_CHOICES,
+                       help="cpu backend: what prefill's GEMMs over GGUF blocks multiply in: bfloat16 (x and weights "
+                       "rounded to bf16; needs AVX512_BF16 or AMX), float32, or auto (bfloat16 where the CPU has native "
+                       "bf16); default: EngineConfig's, docs/performance.md has speed and agreement")
     serve.add_argument("--decode-activations", choices=("int16", "float32"),
                        help="cpu backend: what the decode kernels over GGUF blocks multiply with: int16 (activations "
                        "quantized per 32 values, integer dot products) or float32 (exact weights and activations); "

@@ -10,7 +10,8 @@ import uvicorn
 
 from assembly.chat_template import ChatTemplate, TemplateError
 from engine.engine_config import EngineConfig, parse_kv_cache_memory, resolve_device, resolve_dtype
-from kernels.cpu_features import resolve_variant, this_cpu
+from kernels.cpu_features import resolve_prefill_dtype, resolve_variant, this_cpu
+from kernels.packed_linear import bf16_is_available
 from model.backends import check_backend_choice
 from engine.document_reuse_config import DocumentReuseConfig
 from engine.kv_disk_config import KVDiskConfig
@@ -57,6 +58,9 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
         resolve_variant(args.cpu_kernels, this_cpu())  # a variant this CPU lacks is refused here, in one line
         if args.decode_activations is not None:
             engine_fields["decode_activations"] = args.decode_activations
+        if args.prefill_dtype is not None:  # bfloat16 on a CPU without native bf16 is refused here, in one line
+            resolve_prefill_dtype(args.prefill_dtype, this_cpu(), bf16_is_available())
+            engine_fields["prefill_dtype"] = args.prefill_dtype
         engine = EngineConfig(model_dir=model_dir, device=args.device, dtype=args.dtype, schedule=args.schedule,
                               eviction_policy=args.eviction_policy,
                               speculation=config_from_args(SpeculationConfig, args),

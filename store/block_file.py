@@ -58,33 +58,68 @@ def read_block_file(model_dir: Path, names: set[str] | None = None) -> dict[str,
     return dict(iter_block_file(path, names))
 
 
-def iter_block_file(path: Path, names: set[str] | None = None):
-    """(HF name, GGUFBlocks) one tensor at a time, read from the file (no mmap)."""
+class BlockEntry(NamedTuple):
+    """Where one tensor's blocks lie in the block file: (rows, row_bytes) uint8 from `offset`."""
+
+    format: str
+    rows: int
+    row_bytes: int
+    cols: int  # weights a row
+    offset: int  # from the start of the file
+
+
+def block_entries(path: Path) -> dict[str, BlockEntry]:
+    """HF name -> its entry, for every tensor of the block file, checked against the header."""
     header, data_start = _read_header(path)
     formats = json.loads(header.get("__metadata__", {}).get("block_formats", "{}"))
+    entries = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        if name not in formats:
+            raise ModelFormatError(path, f"tensor {name!r} has no block format in the header")
+        if formats[name] not in BLOCK_FORMATS:
+            raise ModelFormatError(path, f"block format {formats[name]!r} is not supported "
+                                   f"({', '.join(BLOCK_FORMATS)})")
+        begin, end = entry["data_offsets"]
+        rows, row_bytes = entry["shape"]
+        if entry["dtype"] != "U8" or end - begin != rows * row_bytes:
+            raise ModelFormatError(path, f"tensor {name!r}: bad entry {entry}")
+        block_size, type_size = gguf_block_shape(formats[name])
+        if row_bytes % type_size:
+            raise ModelFormatError(path, f"tensor {name!r}: rows of {row_bytes} bytes are not whole "
+                                   f"{formats[name]} blocks of {type_size}")
+        entries[name] = BlockEntry(formats[name], rows, row_bytes, row_bytes // type_size * block_size,
+                                   data_start + begin)
+    return entries
+
+
+def read_blocks_into(path: Path, file, name: str, entry: BlockEntry, out: np.ndarray) -> None:
+    """Reads the entry's bytes from the open `file` straight into `out` (C-contiguous uint8 of
+    entry.rows * entry.row_bytes bytes): the loader places each part where the run-time weight
+    keeps it, so a load makes no transient copy of the weights."""
+    if out.dtype != np.uint8 or not out.flags.c_contiguous or out.nbytes != entry.rows * entry.row_bytes:
+        raise ValueError(f"tensor {name!r}: needs a contiguous uint8 buffer of {entry.rows * entry.row_bytes} "
+                         f"bytes, got {out.dtype} {out.shape}")
+    try:
+        file.seek(entry.offset)
+        if file.readinto(memoryview(out).cast("B")) != out.nbytes:
+            raise ModelFormatError(path, f"truncated: tensor {name!r} is incomplete")
+    except OSError as error:
+        raise ModelFormatError(path, f"unreadable ({error.strerror or error})") from None
+
+
+def iter_block_file(path: Path, names: set[str] | None = None):
+    """(HF name, GGUFBlocks) one tensor at a time, read from the file (no mmap)."""
+    entries = block_entries(path)
     try:
         with open(path, "rb") as file:
-            for name, entry in header.items():
-                if name == "__metadata__" or (names is not None and name not in names):
+            for name, entry in entries.items():
+                if names is not None and name not in names:
                     continue
-                if name not in formats:
-                    raise ModelFormatError(path, f"tensor {name!r} has no block format in the header")
-                if formats[name] not in BLOCK_FORMATS:
-                    raise ModelFormatError(path, f"block format {formats[name]!r} is not supported "
-                                           f"({', '.join(BLOCK_FORMATS)})")
-                begin, end = entry["data_offsets"]
-                rows, row_bytes = entry["shape"]
-                if entry["dtype"] != "U8" or end - begin != rows * row_bytes:
-                    raise ModelFormatError(path, f"tensor {name!r}: bad entry {entry}")
-                block_size, type_size = gguf_block_shape(formats[name])
-                if row_bytes % type_size:
-                    raise ModelFormatError(path, f"tensor {name!r}: rows of {row_bytes} bytes are not whole "
-                                           f"{formats[name]} blocks of {type_size}")
-                array = np.empty((rows, row_bytes), dtype=np.uint8)
-                file.seek(data_start + begin)
-                if file.readinto(memoryview(array).cast("B")) != array.nbytes:
-                    raise ModelFormatError(path, f"truncated: tensor {name!r} is incomplete")
-                yield name, GGUFBlocks(formats[name], array, row_bytes // type_size * block_size)
+                array = np.empty((entry.rows, entry.row_bytes), dtype=np.uint8)
+                read_blocks_into(path, file, name, entry, array)
+                yield name, GGUFBlocks(entry.format, array, entry.cols)
     except OSError as error:
         raise ModelFormatError(path, f"unreadable ({error.strerror or error})") from None
 

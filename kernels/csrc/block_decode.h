@@ -72,8 +72,8 @@ static inline void decode_group_scalar(int code, const uint8_t* b, int g, float*
       break;
     }
     case FORMAT_Q8_0: {
-      float d = load_f32(b);
-      for (int j = 0; j < 32; j++) w[j] = (float)(int8_t)b[4 + j] * d;
+      float d = load_f16(b);
+      for (int j = 0; j < 32; j++) w[j] = (float)(int8_t)b[2 + j] * d;
       break;
     }
     case FORMAT_Q4_0: {
@@ -205,9 +205,9 @@ static inline __attribute__((always_inline)) void decode_group_avx2(const int co
       break;
     }
     case FORMAT_Q8_0: {
-      __m256 d = _mm256_broadcast_ss((const float*)b);
+      __m256 d = f16x1(b);
       for (int k = 0; k < 4; k++)
-        w[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(b + 4 + 8 * k)))), d);
+        w[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(b + 2 + 8 * k)))), d);
       break;
     }
     case FORMAT_Q4_0: {

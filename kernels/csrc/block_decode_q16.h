@@ -123,8 +123,8 @@ static inline void decode_group_q16_scalar(int code, const uint8_t* b, int g, in
       }
       break;
     case FORMAT_Q8_0:
-      *dl = load_f32(b);
-      for (int j = 0; j < 32; j++) q[j] = (int8_t)b[4 + j];
+      *dl = load_f16(b);
+      for (int j = 0; j < 32; j++) q[j] = (int8_t)b[2 + j];
       break;
     case FORMAT_Q4_0:
       *dl = load_f16(b);
@@ -182,9 +182,9 @@ static inline __attribute__((always_inline)) void decode_group_q16_avx2(const in
       bytes = nibble_bytes(b + 8);
       break;
     case FORMAT_Q8_0:
-      *dl = load_f32(b);
-      q[0] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(b + 4)));
-      q[1] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(b + 20)));
+      *dl = f16c(b);
+      q[0] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(b + 2)));
+      q[1] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(b + 18)));
       return;
     case FORMAT_Q4_0:
       *dl = f16c(b);

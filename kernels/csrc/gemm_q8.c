@@ -75,9 +75,9 @@ static void source_group(int format, const uint8_t* row, int64_t b, float* d, fl
     *d = load_f32(block), *m = load_f32(block + 4);
     for (int e = 0; e < 32; e++) q[e] = nibble(block + 8, e);
   } else if (format == FORMAT_Q8_0) {
-    const uint8_t* block = row + b * 36;
-    *d = load_f32(block), *m = 0.0f;
-    memcpy(q, block + 4, 32);
+    const uint8_t* block = row + b * 34;
+    *d = load_f16(block), *m = 0.0f;
+    memcpy(q, block + 2, 32);
   } else if (format == FORMAT_Q4_0) {
     const uint8_t* block = row + b * 18;
     *d = load_f16(block), *m = 0.0f;

@@ -2,11 +2,10 @@
 
    y (m, rows) = x (m, cols) @ W^T for a weight W (rows, cols) held row-major as
    - float32 (matvec_f32, m = 1), or
-   - blocks of 32 weights along a row, GGUF's formats with their fp16 scales widened
-     to float32 at load (kernels/cpu_matvec.py, BlockWeight.from_gguf):
-       Q4_1: {f32 d, f32 min, 16 bytes of nibbles}, w = d * q + min, q in 0..15,
-             element j < 16 in the low nibble of byte j, element j + 16 in its high nibble;
-       Q8_0: {f32 d, 32 int8 q}, w = d * q.
+   - blocks of 32 weights along a row (kernels/block_formats.py, BlockWeight.from_gguf):
+       Q4_1: {f32 d, f32 min, 16 bytes of nibbles} (fp16 scales widened at load), w = d * q + min,
+             q in 0..15, element j < 16 in the low nibble of byte j, element j + 16 in its high nibble;
+       Q8_0: GGUF's own block {fp16 d, 32 int8 q} (34 bytes: loads are unaligned), w = d * q.
      Each block is decoded to exactly the float32 weights of gguf's dequantization
      (see scale_shift_block), then multiplied with x like float32 weights.
    Rows of W are split statically between the threads, each streaming its own
@@ -20,7 +19,7 @@
 
 #define BLOCK 32
 #define Q4_1_BYTES 24
-#define Q8_0_BYTES 36
+#define Q8_0_BYTES 34
 #define MAX_GROUP 8
 
 static inline float hsum8(__m256 v) {
@@ -83,8 +82,8 @@ static inline void decode_q8_0(const uint8_t* values, __m256 q[4]) {
 /* The block's weights from its quantized values: w = d * q (+ min). d * q is exact in
    float32 (an fp16 d times an integer below 256), so the single rounding of the FMA
    gives exactly the float32 of gguf's dequantization, (d * q) + min. */
-static inline void scale_block(__m256 w[4], const float* d) {
-  __m256 dv = _mm256_broadcast_ss(d);
+static inline void scale_block(__m256 w[4], const uint8_t* fp16_d) {
+  __m256 dv = _mm256_set1_ps(_cvtsh_ss((uint16_t)(fp16_d[0] | fp16_d[1] << 8)));
   for (int k = 0; k < 4; k++) w[k] = _mm256_mul_ps(w[k], dv);
 }
 
@@ -121,8 +120,8 @@ static inline __attribute__((always_inline)) void row_tile(
       decode_q4_1(block + 8, w);
       scale_shift_block(w, (const float*)block);
     } else {
-      decode_q8_0(block + 4, w);
-      scale_block(w, (const float*)block);
+      decode_q8_0(block + 2, w);
+      scale_block(w, block);
     }
     for (int64_t i = 0; i < m; i++) {
       const float* xb = x + i * x_stride + b * BLOCK;

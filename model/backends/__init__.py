@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from kernels import block_matmul, cpu_decode_ops, cpu_gemm_q8, cpu_matvec, packed_linear
-from kernels.cpu_features import resolve_variant, this_cpu
+from kernels.cpu_features import resolve_prefill_dtype, resolve_variant, this_cpu
 from kernels.native_build import FIND_COMPILER, NativeUnavailable, library_variant
 from model.backends.base import Backend, BackendPlan, LinearPlan, StepPolicy
 from model.backends.cpu_backend import FIXED, FLOAT_PREFILL_MAX_BYTES, CpuBackend
@@ -40,10 +40,13 @@ def _cpu_unfit(device: torch.device, dtype: torch.dtype) -> str | None:
 
 
 def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crossover: str, variant_choice: str,
-              int8_activations: bool, float_prefill_max_bytes: int, decode_activations: str) -> Backend:
+              int8_activations: bool, float_prefill_max_bytes: int, decode_activations: str,
+              prefill_dtype_choice: str) -> Backend:
     features = this_cpu()
     variant, skipped = resolve_variant(variant_choice, features)
-    fallbacks = list(skipped)
+    prefill_dtype, bf16_skipped = resolve_prefill_dtype(prefill_dtype_choice, features,
+                                                        packed_linear.bf16_is_available())
+    fallbacks = list(skipped) + list(bf16_skipped)
     gemm_q8 = None
     if int8_activations:
         try:
@@ -68,11 +71,12 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
     loaded = (("int8 GEMM", "gemm_q8", gemm_q8), ("matvec", "matvec", matvec), ("decode ops", "decode_ops", ops))
     builds = ", ".join(f"{label} {library_variant(library, variant)}" for label, library, kernels in loaded
                        if kernels is not None)
-    instruction_sets = f"{features.describe()}; kernels: {variant}" + (f" ({builds})" if builds else "")
+    instruction_sets = (f"{features.describe()}; kernels: {variant}" + (f" ({builds})" if builds else "")
+                        + f"; prefill GEMMs: {prefill_dtype}")
     return CpuBackend(matvec, ops, tuple(fallbacks), crossover,
                       functools.partial(block_matmul.load_best, build_dir, compiler, variant), gemm_q8=gemm_q8,
                       instruction_sets=instruction_sets, float_prefill_max_bytes=float_prefill_max_bytes,
-                      decode_activations=decode_activations)
+                      decode_activations=decode_activations, prefill_dtype=prefill_dtype)
 
 
 # name -> what it needs to run here (None: runs)
@@ -97,7 +101,7 @@ def select_backend(device: torch.device | str, dtype: torch.dtype, config: Model
                    build_dir: Path, compiler: str | None = FIND_COMPILER, crossover: str = FIXED,
                    cpu_kernels: str = "auto", int8_activations: bool = False,
                    float_prefill_max_bytes: int = FLOAT_PREFILL_MAX_BYTES,
-                   decode_activations: str = "float32") -> Backend:
+                   decode_activations: str = "float32", prefill_dtype: str = "float32") -> Backend:
     """The backend for a model of `config` on `device` in `dtype`. `build_dir` caches the C
     kernels; `compiler` None runs `cpu` as a machine without a C compiler gets it;
     `crossover` "fixed" (default: the measured table) or "measure" sets how `cpu` picks its few-rows limits;
@@ -105,9 +109,11 @@ def select_backend(device: torch.device | str, dtype: torch.dtype, config: Model
     runs, "avx2" or "portable" force a lower one); `int8_activations` whether `cpu` runs the products over
     GGUF blocks with int8 activations (kernels/cpu_gemm_q8.py), prefill and decode, instead of oneDNN float32
     for prefill and the float-activation blocks kernel for decode; `float_prefill_max_bytes` up to which
-    size of its projections as float32 `cpu` keeps a float32 copy of them for prefill (CpuBackend);
+    size of its projections in prefill's dtype `cpu` keeps a copy of them for prefill (CpuBackend);
     `decode_activations` what `cpu`'s few-rows kernels over blocks multiply with
-    (cpu_backend.DECODE_ACTIVATIONS: "int16" or "float32")."""
+    (cpu_backend.DECODE_ACTIVATIONS: "int16" or "float32"); `prefill_dtype` what `cpu`'s prefill GEMMs
+    over GGUF blocks multiply in (kernels.cpu_features.PREFILL_DTYPE_CHOICES: "auto" is bfloat16 where the
+    CPU has native bf16, else float32)."""
     device = torch.device(device)
     check_backend_choice(choice, device, dtype)
     skipped = []
@@ -118,6 +124,6 @@ def select_backend(device: torch.device | str, dtype: torch.dtype, config: Model
             continue
         if name == "cpu":
             return _make_cpu(config, build_dir, compiler, crossover, cpu_kernels, int8_activations,
-                             float_prefill_max_bytes, decode_activations)
+                             float_prefill_max_bytes, decode_activations, prefill_dtype)
         return TorchBackend(device, dtype, tuple(skipped))
     raise AssertionError("torch runs everywhere")

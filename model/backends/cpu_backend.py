@@ -7,9 +7,11 @@ instruction sets the CPU has, and which kernel variant was built: kernels/cpu_fe
   prefill and decode alike, as int8 GEMMs with activations quantized per block of 32
   (kernels/cpu_gemm_q8.py: AVX-512 VNNI or AVX2), the blocks repacked at load; other formats, and
   every weight without it, as below;
-- weights held as GGUF blocks: decode over the blocks (C kernels); prefill over a float32 copy of the
-  projections when they fit in `float_prefill_max_bytes` as float32 (a small model), else a tiled GEMM
-  over rows dequantized on the fly (no float32 copy of a weight is ever whole);
+- weights held as GGUF blocks: decode over the blocks (C kernels); prefill over a copy of the
+  projections in prefill's dtype when it fits in `float_prefill_max_bytes` (a small model), else a tiled
+  GEMM over rows dequantized on the fly (no copy of a weight is ever whole). Prefill's dtype is float32,
+  or bfloat16 where the CPU has native bf16 and it is asked for (kernels/cpu_features.py,
+  resolve_prefill_dtype; model/backends/cpu_linear.py says how it rounds);
 - oneDNN prepacked linear layers always (kernels/packed_linear.py);
 - with the C kernels built (kernels/native_build.py: a C compiler, AVX2/FMA/F16C):
   few-row products read the GGUF blocks of a converted model (or, without blocks, a kept
@@ -70,11 +72,18 @@ DECODE_ACTIVATIONS = ("int16", "float32")
 # --float-activation-layers measures a choice.
 INT8_FLOAT_ACTIVATION_LAYERS: tuple[str, ...] = ()
 # A model whose projections (every layer's and the LM head, not the embedding) take at most this many
-# bytes as float32 keeps a oneDNN-packed float32 copy of them for prefill beside the blocks decode reads.
+# bytes in prefill's dtype (float32, or bfloat16: half) keeps a oneDNN-packed copy of them in it for
+# prefill beside the blocks decode reads.
 # The tiled GEMM over blocks dequantizes every weight again on each prefill chunk; with the copy the
 # default model prefilled 1.3x (1k tokens) to 2.1x (32 tokens) as fast (docs/performance.md), and the
-# copy costs a small model little (SmolLM2-135M: 513 MiB). Larger models keep blocks only.
+# copy costs a small model little (SmolLM2-135M: 513 MiB as float32, 257 MiB as bfloat16). Larger models
+# keep blocks only.
 FLOAT_PREFILL_MAX_BYTES = 1 << 30
+PREFILL_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# With bfloat16 prefill, the projections (last part of the name) that prefill in float32 all the same. The LM
+# head's output is the logits sampling reads: rounded to bf16 (steps of 1/16 at 16) near-ties flip; and in
+# serving it runs on one row per prefilling sequence, so float32 costs it nothing there.
+BF16_FLOAT_LAYERS: tuple[str, ...] = ("lm_head",)
 
 
 class CpuBackend(TorchBackend):
@@ -85,8 +94,14 @@ class CpuBackend(TorchBackend):
                  gemm_q8: CpuGemmQ8 | None = None, instruction_sets: str = "",
                  float_activation_layers: tuple[str, ...] = INT8_FLOAT_ACTIVATION_LAYERS,
                  float_prefill_max_bytes: int = FLOAT_PREFILL_MAX_BYTES,
-                 decode_activations: str = "float32"):
+                 decode_activations: str = "float32", prefill_dtype: str = "float32",
+                 bf16_float_layers: tuple[str, ...] = BF16_FLOAT_LAYERS):
         super().__init__(torch.device("cpu"), torch.float32, fallbacks)
+        if prefill_dtype not in PREFILL_TORCH_DTYPES:
+            raise ValueError(f"prefill dtype must be one of {', '.join(PREFILL_TORCH_DTYPES)}, got {prefill_dtype!r}")
+        # what prefill's GEMMs over GGUF blocks multiply in (resolved: kernels.cpu_features.resolve_prefill_dtype)
+        self.prefill_dtype = prefill_dtype
+        self.bf16_float_layers = bf16_float_layers  # with bfloat16 prefill, these stay float32 (last name part)
         if crossover not in (MEASURE, FIXED):
             raise ValueError(f"crossover must be {MEASURE!r} or {FIXED!r}, got {crossover!r}")
         if decode_activations not in DECODE_ACTIVATIONS:
@@ -108,7 +123,7 @@ class CpuBackend(TorchBackend):
         self._embedding_table: BlockWeight | None = None  # the embedding's blocks (a tied LM head shares them)
         self._embedding = ""  # what the embedding runs, when it is blocks
         self.float_prefill_max_bytes = float_prefill_max_bytes
-        self._float_prefill_bytes = 0  # the float32 prefill copies made (0: prefill over blocks)
+        self._float_prefill_bytes = 0  # the prefill copies made, in prefill_dtype (0: prefill over blocks)
         self._float_prefill = False  # decided per model in prepare
         self.crossover = crossover
         self._crossovers: dict[tuple, int] = {}  # (weight kind, out, in) -> measured few_rows_max
@@ -188,29 +203,37 @@ class CpuBackend(TorchBackend):
         else:
             kernel = "C matvec" if tuned else f"C block matmul ({self.block_kernels.instruction_set})"
         limit = min(BLOCKS_MAX_ROWS.get(p.format, BLOCK_KERNEL_MAX_ROWS) for p in parts)
-        self._linears[name] = LinearPlan(f"torch GEMM over dequantized tiles of {formats} blocks",
+        dtype = self._prefill_dtype_of(name)
+        tiles = "" if dtype == "float32" else f" ({dtype})"
+        self._linears[name] = LinearPlan(f"torch GEMM over dequantized tiles of {formats} blocks{tiles}",
                                          f"{kernel} over {formats} blocks", limit)
         if limit < self.policy.max_verify_rows_per_step:
             self.policy = dataclasses.replace(self.policy, max_verify_rows_per_step=limit)
         if self._float_prefill:
             return self._float_copy_over_blocks(name, layer, parts, formats, kernel, limit)
-        return BlockLinear(parts, layer.bias, self._few_rows_over_blocks, self.block_kernels.dequantize_rows, limit)
+        return BlockLinear(parts, layer.bias, self._few_rows_over_blocks, self.block_kernels.dequantize_rows, limit,
+                           PREFILL_TORCH_DTYPES[dtype])
+
+    def _prefill_dtype_of(self, name: str) -> str:
+        return "float32" if name.rsplit(".", 1)[-1] in self.bf16_float_layers else self.prefill_dtype
 
     def prepare(self, model: nn.Module, blocks: dict[str, list]) -> None:
-        projection_bytes = sum(4 * part.rows * part.cols for name, parts in blocks.items()
-                               if name != "embed_tokens" for part in parts)
+        projection_bytes = sum(PREFILL_TORCH_DTYPES[self._prefill_dtype_of(name)].itemsize * part.rows * part.cols
+                               for name, parts in blocks.items() if name != "embed_tokens" for part in parts)
         self._float_prefill = 0 < projection_bytes <= self.float_prefill_max_bytes
         super().prepare(model, blocks)
 
     def _float_copy_over_blocks(self, name: str, layer: nn.Module, parts: list[BlockWeight], formats: str,
                                 kernel: str, limit: int) -> nn.Module:
-        """oneDNN over a float32 copy for more than `limit` rows; the blocks for up to `limit` (decode)."""
-        weight = torch.cat([self.block_kernels.dequantize_rows(part, first=0, count=part.rows) for part in parts])
+        """oneDNN over a copy in prefill's dtype for more than `limit` rows; the blocks for up to `limit` (decode)."""
+        dtype = PREFILL_TORCH_DTYPES[self._prefill_dtype_of(name)]
+        weight = torch.cat([self.block_kernels.dequantize_rows(part, first=0, count=part.rows).to(dtype)
+                            for part in parts])
         self._float_prefill_bytes += weight.numel() * weight.element_size()
-        self._linears[name] = LinearPlan(f"oneDNN prepacked over a float32 copy of {formats} blocks",
+        self._linears[name] = LinearPlan(f"oneDNN prepacked over a {self._prefill_dtype_of(name)} copy of {formats} blocks",
                                          f"{kernel} over {formats} blocks", limit)
         return CpuLinear(pack_weight(weight), layer.bias, weight.shape[0],
-                         functools.partial(self._few_rows_over_parts, parts=parts), limit)
+                         functools.partial(self._few_rows_over_parts, parts=parts), limit, dtype)
 
     def _few_rows_over_parts(self, x: Tensor, parts: list[BlockWeight]) -> Tensor:
         outputs = [self._few_rows_over_blocks(x, part) for part in parts]
@@ -244,8 +267,13 @@ class CpuBackend(TorchBackend):
             notes += ("weights resident as blocks: " + ", ".join(
                 f"{fmt} {size / 2**20:.0f} MiB" for fmt, size in sorted(self._resident.items())),)
         if self._float_prefill_bytes:
-            notes += (f"prefill over float32 copies of the projections, {self._float_prefill_bytes / 2**20:.0f} MiB "
-                      f"(they fit in {self.float_prefill_max_bytes / 2**20:.0f} MiB as float32)",)
+            notes += (f"prefill over {self.prefill_dtype} copies of the projections, "
+                      f"{self._float_prefill_bytes / 2**20:.0f} MiB (they fit in "
+                      f"{self.float_prefill_max_bytes / 2**20:.0f} MiB)",)
+        if self.prefill_dtype == "bfloat16":
+            notes += ("prefill GEMMs over blocks in bfloat16 (x and weights rounded to bf16, float32 accumulation, "
+                      "output rounded to bf16)" + (f", but {'/'.join(self.bf16_float_layers)} in float32"
+                                                   if self.bf16_float_layers else ""),)
         if self._embedding:
             notes += (f"embedding: {self._embedding}",)
         if self._crossovers:

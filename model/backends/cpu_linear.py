@@ -2,6 +2,12 @@
 for few rows (CpuLinear); over weights held only as blocks, C kernels for few rows and a tiled
 GEMM over dequantized rows for more (BlockLinear); and the embedding table as blocks (BlockEmbedding).
 
+Prefill's GEMM multiplies in `prefill_dtype`: float32, or bfloat16 where the CPU has native bf16
+(kernels/cpu_features.py): then x and the weight (the packed copy, or each dequantized tile) are
+rounded to bf16, oneDNN accumulates in float32 and rounds its output to bf16, and the result comes
+back as float32 (torch's CPU matmul has no float32 output for bf16 inputs). The few-rows kernels are
+float32 (or their own activations) either way.
+
 oneDNN reorders the weight once into the blocked layout its GEMM reads
 (kernels/packed_linear.py). Inputs of up to `few_rows_max` rows (decode) go to a C
 kernel over the GGUF blocks of the weight, or over a row-major float32 copy
@@ -18,12 +24,14 @@ from kernels.packed_linear import packed_linear
 
 
 class CpuLinear(nn.Module):
-    """x (M, in) -> x @ W^T + bias (M, out), float32."""
+    """x (M, in) -> x @ W^T + bias (M, out), float32 in and out."""
 
     def __init__(self, packed_weight: Tensor, bias: Tensor | None, out_features: int,
-                 few_rows: Callable[[Tensor], Tensor] | None = None, few_rows_max: int = 0):
+                 few_rows: Callable[[Tensor], Tensor] | None = None, few_rows_max: int = 0,
+                 prefill_dtype: torch.dtype = torch.float32):
         super().__init__()
-        self.packed_weight = packed_weight  # opaque oneDNN tensor
+        self.packed_weight = packed_weight  # opaque oneDNN tensor of prefill_dtype
+        self.prefill_dtype = prefill_dtype
         self.bias = bias
         self.out_features = out_features
         self.few_rows = few_rows  # x (m, in) -> x @ W^T (m, out), for m <= few_rows_max
@@ -33,7 +41,10 @@ class CpuLinear(nn.Module):
         if x.shape[0] <= self.few_rows_max:
             y = self.few_rows(x)
             return y + self.bias if self.bias is not None else y
-        return packed_linear(x, self.packed_weight, self.bias)
+        if self.prefill_dtype == torch.float32:
+            return packed_linear(x, self.packed_weight, self.bias)
+        y = packed_linear(x.to(self.prefill_dtype), self.packed_weight, None).float()
+        return y + self.bias if self.bias is not None else y
 
 
 # A prefill tile: this many float32 weights dequantized at a time (4 MiB), then one GEMM over them.
@@ -49,7 +60,8 @@ class BlockLinear(nn.Module):
     torch's GEMM on it, so no float32 copy of the weight is ever whole."""
 
     def __init__(self, parts: list, bias: Tensor | None, few_rows: Callable[[Tensor, object], Tensor],
-                 dequantize_rows: Callable[..., Tensor], few_rows_max: int):
+                 dequantize_rows: Callable[..., Tensor], few_rows_max: int,
+                 prefill_dtype: torch.dtype = torch.float32):
         super().__init__()
         self.parts = parts  # BlockWeight, row-wise
         self.bias = bias
@@ -57,23 +69,31 @@ class BlockLinear(nn.Module):
         self.few_rows = few_rows  # (x (m, in), part) -> (m, part.rows)
         self.dequantize_rows = dequantize_rows  # (part, first=, count=, out=) -> (count, in) float32
         self.few_rows_max = few_rows_max
+        self.prefill_dtype = prefill_dtype  # what the tiles and x are rounded to for the GEMM
 
     def forward(self, x: Tensor) -> Tensor:
-        product = self.few_rows if x.shape[0] <= self.few_rows_max else self._tiled
-        outputs = [product(x, part) for part in self.parts]
+        if x.shape[0] <= self.few_rows_max:
+            outputs = [self.few_rows(x, part) for part in self.parts]
+        else:
+            x_prefill = x.to(self.prefill_dtype).contiguous()  # once for every part
+            outputs = [self._tiled(x_prefill, part) for part in self.parts]
         y = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
         return y + self.bias if self.bias is not None else y
 
     def _tiled(self, x: Tensor, part) -> Tensor:
-        x = x.contiguous()
+        """x (M, in) contiguous, of prefill_dtype -> (M, part.rows) float32."""
         tile_rows = max(1, min(part.rows, TILE_WEIGHTS // part.cols))
         scratch = torch.empty((tile_rows, part.cols), dtype=torch.float32)
-        out_t = torch.empty((part.rows, x.shape[0]), dtype=torch.float32)  # (out, M): each tile fills whole rows
+        # the dequantized float32 tile rounded to bf16 here (the C kernels write float32 only)
+        rounded = None if x.dtype == torch.float32 else torch.empty((tile_rows, part.cols), dtype=x.dtype)
+        out_t = torch.empty((part.rows, x.shape[0]), dtype=x.dtype)  # (out, M): each tile fills whole rows
         for first in range(0, part.rows, tile_rows):
             count = min(tile_rows, part.rows - first)
             tile = self.dequantize_rows(part, first=first, count=count, out=scratch[:count])
+            if rounded is not None:
+                tile = rounded[:count].copy_(tile)
             torch.mm(tile, x.T, out=out_t[first:first + count])
-        return out_t.T.contiguous()
+        return torch.empty((x.shape[0], part.rows), dtype=torch.float32).copy_(out_t.T)
 
 
 class BlockEmbedding(nn.Module):

@@ -14,3 +14,19 @@ def test_linear_weights_are_the_model_without_its_embedding():
 
 def test_kv_bytes_are_llama_servers_f16_cache():
     assert llama_kv_bytes(SMOLLM2) == 2 * 30 * NUM_SLOTS * CONTEXT * 3 * 64 * 2
+
+
+def test_a_row_per_prefill_path_and_bf16_missing_is_said(monkeypatch):
+    import pytest
+
+    from bench import cpu_speed_bench
+    from kernels.cpu_features import CpuFeatures
+
+    monkeypatch.setattr(cpu_speed_bench, "this_cpu", lambda: CpuFeatures("x86_64", frozenset({"avx2", "fma", "f16c"})))
+    rows, missing = cpu_speed_bench.radixserve_rows(["float32", "bf16", "int8"])
+    assert rows == {"radixserve float32": ["--prefill-dtype", "float32", "--no-int8-activations"],
+                    "radixserve int8": ["--int8-activations"]}
+    assert missing == ["radixserve bf16: not run (bfloat16 prefill needs native bf16 (this CPU lacks "
+                       "AVX512_BF16/AMX-BF16))"]
+    with pytest.raises(SystemExit, match="--paths takes"):
+        cpu_speed_bench.radixserve_rows(["fp8"])

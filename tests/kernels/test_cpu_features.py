@@ -3,7 +3,7 @@
 import pytest
 
 from kernels import native_build
-from kernels.cpu_features import PORTABLE, CpuFeatures, read_features, resolve_variant
+from kernels.cpu_features import PORTABLE, CpuFeatures, read_features, resolve_prefill_dtype, resolve_variant
 
 AVX2_ONLY = CpuFeatures("x86_64", frozenset({"avx2", "fma", "f16c"}))
 AVX512 = CpuFeatures("x86_64", frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
@@ -47,3 +47,20 @@ def test_libraries_take_their_best_variant_at_or_below_the_one_asked():
     assert native_build.library_variant("gemm_q8", "avx2") == "avx2"
     assert native_build.library_variant("matvec", "avx512_vnni") == "avx2"  # AVX2 code only
     assert native_build.library_variant("matvec", PORTABLE) is None
+
+
+def test_prefill_dtype_is_bf16_only_where_native():
+    assert resolve_prefill_dtype("auto", AVX512, onednn_bf16=True) == ("bfloat16", ())
+    amx_only = CpuFeatures("x86_64", frozenset({"avx2", "fma", "f16c", "amx_tile", "amx_bf16"}))
+    assert resolve_prefill_dtype("auto", amx_only, onednn_bf16=True) == ("bfloat16", ())
+    # an AVX2 machine keeps today's float32 path, and says why
+    assert resolve_prefill_dtype("auto", AVX2_ONLY, onednn_bf16=True) == (
+        "float32", ("bfloat16 prefill off (this CPU lacks AVX512_BF16/AMX-BF16): float32 GEMMs",))
+    assert resolve_prefill_dtype("auto", AVX512, onednn_bf16=False)[1] == (
+        "bfloat16 prefill off (this torch's oneDNN has no bf16 GEMM): float32 GEMMs",)
+    assert resolve_prefill_dtype("auto", CpuFeatures("aarch64", AVX512.flags), True)[0] == "float32"
+    assert resolve_prefill_dtype("float32", AVX512, onednn_bf16=True) == ("float32", ())
+    with pytest.raises(ValueError, match="needs native bf16 \\(this CPU lacks AVX512_BF16/AMX-BF16\\)"):
+        resolve_prefill_dtype("bfloat16", AVX2_ONLY, onednn_bf16=True)
+    with pytest.raises(ValueError, match="must be one of auto, float32, bfloat16"):
+        resolve_prefill_dtype("float16", AVX512, onednn_bf16=True)

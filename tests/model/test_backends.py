@@ -204,3 +204,45 @@ def test_int8_activations_keep_the_named_projections_on_float_activations(build_
     linears = ops.plan().linears
     assert not linears["lm_head"].large.startswith("int8")
     assert linears["layers.0.mlp.down_proj"].large.startswith("int8 GEMM")
+
+
+def test_prefill_dtype_auto_keeps_float32_on_an_avx2_machine(build_dir, monkeypatch):
+    """What a machine without native bf16 gets (forced on this one): today's float32 tiles, the fallback named."""
+    import model.backends as backends_module
+    from kernels.cpu_features import CpuFeatures
+
+    avx2_only = CpuFeatures("x86_64", frozenset({"avx2", "fma", "f16c"}))
+    monkeypatch.setattr(backends_module, "this_cpu", lambda: avx2_only)
+    ops = select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, prefill_dtype="auto")
+    assert ops.prefill_dtype == "float32"
+    assert "bfloat16 prefill off (this CPU lacks AVX512_BF16/AMX-BF16): float32 GEMMs" in ops.plan().fallbacks
+    layer, blocks = _blocks_layer("Q4_1", 96, 64, seed=10)
+    linear = ops.make_linear("layers.0.mlp.down_proj", layer, [blocks] if ops.reads_blocks else None)
+    x = torch.randn(40, 64, generator=_gen(5))
+    torch.testing.assert_close(linear(x), layer(x), atol=1e-4, rtol=1e-4)
+    if ops.reads_blocks:
+        assert ops.plan().linears["layers.0.mlp.down_proj"].large == "torch GEMM over dequantized tiles of Q4_1 blocks"
+
+
+def test_bf16_prefill_tiles_round_to_bf16_and_decode_rows_stay_float32(build_dir):
+    from kernels.cpu_features import this_cpu
+    from kernels.packed_linear import bf16_is_available
+
+    if not (this_cpu().has_native_bf16() and bf16_is_available()):
+        pytest.skip("this CPU (or torch's oneDNN) has no native bf16 GEMM")
+    ops = select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, prefill_dtype="auto")
+    assert ops.prefill_dtype == "bfloat16" and "prefill GEMMs: bfloat16" in ops.describe()
+    layer, blocks = _blocks_layer("Q4_1", 96, 64, seed=11)
+    linear = ops.make_linear("layers.0.mlp.down_proj", layer, [blocks])
+    assert ops.plan().linears["layers.0.mlp.down_proj"].large == (
+        "torch GEMM over dequantized tiles of Q4_1 blocks (bfloat16)")
+    x = torch.randn(40, 64, generator=_gen(6))
+    rounded = (x.bfloat16().double() @ layer.weight.bfloat16().double().t())  # bf16 inputs, exact sums
+    prefill = linear(x)
+    assert prefill.dtype == torch.float32 and not torch.equal(prefill, layer(x))
+    # what is left: the output's rounding to bf16 (half a unit in the 8th bit) and summation order
+    torch.testing.assert_close(prefill.double(), rounded, atol=1e-6, rtol=2 ** -8)
+    torch.testing.assert_close(linear(x[:3]), layer(x[:3]), atol=1e-4, rtol=1e-4)  # decode rows: float32 kernels
+    head = ops.make_linear("lm_head", layer, [blocks])  # the logits: float32 (cpu_backend.BF16_FLOAT_LAYERS)
+    assert ops.plan().linears["lm_head"].large == "torch GEMM over dequantized tiles of Q4_1 blocks"
+    torch.testing.assert_close(head(x), layer(x), atol=1e-4, rtol=1e-4)

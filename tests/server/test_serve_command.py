@@ -48,6 +48,18 @@ def test_cpu_kernel_choice_reaches_the_engine(smollm2_dir):
     assert (default.cpu_kernels, default.int8_activations) == ("auto", False)
 
 
+def test_prefill_dtype_reaches_the_engine_and_bf16_without_native_bf16_is_one_line(smollm2_dir, monkeypatch):
+    from kernels.cpu_features import PREFILL_DTYPE_CHOICES, CpuFeatures
+    from server import serve_command
+
+    assert cli.PREFILL_DTYPE_CHOICES == PREFILL_DTYPE_CHOICES
+    assert settings_from_args(_args("--prefill-dtype", "float32"), smollm2_dir).engine.prefill_dtype == "float32"
+    assert settings_from_args(_args("--prefill-dtype", "auto"), smollm2_dir).engine.prefill_dtype == "auto"
+    monkeypatch.setattr(serve_command, "this_cpu", lambda: CpuFeatures("x86_64", frozenset({"avx2", "fma", "f16c"})))
+    with pytest.raises(RadixserveError, match="bfloat16 prefill needs native bf16"):
+        settings_from_args(_args("--prefill-dtype", "bfloat16"), smollm2_dir)
+
+
 def test_backend_choice_reaches_the_engine_and_a_bad_one_is_one_line(smollm2_dir):
     from model.backends import BACKEND_CHOICES
 
