@@ -160,7 +160,7 @@ def _add_serve_parser(commands, default_model: str) -> None:
     serve.add_argument("--decode-activations", choices=("int16", "float32"),
                        help="cpu backend: what the decode kernels over GGUF blocks multiply with: int16 (activations "
                        "quantized per 32 values, integer dot products) or float32 (exact weights and activations); "
-                       "default: EngineConfig's, docs/performance.md has both's speed and agreement")
+                       "default: int16 (EngineConfig's), docs/performance.md has both's speed and agreement")
     serve.add_argument("--no-gguf-blocks", action="store_true",
                        help="decode reads the float32 weights, not the GGUF blocks kept at conversion "
                        "(the same values; the blocks are 3.5-5x fewer bytes)")

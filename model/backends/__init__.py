@@ -101,7 +101,7 @@ def select_backend(device: torch.device | str, dtype: torch.dtype, config: Model
                    build_dir: Path, compiler: str | None = FIND_COMPILER, crossover: str = FIXED,
                    cpu_kernels: str = "auto", int8_activations: bool = False,
                    float_prefill_max_bytes: int = FLOAT_PREFILL_MAX_BYTES,
-                   decode_activations: str = "float32", prefill_dtype: str = "float32") -> Backend:
+                   decode_activations: str = "int16", prefill_dtype: str = "float32") -> Backend:
     """The backend for a model of `config` on `device` in `dtype`. `build_dir` caches the C
     kernels; `compiler` None runs `cpu` as a machine without a C compiler gets it;
     `crossover` "fixed" (default: the measured table) or "measure" sets how `cpu` picks its few-rows limits;

@@ -195,7 +195,8 @@ def test_int8_activations_keep_the_named_projections_on_float_activations(build_
     chosen = select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, crossover="fixed",
                             int8_activations=True)
     ops = CpuBackend(chosen.matvec, chosen.ops, gemm_q8=chosen.gemm_q8, crossover="fixed",
-                     load_block_kernels=lambda: chosen.block_kernels, float_activation_layers=("lm_head",))
+                     load_block_kernels=lambda: chosen.block_kernels, float_activation_layers=("lm_head",),
+                     decode_activations="float32")  # its few rows through the float kernel: exact weights
     layer, blocks = _blocks_layer("Q8_0", 96, 64, seed=9)
     head = ops.make_linear("lm_head", layer, [blocks])
     ops.make_linear("layers.0.mlp.down_proj", layer, [blocks])
@@ -230,7 +231,8 @@ def test_bf16_prefill_tiles_round_to_bf16_and_decode_rows_stay_float32(build_dir
 
     if not (this_cpu().has_native_bf16() and bf16_is_available()):
         pytest.skip("this CPU (or torch's oneDNN) has no native bf16 GEMM")
-    ops = select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, prefill_dtype="auto")
+    ops = select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, prefill_dtype="auto",
+                         decode_activations="float32")  # decode rows through the float kernel
     assert ops.prefill_dtype == "bfloat16" and "prefill GEMMs: bfloat16" in ops.describe()
     layer, blocks = _blocks_layer("Q4_1", 96, 64, seed=11)
     linear = ops.make_linear("layers.0.mlp.down_proj", layer, [blocks])
