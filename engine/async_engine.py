@@ -7,11 +7,13 @@ step runs.
 """
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from engine.cached_prefixes import CachedPrefix, cached_prefixes_now
 from engine.engine_config import EngineConfig
@@ -24,6 +26,7 @@ from engine.request_options import DEFAULT_REQUEST_OPTIONS, RequestOptions
 from engine.sampling_params import SamplingParams
 
 logger = logging.getLogger("radixserve.engine")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,12 @@ class _ReadPrefixes:
 
 
 @dataclass(frozen=True)
+class _Compute:
+    work: Callable[[], object]
+    done: concurrent.futures.Future
+
+
+@dataclass(frozen=True)
 class _Pin:
     token_ids: list[int]
     cache_salt: str | None
@@ -81,6 +90,7 @@ class AsyncEngine:
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stopping = threading.Event()
         self._started = threading.Event()
+        self._stop_lock = threading.Lock()
         built: queue.Queue = queue.Queue(maxsize=1)  # the engine, or what building it raised
         build = engine if callable(engine) and not isinstance(engine, LLMEngine) else (lambda: engine)
         self._thread = threading.Thread(target=self._build_and_run, args=(build, built), name="radixserve-engine",
@@ -172,14 +182,30 @@ class AsyncEngine:
         self._commands.put(_ReadPrefixes(cache_salt, limit, loop, result))
         return await result
 
+    def run_compute(self, work: Callable[[], T]) -> T:
+        """Runs `work` on the engine thread between steps and returns what it returned (or raises what it
+        raised); blocks the calling thread, never the engine. The process's other parallel torch work (the
+        embedding model) comes through here, so that one thread starts OpenMP's parallel regions (see
+        from_config): one /v1/embeddings call run on an executor thread left decode at half its speed."""
+        if threading.current_thread() is self._thread:
+            return work()
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        with self._stop_lock:  # queued before shutdown drains the queue, or refused
+            if self._stopping.is_set():
+                raise RuntimeError("the engine is stopped")
+            self._commands.put(_Compute(work, done))
+        return done.result()
+
     def stats(self) -> EngineStats:
         """The snapshot taken after the latest step (never blocks on the engine)."""
         return self._stats
 
     def shutdown(self) -> None:
-        self._stopping.set()
+        with self._stop_lock:
+            self._stopping.set()
         self._commands.put(None)
         self._thread.join(timeout=30)
+        self._fail_pending_compute()
         if not self._thread.is_alive():
             self.engine.close()  # the disk tier's last writes; only once the engine thread is done with it
 
@@ -241,6 +267,11 @@ class AsyncEngine:
             self._streams.pop(command.request_id, None)
         elif isinstance(command, _Pin):
             self.engine.pin_prefix(command.token_ids, command.cache_salt, command.seconds)
+        elif isinstance(command, _Compute):
+            try:
+                command.done.set_result(command.work())
+            except BaseException as error:  # the caller gets it; the loop goes on
+                command.done.set_exception(error)
         elif isinstance(command, _Precompute):
             self._precompute(command)
         elif isinstance(command, _ReadPrefixes):
@@ -274,6 +305,16 @@ class AsyncEngine:
             loop.call_soon_threadsafe(outputs.put_nowait, output)
         except RuntimeError:  # the client's event loop is closed
             self.engine.abort(output.request_id)
+
+    def _fail_pending_compute(self) -> None:
+        """After the loop ended: work queued for it will never run; its callers get an error."""
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(command, _Compute):
+                command.done.set_exception(RuntimeError("the engine is stopped"))
 
     def _fail_all(self, message: str) -> None:
         for request_id, (loop, outputs) in list(self._streams.items()):

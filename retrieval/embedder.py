@@ -15,7 +15,7 @@ Thread-safe: one batch runs at a time.
 """
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -62,6 +62,9 @@ class Embedder:
         self._tokenizer.encode_special_tokens = True
         self._spans_tokenizer.encode_special_tokens = True
         self._lock = threading.Lock()
+        # Runs the encoder's forward (work -> its result): inline by default; a server hands it the engine
+        # thread's runner, so that one thread of the process starts OpenMP's parallel work (AsyncEngine.run_compute).
+        self.compute: Callable[[Callable[[], np.ndarray]], np.ndarray] = _inline
 
     @property
     def max_chunk_tokens(self) -> int:
@@ -137,10 +140,17 @@ class Embedder:
 
     def _pooled(self, input_ids: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
         """(B, T) ids and mask -> (B, dim) float32 unit vectors."""
-        with torch.inference_mode():
-            hidden = self.model(input_ids, mask)  # (B, T, H)
-            pooled = mean_pool(hidden, mask)
-        return pooled.float().cpu().numpy()
+        def forward() -> np.ndarray:
+            with torch.inference_mode():
+                hidden = self.model(input_ids, mask)  # (B, T, H)
+                pooled = mean_pool(hidden, mask)
+            return pooled.float().cpu().numpy()
+
+        return self.compute(forward)
+
+
+def _inline(work: Callable[[], np.ndarray]) -> np.ndarray:
+    return work()
 
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

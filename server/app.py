@@ -84,7 +84,8 @@ def create_app(settings: ServerSettings, engine_factory: EngineFactory = AsyncEn
         chat_template = ChatTemplate.from_model_dir(model_dir, settings.chat_template_path)
         engine = await asyncio.to_thread(engine_factory, settings.engine)  # loads weights: seconds
         server_metrics = ServerMetrics(engine)
-        retrieval = RetrievalService(settings.collections_dir)
+        # The embedding model runs on the engine's thread where the engine is in this process (one OpenMP team)
+        retrieval = RetrievalService(settings.collections_dir, compute=getattr(engine, "run_compute", None))
         responses = ResponseStore(settings.responses_db, settings.responses_max_count, settings.responses_max_bytes,
                                   settings.responses_max_age_seconds)
         message_threads = ResponseStore(settings.responses_db, settings.responses_max_count,

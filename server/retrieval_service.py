@@ -29,7 +29,17 @@ def load_default_embedder() -> Embedder:
 
 
 class RetrievalService:
-    def __init__(self, collections_dir: Path, load_embedder: Callable[[], Embedder] = load_default_embedder):
+    def __init__(self, collections_dir: Path, load_embedder: Callable[[], Embedder] = load_default_embedder,
+                 compute: Callable[[Callable], object] | None = None):
+        """`compute` (work -> its result): where the embedding model is loaded and run; the in-process
+        engine's thread (AsyncEngine.run_compute) in a server, inline when None."""
+        if compute is not None:
+            load = load_embedder
+
+            def load_embedder() -> Embedder:
+                embedder = compute(load)
+                embedder.compute = compute
+                return embedder
         self.collections = Collections(collections_dir, load_embedder)
 
     async def create_collection(self, name: str, index_kind: str) -> CollectionInfo:

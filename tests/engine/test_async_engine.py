@@ -129,3 +129,23 @@ def test_a_failed_build_raises_in_the_caller_and_leaves_no_thread(tmp_path):
         AsyncEngine.from_config(EngineConfig(model_dir=tmp_path / "no-such-model", device="cpu", dtype="float32",
                                              kv_cache_bytes=8 << 20))
     assert engine_threads() == before
+
+
+def test_run_compute_runs_work_on_the_engine_thread_and_returns_or_raises(tiny_llama_dir, engine_device):
+    import threading
+
+    handle = AsyncEngine.from_config(EngineConfig(model_dir=tiny_llama_dir, device=engine_device, dtype="float32",
+                                                  kv_cache_bytes=8 << 20))
+    try:
+        assert handle.run_compute(lambda: threading.current_thread().name) == "radixserve-engine"
+
+        def fails():
+            raise ValueError("bad work")
+
+        with pytest.raises(ValueError, match="bad work"):
+            handle.run_compute(fails)
+        assert handle.run_compute(lambda: 7) == 7  # the loop went on
+    finally:
+        handle.shutdown()
+    with pytest.raises(RuntimeError, match="stopped"):
+        handle.run_compute(lambda: 1)

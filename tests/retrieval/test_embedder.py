@@ -64,3 +64,34 @@ def test_marker_strings_in_a_text_are_text_not_the_encoder_s_markers(embedder):
     markers = {embedder._tokenizer.token_to_id(t) for t in ("[CLS]", "[SEP]", "[MASK]", "[PAD]")}
     assert [i for i in ids if i in markers] == [ids[0], ids[-1]] and len(ids) > 12
     assert len(embedder.token_spans(text).offsets) == len(ids) - 2
+
+
+def test_the_forward_runs_through_the_compute_runner_with_equal_vectors(embedder):
+    # A server hands the engine thread's runner (AsyncEngine.run_compute); the vectors do not change.
+    import threading
+
+    import numpy as np
+
+    texts = ["the lighthouse keeper", "a short one"]
+    inline = embedder.embed(texts).vectors
+    ran_on = []
+
+    def on_another_thread(work):
+        result = {}
+
+        def run():
+            ran_on.append(threading.current_thread().name)
+            result["value"] = work()
+
+        thread = threading.Thread(target=run, name="compute-thread")
+        thread.start()
+        thread.join()
+        return result["value"]
+
+    inline_runner, embedder.compute = embedder.compute, on_another_thread
+    try:
+        routed = embedder.embed(texts).vectors
+    finally:
+        embedder.compute = inline_runner  # the session's embedder is shared
+    assert ran_on and set(ran_on) == {"compute-thread"}
+    np.testing.assert_allclose(routed, inline, rtol=1e-5, atol=1e-6)
