@@ -246,12 +246,16 @@ class AsyncEngine:
             return None
 
     def _drain_commands(self) -> None:
+        for command in self._queued_commands():
+            self._handle(command)
+
+    def _queued_commands(self):
+        """The commands queued now, taken off the queue one at a time (never blocks)."""
         while True:
             try:
-                command = self._commands.get_nowait()
+                yield self._commands.get_nowait()
             except queue.Empty:
                 return
-            self._handle(command)
 
     def _handle(self, command) -> None:
         if isinstance(command, _Add):
@@ -308,11 +312,7 @@ class AsyncEngine:
 
     def _fail_pending_compute(self) -> None:
         """After the loop ended: work queued for it will never run; its callers get an error."""
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return
+        for command in self._queued_commands():
             if isinstance(command, _Compute):
                 command.done.set_exception(RuntimeError("the engine is stopped"))
 
