@@ -63,12 +63,6 @@ static inline __attribute__((always_inline)) void k_block_factors(const int code
       for (int k = 0; k < 16; k++) f->scale16[k] = k_scale16(code, b, k), f->ml[k] = dmin * (float)(b[k] >> 4);
       break;
     }
-    case FORMAT_Q3_K: {
-      float d = K_HALF(b + 108);
-      for (int g = 0; g < 8; g++) f->dl[g] = d;
-      for (int k = 0; k < 16; k++) f->scale16[k] = k_scale16(code, b, k);
-      break;
-    }
     case FORMAT_Q4_K:
     case FORMAT_Q5_K: {
       float d = K_HALF(b), dmin = K_HALF(b + 2);
@@ -79,8 +73,9 @@ static inline __attribute__((always_inline)) void k_block_factors(const int code
       }
       break;
     }
-    case FORMAT_Q6_K: {
-      float d = K_HALF(b + 208);
+    case FORMAT_Q3_K:
+    case FORMAT_Q6_K: {  /* one super-block scale (at byte 108 / 208), 16 sub-scales */
+      float d = K_HALF(b + (code == FORMAT_Q3_K ? 108 : 208));
       for (int g = 0; g < 8; g++) f->dl[g] = d;
       for (int k = 0; k < 16; k++) f->scale16[k] = k_scale16(code, b, k);
       break;

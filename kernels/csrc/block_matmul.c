@@ -21,12 +21,7 @@
 #endif
 
 #ifdef __AVX2__
-static inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+#include "simd.h"  /* hsum256 */
 
 /* One weight row against m x rows (x_stride floats apart) -> out[i * out_stride]. Inlined with
    constant code and m (row_dispatch), so the accumulators stay in registers. */
@@ -56,7 +51,7 @@ static inline __attribute__((always_inline)) void row_dot(const int code, const 
       }
     }
   }
-  for (int i = 0; i < m; i++) out[i * out_stride] = hsum8(acc[i]);
+  for (int i = 0; i < m; i++) out[i * out_stride] = hsum256(acc[i]);
 }
 
 static inline void decode_group_any(int code, const uint8_t* block, int g, float* w) {

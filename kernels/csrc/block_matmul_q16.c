@@ -100,12 +100,7 @@ static void quantize_group(const float* x, int16_t* xq, float* scale, float* sum
 }
 
 #ifdef __AVX2__
-static inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+#include "simd.h"  /* hsum256 */
 
 /* the 8 int32 pair sums of a group: q . xq */
 static inline __m256i group_dot(const __m256i q[2], const int16_t* xq) {
@@ -190,12 +185,12 @@ static inline __attribute__((always_inline)) void row_dot(const int code, const 
     }
   }
   for (int i = 0; i < m; i++)
-    out[i * out_stride] = hsum8(_mm256_add_ps(even[i], odd[i])) - ((min_even[i] + min_odd[i]) + hsum8(min_lanes[i]));
+    out[i * out_stride] = hsum256(_mm256_add_ps(even[i], odd[i])) - ((min_even[i] + min_odd[i]) + hsum256(min_lanes[i]));
 }
 
 #else  /* portable: the same sums, lane by lane */
 
-static inline float hsum_lanes(const float a[8]) {  /* hsum8's order */
+static inline float hsum_lanes(const float a[8]) {  /* hsum256's order */
   return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
 }
 

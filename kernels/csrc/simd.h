@@ -1,4 +1,4 @@
-/* Shared by the decode-step kernels (row_ops.c, decode_attention.c): horizontal
+/* Shared by the decode-step kernels (row_ops.c, decode_attention.c) and the block products (block_matmul*.c): horizontal
    reductions, a vectorized exp, and the unpacking of packed arguments. */
 #ifndef RADIXSERVE_SIMD_H
 #define RADIXSERVE_SIMD_H
