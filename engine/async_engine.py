@@ -89,10 +89,9 @@ class AsyncEngine:
         # request_id -> (loop, asyncio.Queue); touched by the engine thread only.
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stopping = threading.Event()
-        self._started = threading.Event()
         self._stop_lock = threading.Lock()
-        built: queue.Queue = queue.Queue(maxsize=1)  # the engine, or what building it raised
-        build = engine if callable(engine) and not isinstance(engine, LLMEngine) else (lambda: engine)
+        built: queue.Queue = queue.Queue(maxsize=1)  # (facts, metrics) once built, or what building raised
+        build = engine if callable(engine) else (lambda: engine)
         self._thread = threading.Thread(target=self._build_and_run, args=(build, built), name="radixserve-engine",
                                         daemon=True)
         self._thread.start()
@@ -100,18 +99,7 @@ class AsyncEngine:
         if isinstance(outcome, BaseException):
             self._thread.join()
             raise outcome
-        try:
-            self.engine = outcome
-            self.metrics = self.engine.metrics  # the server's histograms listen to it
-            num_pool_tokens = self.engine.scheduler.allocator.num_pages * self.engine.config.page_size
-            self.facts = EngineFacts(self.engine.vocab_size, self.engine.eos_token_ids, self.engine.max_model_len,
-                                     min(self.engine.max_model_len, num_pool_tokens), self.engine.backend.name,
-                                     self.engine.backend.describe(), self.engine.config.page_size)
-            self._stats = self.engine.stats()
-        finally:  # the thread steps once __init__ is done with the engine (or stops: it failed)
-            if not hasattr(self, "_stats"):
-                self._stopping.set()
-            self._started.set()
+        self.facts, self.metrics = outcome  # the server's histograms listen to the metrics
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "AsyncEngine":
@@ -212,13 +200,17 @@ class AsyncEngine:
     # ---- engine thread --------------------------------------------------
 
     def _build_and_run(self, build: Callable[[], LLMEngine], built: queue.Queue) -> None:
-        try:
+        try:  # the engine, and what __init__ publishes of it, before the first step
             engine = build()
+            num_pool_tokens = engine.scheduler.allocator.num_pages * engine.config.page_size
+            facts = EngineFacts(engine.vocab_size, engine.eos_token_ids, engine.max_model_len,
+                                min(engine.max_model_len, num_pool_tokens), engine.backend.name,
+                                engine.backend.describe(), engine.config.page_size)
+            self.engine, self._stats = engine, engine.stats()
         except BaseException as error:  # __init__ raises it in the caller's thread
             built.put(error)
             return
-        built.put(engine)
-        self._started.wait()  # __init__ has read the engine's facts
+        built.put((facts, engine.metrics))
         self._run()
 
     def _run(self) -> None:
