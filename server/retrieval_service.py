@@ -6,6 +6,7 @@ startup, so a server that never retrieves never pays for it.
 """
 
 import asyncio
+import functools
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,19 +29,20 @@ def load_default_embedder() -> Embedder:
     return Embedder(pull(EMBEDDING_MODEL, progress=False))
 
 
+def _load_on(compute: Callable[[Callable], object], load_embedder: Callable[[], Embedder]) -> Embedder:
+    """The embedder loaded through `compute`, and running its forward through it."""
+    embedder = compute(load_embedder)
+    embedder.compute = compute
+    return embedder
+
+
 class RetrievalService:
     def __init__(self, collections_dir: Path, load_embedder: Callable[[], Embedder] = load_default_embedder,
                  compute: Callable[[Callable], object] | None = None):
         """`compute` (work -> its result): where the embedding model is loaded and run; the in-process
         engine's thread (AsyncEngine.run_compute) in a server, inline when None."""
-        if compute is not None:
-            load = load_embedder
-
-            def load_embedder() -> Embedder:
-                embedder = compute(load)
-                embedder.compute = compute
-                return embedder
-        self.collections = Collections(collections_dir, load_embedder)
+        self.collections = Collections(collections_dir, load_embedder if compute is None
+                                       else functools.partial(_load_on, compute, load_embedder))
 
     async def create_collection(self, name: str, index_kind: str) -> CollectionInfo:
         return await self._run(self.collections.create, name, index_kind)
