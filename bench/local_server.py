@@ -78,7 +78,8 @@ def stop_process(process: subprocess.Popen) -> None:
 
 @contextmanager
 def local_server(argv_for_port: Callable[[int], Sequence[str]], *, name: str, log_path: Path | None = None,
-                 env: dict[str, str] | None = None, timeout_s: float = STARTUP_TIMEOUT_S) -> Iterator[str]:
+                 env: dict[str, str] | None = None, cwd: Path | None = None,
+                 timeout_s: float = STARTUP_TIMEOUT_S) -> Iterator[str]:
     """Run `argv_for_port(port)` on a free port until the block ends; yields its base URL."""
     port = free_port()
     if log_path is None:
@@ -86,7 +87,7 @@ def local_server(argv_for_port: Callable[[int], Sequence[str]], *, name: str, lo
     url = f"http://127.0.0.1:{port}"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(list(argv_for_port(port)), stdout=log, stderr=subprocess.STDOUT,
-                                   env=env, start_new_session=True)
+                                   env=env, cwd=cwd, start_new_session=True)
     try:
         _wait_until_healthy(process, url, name, log_path, timeout_s)
         yield url
@@ -95,13 +96,16 @@ def local_server(argv_for_port: Callable[[int], Sequence[str]], *, name: str, lo
 
 
 @contextmanager
-def radixserve_server(extra_args: Sequence[str] = (), *, log_path: Path | None = None) -> Iterator[str]:
-    """`radixserve serve` on the default model with RADIXSERVE_DEFAULT_ARGS + extra_args (later ones win)."""
+def radixserve_server(extra_args: Sequence[str] = (), *, log_path: Path | None = None,
+                      source_dir: Path | None = None) -> Iterator[str]:
+    """`radixserve serve` on the default model with RADIXSERVE_DEFAULT_ARGS + extra_args (later ones win).
+    `source_dir`: a checkout of radixserve to run instead of this one (`python -m` imports from the
+    working directory first, ahead of the editable install)."""
     # No API key: the bench's own server is local and short-lived.
     env = {k: v for k, v in os.environ.items() if k != "RADIXSERVE_API_KEY"}
     # A KV disk tier of its own, gone afterwards: a run never reads pages an earlier run left.
     with tempfile.TemporaryDirectory(prefix="radixserve-bench-kv-") as kv_disk_dir:
         args = [*RADIXSERVE_DEFAULT_ARGS, "--kv-disk-dir", kv_disk_dir, *extra_args]
         with local_server(lambda port: [sys.executable, "-m", "server.cli", "serve", "--port", str(port), *args],
-                          name="radixserve", log_path=log_path, env=env) as url:
+                          name="radixserve", log_path=log_path, env=env, cwd=source_dir) as url:
             yield url

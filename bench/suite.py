@@ -4,6 +4,7 @@ cache on) and PNG plots (TTFT per agent turn, TTFT vs prompt length).
 
     .venv/bin/python -m bench.suite                  # radixserve, prefix cache on and off
     .venv/bin/python -m bench.suite --peers [--llama-server PATH]   # ... and llama.cpp, same GGUF
+    .venv/bin/python -m bench.suite --peers --before REF   # ... and radixserve as of a git ref, first
 
 When the `rag` workload runs, document KV reuse is measured too (bench/document_reuse_bench.py:
 `--document-reuse on` vs `off`, side by side, on `rag` and on a pre-ingested collection;
@@ -17,9 +18,11 @@ reached is reported and skipped; the others still run.
 import argparse
 import os
 import shlex
+import subprocess
 import sys
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from bench.bench_args import add_bench_arguments, options_from_args, sizes_from_args, workload_names_from_args
@@ -35,15 +38,45 @@ from bench.serve_bench import bench_server
 DEFAULT_MODEL = "smollm2-135m-instruct"
 CACHE_ON, CACHE_OFF, LLAMA_CPP = "radixserve (cache on)", "radixserve (cache off)", "llama.cpp"
 RESULTS_DIR = Path(__file__).with_name("results")
+REPO_DIR = Path(__file__).resolve().parent.parent
+
+
+@contextmanager
+def checkout(ref: str) -> Iterator[tuple[Path, str]]:
+    """A detached worktree of this repository at `ref`, outside it, removed afterwards -> (its path, short sha)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(REPO_DIR), *args], check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    sha = git("rev-parse", "--short", f"{ref}^{{commit}}")
+    with tempfile.TemporaryDirectory(prefix="radixserve-before-") as parent:
+        path = Path(parent) / "radixserve"
+        git("worktree", "add", "--detach", str(path), sha)
+        try:
+            yield path, sha
+        finally:
+            git("worktree", "remove", "--force", str(path))
 
 
 def _server_plans(args: argparse.Namespace, log_stem: Path,
                   ) -> list[tuple[str, Callable[[], AbstractContextManager[str]], Callable[[], str]]]:
     """(label, start the server, describe it) per server; started lazily, one at a time."""
     concurrency = ["--max-num-seqs", str(max(args.concurrency, 1))]
-    radix_note = (f"`radixserve serve {' '.join(RADIXSERVE_DEFAULT_ARGS)}` (float32; on CPU decode reads the GGUF's "
-                  "Q4_1/Q8_0 blocks, prefill the dequantized float32 weights)")
-    plans = [
+    radix_note = (f"`radixserve serve {' '.join(RADIXSERVE_DEFAULT_ARGS)}` (float32 where it does not say otherwise: "
+                  "its kernels and paths as /health's describe() names them)")
+    plans = []
+    if args.before:
+        def start_before() -> AbstractContextManager[str]:
+            @contextmanager
+            def server() -> Iterator[str]:
+                with checkout(args.before) as (path, sha), radixserve_server(
+                        concurrency, log_path=Path(f"{log_stem}_before.log"), source_dir=path) as url:
+                    yield url
+            return server()
+
+        plans.append((f"radixserve before ({args.before})", start_before,
+                      lambda: radix_note + f", run from a checkout of {args.before}"))
+    plans += [
         (CACHE_ON, lambda: radixserve_server(concurrency, log_path=Path(f"{log_stem}_cache_on.log")),
          lambda: radix_note),
         (CACHE_OFF, lambda: radixserve_server([*concurrency, "--no-prefix-cache"],
@@ -89,6 +122,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--llama-server", help="path to a llama-server binary (default: $LLAMA_SERVER, else build)")
     parser.add_argument("--llama-server-args", default="",
                         help="extra llama-server options, one string (e.g. '--threads 2 --poll 0')")
+    parser.add_argument("--before", metavar="REF",
+                        help="also run radixserve as of this git ref (cache on), from a worktree outside the "
+                             "repository: before and after in one run")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-document-reuse", action="store_true",
                         help="skip the document reuse on/off servers (run when the rag workload runs)")
@@ -109,7 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "something else was running: its timings are noisy.")
     write_results(stem.with_suffix(".json"), servers, sizes, options)
     title = "radixserve vs llama.cpp" if args.peers else "radixserve, prefix cache on and off"
-    report = markdown_report(title, servers, servers[0].label, notes)
+    baseline = next((server.label for server in servers if server.label == CACHE_ON), servers[0].label)
+    report = markdown_report(title, servers, baseline, notes)
     if reuse_table := document_reuse_table(servers):
         report += "\n## Document KV reuse: on vs off (and peers) on RAG\n\n" + reuse_table + "\n"
     stem.with_suffix(".md").write_text(report)
