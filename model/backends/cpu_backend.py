@@ -39,7 +39,7 @@ from kernels.cpu_gemm_q8 import CpuGemmQ8
 from kernels.block_formats import BlockWeight
 from kernels.block_matmul import BlockKernels
 from kernels.cpu_matvec import BLOCKS_MAX_ROWS, MATVEC_FORMATS, CpuMatvec
-from kernels.native_build import NativeUnavailable
+from kernels.native_build import NativeUnavailable, openmp_waits
 from kernels.packed_linear import pack_weight, packed_linear
 from kernels.paged_attention import paged_attention
 from model.backends.base import BackendPlan, LinearPlan, StepPolicy
@@ -263,6 +263,7 @@ class CpuBackend(TorchBackend):
 
     def plan(self) -> BackendPlan:
         notes = (f"cpu: {self.instruction_sets}",) if self.instruction_sets else ()
+        notes += (openmp_waits(),)
         if self._resident:
             notes += ("weights resident as blocks: " + ", ".join(
                 f"{fmt} {size / 2**20:.0f} MiB" for fmt, size in sorted(self._resident.items())),)
