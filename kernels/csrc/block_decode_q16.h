@@ -279,4 +279,81 @@ static inline __attribute__((always_inline)) void k_block_scales_avx2(const int 
 }
 #endif
 
+#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
+/* Two consecutive 32-groups (g even, h = g + 1) of a Q4_K, Q6_K or Q8_0 row as 64 int16 in two
+   __m512i, laid out so that one zmm accumulator holds the AVX2 build's even accumulator (group g,
+   lanes 0..7) and its odd one (group h, lanes 8..15) with the same int32 lanes:
+
+     w[0] = [g 0..15 | h 16..31],  w[1] = [g 16..31 | h 0..15]
+
+   against x in the pair layout [x_g 0..15 | x_h 16..31 | x_g 16..31 | x_h 0..15]
+   (block_matmul_q16.c). vpdpwssd's lane k < 8 then sums g's elements 2k, 2k+1, 16 + 2k, 17 + 2k
+   and lane 8 + k the same of h: the integers (and so the bits) of decode_k_group_q16_avx2 and
+   decode_group_q16_avx2, 64 weights an instruction. */
+
+/* [a's low 256 bits | b's high 256], [a's high 256 | b's low 256] */
+static inline __attribute__((always_inline)) void pair_halves(__m512i a, __m512i b, __m512i w[2]) {
+  w[0] = _mm512_mask_blend_epi64(0xF0, a, b);
+  w[1] = _mm512_shuffle_i64x2(a, b, 0x4E);
+}
+
+/* A Q4_K block's 8 group scales dl = d * sc and mins ml = dmin * m (k_block_scales_avx2's values)
+   as [dl 0..7 | ml 0..7], unpacked with byte shuffles instead of scalar bit operations. */
+static inline __attribute__((always_inline)) __m512 q4_k_scales_512(const uint8_t* b) {
+  /* ggml's 12 bytes s: sc[g] = s[g] & 63 (g < 4), (s[g + 4] & 15) | (s[g - 4] >> 6) << 4 (g >= 4);
+     m[g] = s[g + 4] & 63 (g < 4), (s[g + 4] >> 4) | (s[g] >> 6) << 4 (g >= 4); out byte j < 8 is
+     sc[j], 8 + g is m[g] */
+  const __m128i s = _mm_loadu_si128((const __m128i*)(b + 4));  /* s[0..11] and 4 bytes of qs */
+  const __m128i low_from = _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11);
+  const __m128i high_from = _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7);
+  const __m128i low_mask = _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15);
+  __m128i low = _mm_shuffle_epi8(s, low_from);
+  low = _mm_mask_blend_epi8(0xF000, low, _mm_srli_epi16(low, 4));  /* m[4..7]: the high nibble */
+  __m128i high = _mm_and_si128(_mm_srli_epi16(_mm_shuffle_epi8(s, high_from), 2), _mm_set1_epi8(0x30));
+  __m128i bytes = _mm_ternarylogic_epi32(low, high, low_mask, 0xEC);  /* (low & mask) | high */
+  /* [d, dmin, d, dmin] -> [d x 8 | dmin x 8] */
+  __m128 d_dmin = _mm_cvtph_ps(_mm_set1_epi32((int)load_u32(b)));
+  __m512 factor = _mm512_permutexvar_ps(_mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi32(1), 1),
+                                        _mm512_castps128_ps512(d_dmin));
+  return _mm512_mul_ps(factor, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes)));
+}
+
+/* Q4_K groups 2t, 2t + 1: the low and high nibbles of qs[32t .. 32t + 31] */
+static inline __attribute__((always_inline)) void decode_q4_k_pair_512(const uint8_t* b, int t, __m512i w[2]) {
+  __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(b + 16 + 32 * t)));
+  pair_halves(_mm512_and_si512(bytes, _mm512_set1_epi16(0x0F)), _mm512_srli_epi16(bytes, 4), w);
+}
+
+/* Q6_K groups 2t, 2t + 1 (half h = t / 2, r = 2 (t % 2)), each 16 weights times its sub-scale:
+   low 4 bits from ql[64 h + e] and ql[64 h + 32 + e] (nibble r / 2), high 2 bits from
+   qh[32 h + e] >> 2r and >> 2r + 2; sc16 the block's 16 sub-scales as int16 (lanes 0..15). */
+static inline __attribute__((always_inline)) void decode_q6_k_pair_512(const uint8_t* b, int t, __m512i sc16,
+                                                                       __m512i w[2]) {
+  const int h = t / 2, r = 2 * (t % 2);
+  __m512i low = _mm512_loadu_si512((const void*)(b + 64 * h));  /* bytes 0..31: group 2t, 32..63: 2t + 1 */
+  if (r) low = _mm512_srli_epi16(low, 4);
+  __m512i high = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(b + 128 + 32 * h)));
+  high = _mm512_srlv_epi16(high, _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * r)), _mm256_set1_epi16((short)(2 * r + 2)), 1));
+  high = _mm512_slli_epi16(_mm512_and_si512(high, _mm512_set1_epi8(3)), 4);
+  /* (low & 0x0F) | high, minus 32 */
+  __m512i bytes = _mm512_sub_epi8(_mm512_ternarylogic_epi32(low, high, _mm512_set1_epi8(0x0F), 0xEC), _mm512_set1_epi8(32));
+  pair_halves(_mm512_cvtepi8_epi16(_mm512_castsi512_si256(bytes)), _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(bytes, 1)), w);
+  /* w[0]: sub-scales 4t (g's first 16) and 4t + 3 (h's second); w[1]: 4t + 1 and 4t + 2 */
+  const __m512i first = _mm512_inserti64x4(_mm512_set1_epi16((short)(4 * t)), _mm256_set1_epi16((short)(4 * t + 3)), 1);
+  const __m512i second = _mm512_inserti64x4(_mm512_set1_epi16((short)(4 * t + 1)), _mm256_set1_epi16((short)(4 * t + 2)), 1);
+  w[0] = _mm512_mullo_epi16(w[0], _mm512_permutexvar_epi16(first, sc16));
+  w[1] = _mm512_mullo_epi16(w[1], _mm512_permutexvar_epi16(second, sc16));
+}
+
+/* Q8_0 blocks b0 and b1 (34 bytes each: fp16 d, 32 int8) */
+static inline __attribute__((always_inline)) void decode_q8_0_pair_512(const uint8_t* b0, const uint8_t* b1, __m512i w[2]) {
+  __m256i first = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)(b0 + 2))),
+                                          _mm_loadu_si128((const __m128i*)(b1 + 18)), 1);
+  __m256i second = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)(b0 + 18))),
+                                           _mm_loadu_si128((const __m128i*)(b1 + 2)), 1);
+  w[0] = _mm512_cvtepi8_epi16(first);
+  w[1] = _mm512_cvtepi8_epi16(second);
+}
+#endif
+
 #endif

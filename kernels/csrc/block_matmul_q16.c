@@ -38,14 +38,21 @@ typedef struct {
   float* scale;
   float* sums;
   float* sums32;
+  int16_t* xp;  /* AVX-512 build: xq in the pair layout (pair_layout), else NULL */
 } QuantizedRows;
+
+#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define PAIR_LAYOUT 1
+#else
+#define PAIR_LAYOUT 0
+#endif
 
 static __thread void* scratch = NULL;
 static __thread size_t scratch_bytes = 0;
 
 static int quantized_rows(int64_t m, int64_t cols, QuantizedRows* out) {
   size_t xq_bytes = (size_t)(m * cols) * sizeof(int16_t);
-  size_t need = xq_bytes + (size_t)(2 * m * cols / GROUP + m * cols / 16) * sizeof(float) + 64;
+  size_t need = (1 + PAIR_LAYOUT) * xq_bytes + (size_t)(2 * m * cols / GROUP + m * cols / 16) * sizeof(float) + 128;
   if (need > scratch_bytes) {
     void* grown = realloc(scratch, need);
     if (grown == NULL) return -1;
@@ -55,6 +62,7 @@ static int quantized_rows(int64_t m, int64_t cols, QuantizedRows* out) {
   out->scale = (float*)((char*)scratch + ((xq_bytes + 31) & ~(size_t)31));
   out->sums = out->scale + m * cols / GROUP;
   out->sums32 = out->sums + m * cols / 16;
+  out->xp = PAIR_LAYOUT ? (int16_t*)(((uintptr_t)(out->sums32 + m * cols / GROUP) + 63) & ~(uintptr_t)63) : NULL;
   return 0;
 }
 
@@ -97,6 +105,24 @@ static void quantize_group(const float* x, int16_t* xq, float* scale, float* sum
 #endif
   *scale = max_abs / Q16_MAX;
   *sum32 = sums[0] + sums[1];
+}
+
+/* xq (m, cols) -> xp: each row's 32-groups g, h = g + 1 (g even) as
+   [x_g 0..15 | x_h 16..31 | x_g 16..31 | x_h 0..15] (block_decode_q16.h's pair layout); a row of
+   an odd number of groups ends in one, copied as it is (its products read xq). */
+static void pair_layout(const int16_t* xq, int16_t* xp, int64_t m, int64_t cols) {
+  for (int64_t i = 0; i < m; i++) {
+    const int16_t* in = xq + i * cols;
+    int16_t* out = xp + i * cols;
+    int64_t at = 0;
+    for (; at + 2 * GROUP <= cols; at += 2 * GROUP) {
+      memcpy(out + at, in + at, 16 * sizeof(int16_t));
+      memcpy(out + at + 16, in + at + 48, 16 * sizeof(int16_t));
+      memcpy(out + at + 32, in + at + 16, 16 * sizeof(int16_t));
+      memcpy(out + at + 48, in + at + 32, 16 * sizeof(int16_t));
+    }
+    memcpy(out + at, in + at, (size_t)(cols - at) * sizeof(int16_t));
+  }
 }
 
 #ifdef __AVX2__
@@ -188,6 +214,92 @@ static inline __attribute__((always_inline)) void row_dot(const int code, const 
     out[i * out_stride] = hsum256(_mm256_add_ps(even[i], odd[i])) - ((min_even[i] + min_odd[i]) + hsum256(min_lanes[i]));
 }
 
+
+#if PAIR_LAYOUT
+/* row_dot for Q4_K, Q6_K and Q8_0 with 512-bit vectors: two groups at a time (g even in lanes
+   0..7, g + 1 in 8..15 of one accumulator: the AVX2 row_dot's even and odd accumulators side by
+   side), the same int32 lanes (block_decode_q16.h's pair layout) and the same FMAs in the same
+   order per lane, so the same bits as row_dot. */
+static inline __attribute__((always_inline)) __m512i pair_dot(const __m512i w[2], const int16_t* xp) {
+  __m512i dot = _mm512_madd_epi16(w[0], _mm512_loadu_si512((const void*)xp));
+  return _mm512_dpwssd_epi32(dot, w[1], _mm512_loadu_si512((const void*)(xp + 32)));
+}
+
+static inline __attribute__((always_inline)) void row_dot_512(const int code, const int m, const uint8_t* row,
+                                                              int64_t num_blocks, int64_t block_bytes,
+                                                              const QuantizedRows* x, int64_t cols, float* out,
+                                                              int64_t out_stride) {
+  __m512 acc[MAX_M];
+  __m256 min_lanes[MAX_M];
+  for (int i = 0; i < m; i++) acc[i] = _mm512_setzero_ps(), min_lanes[i] = _mm256_setzero_ps();
+  const int64_t groups_per_row = cols / GROUP;
+  if (code == FORMAT_Q8_0) {
+    int64_t blk = 0;
+    for (; blk + 2 <= num_blocks; blk += 2) {
+      const uint8_t* b0 = row + blk * block_bytes;
+      __m512i w[2];
+      decode_q8_0_pair_512(b0, b0 + block_bytes, w);
+      const float dl0 = f16c(b0), dl1 = f16c(b0 + block_bytes);
+      for (int i = 0; i < m; i++) {
+        const float* xs = x->scale + i * groups_per_row + blk;
+        __m512 scale = _mm512_mask_mov_ps(_mm512_set1_ps(dl0 * xs[0]), 0xFF00, _mm512_set1_ps(dl1 * xs[1]));
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pair_dot(w, x->xp + i * cols + blk * GROUP)), scale, acc[i]);
+      }
+    }
+    if (blk < num_blocks) {  /* the last, even block: the low half */
+      __m256i q[2];
+      float dl, ml[2];
+      decode_group_q16_avx2(code, row + blk * block_bytes, 0, q, &dl, ml);
+      for (int i = 0; i < m; i++) {
+        __m256i dot = group_dot(q, x->xq + i * cols + blk * GROUP);
+        __m256 scale = _mm256_set1_ps(dl * x->scale[i * groups_per_row + blk]);
+        __m256 even = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, _mm512_castps512_ps256(acc[i]));
+        acc[i] = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(acc[i]), _mm256_castps_pd(even), 0));
+      }
+    }
+  } else {
+    const __m512i index[4] = {  /* the pair scale: lane g of sdl in lanes 0..7, g + 1 in 8..15 */
+      _mm512_inserti64x4(_mm512_set1_epi32(0), _mm256_set1_epi32(1), 1),
+      _mm512_inserti64x4(_mm512_set1_epi32(2), _mm256_set1_epi32(3), 1),
+      _mm512_inserti64x4(_mm512_set1_epi32(4), _mm256_set1_epi32(5), 1),
+      _mm512_inserti64x4(_mm512_set1_epi32(6), _mm256_set1_epi32(7), 1),
+    };
+    for (int64_t blk = 0; blk < num_blocks; blk++) {
+      const uint8_t* block = row + blk * block_bytes;
+      __m256 dl, ml, ml_hi;
+      __m512 sdl[MAX_M];
+      if (code == FORMAT_Q4_K) {
+        __m512 dl_ml = q4_k_scales_512(block);
+        dl = _mm512_castps512_ps256(dl_ml);
+        ml = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(dl_ml), 1));
+      } else {
+        k_block_scales_avx2(code, block, &dl, &ml, &ml_hi);
+      }
+      for (int i = 0; i < m; i++) {
+        const int64_t first = i * groups_per_row + blk * 8;
+        sdl[i] = _mm512_castps256_ps512(_mm256_mul_ps(dl, _mm256_loadu_ps(x->scale + first)));
+        if (code == FORMAT_Q4_K) min_lanes[i] = _mm256_fmadd_ps(ml, _mm256_loadu_ps(x->sums32 + first), min_lanes[i]);
+      }
+      __m512i sc16 = _mm512_setzero_si512();
+      if (code == FORMAT_Q6_K) sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(block + 192))));
+      for (int t = 0; t < 4; t++) {
+        __m512i w[2];
+        if (code == FORMAT_Q4_K) decode_q4_k_pair_512(block, t, w);
+        else decode_q6_k_pair_512(block, t, sc16, w);
+        for (int i = 0; i < m; i++) {
+          __m512i dot = pair_dot(w, x->xp + i * cols + (blk * 8 + 2 * t) * GROUP);
+          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(index[t], sdl[i]), acc[i]);
+        }
+      }
+    }
+  }
+  for (int i = 0; i < m; i++) {
+    __m256 sum = _mm256_add_ps(_mm512_castps512_ps256(acc[i]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i]), 1)));
+    out[i * out_stride] = hsum256(sum) - ((0.0f + 0.0f) + hsum256(min_lanes[i]));
+  }
+}
+#endif
+
 #else  /* portable: the same sums, lane by lane */
 
 static inline float hsum_lanes(const float a[8]) {  /* hsum256's order */
@@ -257,7 +369,16 @@ static inline void row_dot(const int code, const int m, const uint8_t* row, int6
 }
 #endif
 
+#if PAIR_LAYOUT
+#define USES_512(C) ((C) == FORMAT_Q4_K || (C) == FORMAT_Q6_K || (C) == FORMAT_Q8_0)
+#define ROW_CASE(C, M)                                                                             \
+  case M:                                                                                         \
+    if (USES_512(C)) row_dot_512(C, M, row, num_blocks, block_bytes, x, cols, out, out_stride);   \
+    else row_dot(C, M, row, num_blocks, block_bytes, x, cols, out, out_stride);                    \
+    break;
+#else
 #define ROW_CASE(C, M) case M: row_dot(C, M, row, num_blocks, block_bytes, x, cols, out, out_stride); break;
+#endif
 #define CODE_CASE(C)                                                                              \
   case C:                                                                                         \
     switch (m) { ROW_CASE(C, 1) ROW_CASE(C, 2) ROW_CASE(C, 3) ROW_CASE(C, 4) ROW_CASE(C, 5)       \
@@ -287,11 +408,13 @@ int blocks_matmul_q16(int code, int64_t block_size, int64_t block_bytes, const u
       quantize_group(x + i * cols + group * GROUP, quantized.xq + i * cols + group * GROUP,
                      quantized.scale + i * groups_per_row + group, quantized.sums + 2 * (i * groups_per_row + group),
                      quantized.sums32 + i * groups_per_row + group);
+  if (PAIR_LAYOUT) pair_layout(quantized.xq, quantized.xp, m, cols);
   const int64_t num_blocks = cols / block_size, row_bytes = num_blocks * block_bytes;
   for (int64_t first = 0; first < m; first += MAX_M) {
     int group_m = (int)(m - first < MAX_M ? m - first : MAX_M);
     QuantizedRows part = {quantized.xq + first * cols, quantized.scale + first * groups_per_row,
-                          quantized.sums + 2 * first * groups_per_row, quantized.sums32 + first * groups_per_row};
+                          quantized.sums + 2 * first * groups_per_row, quantized.sums32 + first * groups_per_row,
+                          PAIR_LAYOUT ? quantized.xp + first * cols : NULL};
     float* yg = y + first * rows;
     #pragma omp parallel num_threads(num_threads)
     {
