@@ -14,6 +14,11 @@
    an error of at most s / 2 = max|x over the group| / 65534 per value (about 15 bits of each
    group's largest value; float32 keeps 24): the weights' values are exact.
 
+   The AVX-512 build multiplies Q4_K, Q6_K and Q8_0 rows two groups at a time (row_dot_512: 32
+   lanes of int16, one accumulator holding the even and the odd groups' 8 lanes side by side),
+   reading a copy of xq in a pair layout (pair_layout); its int32 lanes and FMAs are the AVX2
+   build's, so are its bits (tested).
+
    Rows of x are quantized independently and rows of W split statically between threads, so a
    row's result does not depend on m or on the thread count. The quantized x lives in a buffer
    of the calling thread, grown when needed (no allocation per call once warm). */

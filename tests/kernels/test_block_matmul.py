@@ -104,6 +104,8 @@ def test_int16_activation_products_are_the_same_bits_in_every_build(format_name)
             builds.append(_load(build))
         except NativeUnavailable:
             pass
+    if len(builds) < 2:
+        pytest.skip(f"one build runs here ({builds[0].instruction_set}): nothing to compare")
     for cols in (512, 544) if FORMATS[format_name].block_size == 32 else (512, 768):
         weight = BlockWeight.from_gguf(format_name, random_gguf_rows(format_name, 19, cols, seed=7), cols)
         x = torch.randn(11, cols, generator=torch.Generator().manual_seed(8))
