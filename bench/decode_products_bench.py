@@ -2,7 +2,7 @@
 float32 and int16 activations side by side in one run (kernels/block_matmul.py).
 
     nice .venv/bin/python -m bench.decode_products_bench [--type Q4_K_M] [--shape llama-3.2-1b] [--model NAME|PATH]
-        [--repeats 20] [--threads N] [--cpu-time]
+        [--repeats 20] [--threads N] [--cpu-time] [--int16-builds avx512_vnni,avx2,portable]
 
 Loads the model (--model, else bench/random_gguf.py's random --shape model as --type, made once) (the engine thread's rule: load and time on the same thread), then for the
 block parts of layer 1's projections and the LM head times `matmul` (float32 activations) and
@@ -10,7 +10,10 @@ block parts of layer 1's projections and the LM head times `matmul` (float32 act
 over that time. The step line adds them up as a decode step reads them (every layer as layer 1, the
 head once). --cpu-time: one thread's CPU time (`time.thread_time`, one thread), which a loaded
 machine does not inflate; otherwise wall time on --threads threads (default torch's). Copy bandwidth:
-a 256 MiB tensor copied, read + write bytes over the best time. About a minute on a quiet machine.
+a 256 MiB tensor copied, read + write bytes over the best time. --int16-builds: `matmul_q16` of each
+named build of the block kernels too (one column each, alternating with the others; a build this CPU
+lacks is an error), e.g. the AVX-512 build's 512-bit rows against the AVX2 build's. About a minute on
+a quiet machine.
 """
 
 import argparse
@@ -23,8 +26,9 @@ import torch
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from bench.random_gguf import SHAPES, random_gguf
+from kernels import block_matmul
 from model.backends.cpu_linear import BlockLinear
-from store.model_store import pull
+from store.model_store import pull, radixserve_home
 
 COPY_BYTES = 256 << 20
 
@@ -51,6 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--cpu-time", action="store_true", help="one thread's CPU time instead of wall time")
+    parser.add_argument("--int16-builds", default="",
+                        help="comma-separated block-kernel builds whose int16 products get a column each")
     args = parser.parse_args(argv)
     if args.cpu_time:
         torch.set_num_threads(1)
@@ -69,13 +75,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{engine.backend.instruction_sets}; {torch.get_num_threads()} thread(s), "
           f"{'CPU time of one thread' if args.cpu_time else 'wall time'}, best of {args.repeats}; "
           f"copy bandwidth {copy_bandwidth(args.repeats):.1f} GB/s (read + write)")
-    print(f"{'weight':32s} {'format':6s} {'shape':>13s} {'float32 ms':>10s} {'GB/s':>5s} {'int16 ms':>9s} {'GB/s':>5s}")
-    step = {"float32": 0.0, "int16": 0.0}
+    products = {"float32": kernels.matmul, "int16": kernels.matmul_q16}
+    for build in filter(None, args.int16_builds.split(",")):
+        products[f"int16 {build}"] = block_matmul.load(radixserve_home() / "kernels", variant=build).matmul_q16
+    print(f"default build: {kernels.instruction_set}")
+    print(f"{'weight':32s} {'format':6s} {'shape':>13s}" + "".join(f" {kind + ' ms':>20s} {'GB/s':>5s}" for kind in products))
+    step = dict.fromkeys(products, 0.0)
     for name in [n for n in linears if n.startswith("layers.1.")] + [n for n in linears if n.endswith("lm_head")]:
         for part in linears[name].parts:
             x = torch.randn(1, part.cols)
-            best = {"float32": float("inf"), "int16": float("inf")}
-            products = {"float32": kernels.matmul, "int16": kernels.matmul_q16}
+            best = dict.fromkeys(products, float("inf"))
             for product in products.values():
                 product(x, part)  # warm
             for _ in range(args.repeats):
@@ -84,10 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             for kind in step:
                 step[kind] += best[kind] * (1 if name.endswith("lm_head") else num_layers)
             size = part.blocks.numel() / 1e9
-            print(f"{name:32s} {part.format:6s} {part.rows:>6d}x{part.cols:<6d} {best['float32'] * 1e3:10.3f} "
-                  f"{size / best['float32']:5.1f} {best['int16'] * 1e3:9.3f} {size / best['int16']:5.1f}")
-    print(f"a step's products ({num_layers} layers as layer 1, the head once): float32 {step['float32'] * 1e3:.1f} ms, "
-          f"int16 {step['int16'] * 1e3:.1f} ms")
+            print(f"{name:32s} {part.format:6s} {part.rows:>6d}x{part.cols:<6d}"
+                  + "".join(f" {best[kind] * 1e3:20.3f} {size / best[kind]:5.1f}" for kind in products))
+    print(f"a step's products ({num_layers} layers as layer 1, the head once): "
+          + ", ".join(f"{kind} {step[kind] * 1e3:.1f} ms" for kind in products))
     return 0
 
 
