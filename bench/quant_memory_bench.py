@@ -2,6 +2,7 @@
 side by side in one run (bench/random_gguf.py's random models in real models' shapes).
 
     python -m bench.quant_memory_bench --shape llama-3.2-1b --types Q4_K_M,Q8_0 [--decode-activations float32,int16]
+        [--cpu-kernels auto,avx2]
 
 For each type: the file is made (once), converted for radixserve by `radixserve pull` in its own
 process (conversion is not serving), then each server is started alone on it, one greedy
@@ -103,8 +104,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--decode-activations", default="float32",
                         help="radixserve's decode activations (serve --decode-activations), comma-separated: one "
                              "radixserve row each, e.g. float32,int16")
+    parser.add_argument("--cpu-kernels", default="auto",
+                        help="radixserve's kernel builds (serve --cpu-kernels), comma-separated: one row each per "
+                             "--decode-activations, e.g. auto,avx2 (the AVX-512 build's 512-bit rows against AVX2's)")
     args = parser.parse_args(argv)
     variants = [v.strip() for v in args.decode_activations.split(",") if v.strip()]
+    kernel_builds = [v.strip() for v in args.cpu_kernels.split(",") if v.strip()]
     llama_server = find_or_build_llama_server()
     kv = kv_bytes(args.shape, args.context)
     rows = []
@@ -118,8 +123,10 @@ def main(argv: list[str] | None = None) -> None:
                       "--speculative", "off"]  # plain decode, as llama-server's
         peer = [str(llama_server), "-m", str(path), "--host", "127.0.0.1", "--port", str(port), "--parallel", "1",
                 "--ctx-size", str(args.context), "--threads", str(args.threads), "--no-webui"]
-        servers = [("llama-server", peer)] + [(f"radixserve {variant}", radixserve + ["--decode-activations", variant])
-                                              for variant in variants]
+        servers = [("llama-server", peer)] + [
+            (f"radixserve {variant}" + (f" {build}" if kernel_builds != ["auto"] else ""),
+             radixserve + ["--decode-activations", variant, "--cpu-kernels", build])
+            for variant in variants for build in kernel_builds]
         for name, command in servers:
             log = args.log_dir / f"quant_bench_{name.replace(' ', '_')}_{type_name}.log"
             row = measure(name, command, port, log, args.max_tokens)
