@@ -1,7 +1,7 @@
 """Decode speed over quantized KV pages (--kv-dtype) against float32 KV, side by side in one run.
 
     nice .venv/bin/python -m bench.kv_dtype_speed [--context 4096] [--batches 1,8] [--kv-dtypes float32,bfloat16,int8]
-        [--tokens 32] [--rounds 3] [--attention-only [--layers 30]] [--rerotate-only]
+        [--tokens 32] [--rounds 3] [--attention-only [--layers 30] [--prefix shared|own]] [--rerotate-only]
 
 In-process, one engine per KV dtype on the default model (cpu backend as served, prefix cache on),
 all alive at once. Each sequence of a batch is a shared prefix of `context` - 64 random tokens (prefilled once per
@@ -13,9 +13,12 @@ CPU's instruction sets and the backend's plan: the numbers belong to them.
 
 --attention-only: the C decode attention kernel alone (kernels/csrc/decode_attention.c) over pages of
 each dtype in the default model's shapes (9 query heads, 3 KV heads of 64), every sequence at `context`
-positions on its own pages, `layers` layers' pages (default 30, the default model's: a step's KV does not
-stay in the CPU's caches, as in real decode; --layers 1 times one layer's pages, which do), one step (a
-call per layer) timed, best of `rounds` x 5 steps, the dtypes interleaved, on torch's thread count.
+positions, `layers` layers' pages (default 30, the default model's: a step's KV does not stay in the CPU's
+caches, as in real decode; --layers 1 times one layer's pages, which do), one step (a call per layer)
+timed, best of `rounds` x 5 steps, the dtypes interleaved, on torch's thread count. --prefix shared (the
+default) lays the pages out as the end-to-end run does: the batch's sequences share the pages of the first
+`context` - 64 positions and each has 64 positions on pages of its own; --prefix own gives every sequence
+all its pages to itself (no reading shared by the batch).
 
 --rerotate-only: document reuse's placing of a stored span (C rerotate_store_kv: K rotated by a position
 delta, K and V stored; int8: dequantized before, quantized again on store), a 512-token span of one
@@ -66,14 +69,17 @@ def decode_rate(engine: LLMEngine, prefix: list[int], batch: int, num_tokens: in
     return (sum(len(r.output_token_ids) for r in requests) - done_before) / seconds
 
 
-def attention_seconds(kv_dtypes: list[str], batches: list[int], context: int, rounds: int, layers: int) -> dict:
+def attention_seconds(kv_dtypes: list[str], batches: list[int], context: int, rounds: int, layers: int,
+                      shared_prefix: bool = True) -> dict:
     """(kv_dtype, batch) -> best seconds of one step's decode attention (a call per layer) over `batch`
-    sequences."""
+    sequences; with `shared_prefix` their first `context` - OWN_TOKENS positions are on the same pages."""
     ops = cpu_decode_ops.load(radixserve_home() / "kernels")
     heads, kv_heads, head_dim, page_size = 9, 3, 64, 16
     gen = torch.Generator().manual_seed(0)
     pages_per_seq = -(-context // page_size)
-    num_pages = max(batches) * pages_per_seq
+    shared_pages = (context - OWN_TOKENS) // page_size if shared_prefix else 0
+    own_pages = pages_per_seq - shared_pages
+    num_pages = shared_pages + max(batches) * own_pages
     float_pages = [torch.randn(num_pages, page_size, kv_heads, head_dim, generator=gen) for _ in range(2)]
     caches = {}  # kv_dtype -> a (K, V) pair per layer, each layer its own memory
     for kv_dtype in kv_dtypes:
@@ -88,7 +94,8 @@ def attention_seconds(kv_dtypes: list[str], batches: list[int], context: int, ro
         for batch in batches:
             q = torch.randn(batch, heads, head_dim, generator=gen)
             out = torch.empty_like(q)
-            page_table = torch.arange(batch * pages_per_seq).view(batch, pages_per_seq)
+            page_table = torch.cat([torch.arange(shared_pages).expand(batch, shared_pages),
+                                    shared_pages + torch.arange(batch * own_pages).view(batch, own_pages)], 1)
             context_lens, rows = torch.full((batch,), context), torch.arange(batch)
             for kv_dtype, layer_caches in caches.items():
                 started = time.perf_counter()
@@ -129,6 +136,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--attention-only", action="store_true")
     parser.add_argument("--layers", type=int, default=30, help="--attention-only: layers' pages a step reads")
+    parser.add_argument("--prefix", choices=("shared", "own"), default="shared",
+                        help="--attention-only: the batch's sequences share their first context - 64 positions' "
+                             "pages (as end to end), or each has pages of its own")
     parser.add_argument("--rerotate-only", action="store_true")
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
@@ -140,9 +150,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               ", ".join(f"{kv_dtype} {seconds * 1e6:.0f} us" for kv_dtype, seconds in best.items()))
         return 0
     if args.attention_only:
-        best = attention_seconds(kv_dtypes, batches, args.context, args.rounds, args.layers)
+        best = attention_seconds(kv_dtypes, batches, args.context, args.rounds, args.layers, args.prefix == "shared")
         print(f"cpu: {this_cpu()}, {torch.get_num_threads()} threads; decode attention, {args.layers} layers, "
-              f"{args.context} positions a sequence, best of {args.rounds} x 5 steps (microseconds a step):")
+              f"{args.context} positions a sequence ({args.prefix} prefix), best of {args.rounds} x 5 steps "
+              f"(microseconds a step):")
         for batch in batches:
             base = best.get(("float32", batch))
             print(f"  batch {batch}: " + ", ".join(

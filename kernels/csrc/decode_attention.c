@@ -2,9 +2,12 @@
    straight from the pages (see kernels/cpu_decode_ops.py), in their stored formats (kv_formats.h):
    float32 pages are read in place; bfloat16 pages are dequantized and int8 pages converted (their
    scales applied to the scores and the probabilities) per block of ATTN_BLOCK positions and one KV
-   head into a scratch on the stack, once for all the head's query heads (never a copy of the pool). Builds into one library
+   head into a scratch on the stack, once for all the head's query heads and for all the rows of the
+   call that read the same slots there (a batch over one cached prefix; never a copy of the pool). Builds into one library
    with row_ops.c. Indices that point into memory (rows, context lengths, page ids)
    are checked first; on a bad one the call returns nonzero and writes nothing. */
+
+#include <omp.h>
 
 #include "kv_formats.h"
 
@@ -16,7 +19,7 @@
 #define ATTN_MAX_HEADS_DIM 8192  /* num_heads * head_dim: the per-task accumulator, on the stack */
 #define ATTN_BLOCK 64            /* KV positions per online-softmax block */
 #define ATTN_MIN_SPLIT 256       /* shortest piece of a context one work item takes */
-#define ATTN_MAX_SHARED_ROWS 16  /* rows of one sequence attended in one pass (attend_rows) */
+#define ATTN_MAX_SHARED_ROWS 16  /* rows attended in one pass over their pieces (attend_rows) */
 #define ATTN_MAX_HEAD_DIM 256    /* a dequantized block of one head: ATTN_BLOCK x D floats on the stack */
 
 /* ------------------------------------------------- paged decode attention */
@@ -144,29 +147,34 @@ static inline void convert_block_i8(float* dst, const int8_t* src, const int64_t
   }
 }
 
-/* R query rows of one sequence (one page table) over positions [t0, t1[r]), every
-   head; online softmax over blocks of ATTN_BLOCK positions. q[r] (H, D) contiguous:
-   row r's query. Within a block the KV heads go one after the other, the G query
-   heads of a KV head together, so each K/V row is read once for its G heads, and
-   the rows one after the other while that KV head's block is still in L1 (the rows
-   of a speculative verify chunk share their context but for its last few positions);
-   the next block's whole cache rows (all KV heads of a position, contiguous) are
-   prefetched meanwhile. Row r goes through exactly the blocks, and the positions in
-   each, that it would alone (R = 1): the same bits. Measured on the 2-core machines
-   (H 9, KVH 3, D 64, cold caches), one task per (sequence, KV head) instead was as
-   fast for one sequence and 5-20% slower for 16. On return acc[r] (H, D) holds
-   sum_t exp(s_t - m) v_t unnormalised, m[r] (H,) the running max, l[r] (H,)
-   sum_t exp(s_t - m). t1 ascending. */
-static void attend_rows(const float* const* q, int64_t R, const kv_pages* k_cache, const kv_pages* v_cache,
-                        const int64_t* pages, int64_t page_size, int64_t t0, const int64_t* t1, int64_t num_kv_heads,
-                        int64_t G, int64_t D, float scale, float softcap, float* const* acc, float* const* m,
-                        float* const* l) {
-  const int64_t H = num_kv_heads * G, row_size = num_kv_heads * D, t_end = t1[R - 1];
+/* R query rows over positions [t0, t1[r]), every head; row r reads its own page table
+   pages[r]; online softmax over blocks of ATTN_BLOCK positions from t0. q[r] (H, D)
+   contiguous: row r's query. Within a block the KV heads go one after the other, the G
+   query heads of a KV head together, and the R rows one after the other while that KV
+   head's block is still in L1. Rows whose block holds the same slots as the row before
+   them (rows of a batch over one cached prefix, the rows of a speculative verify chunk)
+   share its reading: a quantized block is converted or dequantized once for all of
+   them, a float32 block read from memory once. The next block's rows are prefetched
+   meanwhile. Row r goes through exactly the blocks, and the positions in each, that it
+   would alone (R = 1): the same bits. Measured on the 2-core machines (H 9, KVH 3, D 64,
+   cold caches), one task per (sequence, KV head) instead was as fast for one sequence
+   and 5-20% slower for 16. On return acc[r] (H, D) holds sum_t exp(s_t - m) v_t
+   unnormalised, m[r] (H,) the running max, l[r] (H,) sum_t exp(s_t - m). R <=
+   ATTN_MAX_SHARED_ROWS. */
+static void attend_rows(const float* const* q, int64_t R, const int64_t* const* pages, const kv_pages* k_cache,
+                        const kv_pages* v_cache, int64_t page_size, int64_t t0, const int64_t* t1,
+                        int64_t num_kv_heads, int64_t G, int64_t D, float scale, float softcap, float* const* acc,
+                        float* const* m, float* const* l) {
+  const int64_t H = num_kv_heads * G, row_size = num_kv_heads * D;
   const int is_f32 = k_cache->format == KV_F32 && v_cache->format == KV_F32;
   const int is_i8 = k_cache->format == KV_I8 && v_cache->format == KV_I8;
   const int64_t k_row_bytes = row_size * kv_element_size(k_cache->format);
   const int64_t v_row_bytes = row_size * kv_element_size(v_cache->format);
-  int64_t offs[ATTN_BLOCK], offs_next[ATTN_BLOCK];
+  /* offsets (in elements, slot * row_size) of each row's block, computed a block ahead (prefetch) */
+  int64_t offs[ATTN_MAX_SHARED_ROWS][ATTN_BLOCK], offs_next[ATTN_MAX_SHARED_ROWS][ATTN_BLOCK];
+  int64_t page_index[ATTN_MAX_SHARED_ROWS], in_page[ATTN_MAX_SHARED_ROWS];
+  int64_t n_of[ATTN_MAX_SHARED_ROWS], n_next_of[ATTN_MAX_SHARED_ROWS]; /* positions of the row in a block */
+  int is_shared[ATTN_MAX_SHARED_ROWS]; /* this block: the row's slots are the last reading row's */
   float s[ATTN_MAX_GROUP * ATTN_BLOCK] __attribute__((aligned(32)));
   float corr[ATTN_MAX_GROUP];
   /* a quantized block of one KV head, converted (int8: unscaled) or dequantized: row j at j * D */
@@ -176,72 +184,75 @@ static void attend_rows(const float* const* q, int64_t R, const kv_pages* k_cach
   int64_t block_offs[ATTN_BLOCK];
   for (int64_t j = 0; j < ATTN_BLOCK; j++) block_offs[j] = j * D;
   const __m256 vscale = _mm256_set1_ps(scale);
+  int64_t t_end = t0;
   for (int64_t r = 0; r < R; r++) {
     for (int64_t h = 0; h < H; h++) { m[r][h] = -INFINITY; l[r][h] = 0.0f; }
     memset(acc[r], 0, (size_t)(H * D) * sizeof(float));
+    if (t1[r] > t_end) t_end = t1[r];
+    page_index[r] = t0 / page_size;
+    in_page[r] = t0 % page_size;
+    n_next_of[r] = t1[r] - t0 < ATTN_BLOCK ? t1[r] - t0 : ATTN_BLOCK;
+    next_offsets(offs_next[r], n_next_of[r], pages[r], page_size, row_size, &page_index[r], &in_page[r]);
   }
-
-  /* the next block's offsets (in elements, slot * row_size) are computed a block ahead, its rows prefetched */
-  int64_t page_index = t0 / page_size, in_page = t0 % page_size;
-  next_offsets(offs_next, t_end - t0 < ATTN_BLOCK ? t_end - t0 : ATTN_BLOCK, pages, page_size, row_size, &page_index,
-               &in_page);
   const char* k_bytes = (const char*)k_cache->values;
   const char* v_bytes = (const char*)v_cache->values;
   for (int64_t tb = t0; tb < t_end; tb += ATTN_BLOCK) {
-    const int64_t n = t_end - tb < ATTN_BLOCK ? t_end - tb : ATTN_BLOCK;
-    memcpy(offs, offs_next, (size_t)n * sizeof(int64_t));
-    const int64_t after = t_end - tb - n;
-    if (after > 0) {
-      const int64_t n_next = after < ATTN_BLOCK ? after : ATTN_BLOCK;
-      next_offsets(offs_next, n_next, pages, page_size, row_size, &page_index, &in_page);
+    int64_t reader = -1; /* the last row that read its own block */
+    for (int64_t r = 0; r < R; r++) {
+      const int64_t n = n_of[r] = n_next_of[r];
+      if (n <= 0) continue;
+      memcpy(offs[r], offs_next[r], (size_t)n * sizeof(int64_t));
+      is_shared[r] = reader >= 0 && n <= n_of[reader] && !memcmp(offs[r], offs[reader], (size_t)n * sizeof(int64_t));
+      if (!is_shared[r]) reader = r;
+    }
+    for (int64_t r = 0, prefetcher = -1; r < R; r++) { /* the next block's offsets; distinct rows prefetched */
+      const int64_t after = t1[r] - tb - n_of[r];
+      const int64_t n_next = n_next_of[r] = after <= 0 ? 0 : (after < ATTN_BLOCK ? after : ATTN_BLOCK);
+      if (n_next <= 0) continue;
+      next_offsets(offs_next[r], n_next, pages[r], page_size, row_size, &page_index[r], &in_page[r]);
+      if (prefetcher >= 0 && n_next <= n_next_of[prefetcher] &&
+          !memcmp(offs_next[r], offs_next[prefetcher], (size_t)n_next * sizeof(int64_t)))
+        continue;
+      prefetcher = r;
       for (int64_t j = 0; j < n_next; j++) {
-        const int64_t slot = offs_next[j] / row_size;
+        const int64_t slot = offs_next[r][j] / row_size;
         for (int64_t b = 0; b < k_row_bytes; b += 64) _mm_prefetch(k_bytes + slot * k_row_bytes + b, _MM_HINT_T0);
         for (int64_t b = 0; b < v_row_bytes; b += 64) _mm_prefetch(v_bytes + slot * v_row_bytes + b, _MM_HINT_T0);
       }
     }
     for (int64_t kvh = 0; kvh < num_kv_heads; kvh++) {
-      const float *kh, *vh;
-      const int64_t* block = offs;
-      if (is_f32) {
-        kh = (const float*)k_cache->values + kvh * D;
-        vh = (const float*)v_cache->values + kvh * D;
-      } else if (is_i8) { /* this head's n rows converted and their scales gathered, once for all R rows */
-        for (int64_t j = 0; j < n; j++) {
-          const int64_t at = offs[j] / D + kvh; /* (slot * KVH + kvh) */
-          k_scale[j] = k_cache->scales[at];
-          v_scale[j] = v_cache->scales[at];
-        }
-        convert_block_i8(k_block, (const int8_t*)k_cache->values + kvh * D, offs, n, D);
-        convert_block_i8(v_block, (const int8_t*)v_cache->values + kvh * D, offs, n, D);
-        kh = k_block;
-        vh = v_block;
-        block = block_offs;
-      } else { /* this head's n rows, dequantized once for all R rows */
-        for (int64_t j = 0; j < n; j++) {
-          const int64_t slot = offs[j] / row_size;
-          kv_load_head(k_cache, slot, kvh, num_kv_heads, D, k_block + j * D);
-          kv_load_head(v_cache, slot, kvh, num_kv_heads, D, v_block + j * D);
-        }
-        kh = k_block;
-        vh = v_block;
-        block = block_offs;
-      }
       for (int64_t r = 0; r < R; r++) {
-        const int64_t n_row = t1[r] - tb < n ? t1[r] - tb : n;
-        if (n_row <= 0) continue;
-        attend_block_head(q[r] + kvh * G * D, kh, vh, block, n_row, G, D, vscale, is_i8 ? k_scale : NULL,
-                          is_i8 ? v_scale : NULL, softcap, s, corr,
-                          m[r] + kvh * G, l[r] + kvh * G, acc[r] + kvh * G * D);
+        const int64_t n = n_of[r];
+        if (n <= 0) continue;
+        const float *kh = k_block, *vh = v_block;
+        const int64_t* block = block_offs;
+        if (is_f32) {
+          kh = (const float*)k_cache->values + kvh * D;
+          vh = (const float*)v_cache->values + kvh * D;
+          block = offs[r];
+        } else if (is_shared[r]) {
+          /* the block the reading row before converted: the same slots */
+        } else if (is_i8) { /* this head's n rows converted and their scales gathered */
+          for (int64_t j = 0; j < n; j++) {
+            const int64_t at = offs[r][j] / D + kvh; /* (slot * KVH + kvh) */
+            k_scale[j] = k_cache->scales[at];
+            v_scale[j] = v_cache->scales[at];
+          }
+          convert_block_i8(k_block, (const int8_t*)k_cache->values + kvh * D, offs[r], n, D);
+          convert_block_i8(v_block, (const int8_t*)v_cache->values + kvh * D, offs[r], n, D);
+        } else { /* this head's n rows, dequantized */
+          for (int64_t j = 0; j < n; j++) {
+            const int64_t slot = offs[r][j] / row_size;
+            kv_load_head(k_cache, slot, kvh, num_kv_heads, D, k_block + j * D);
+            kv_load_head(v_cache, slot, kvh, num_kv_heads, D, v_block + j * D);
+          }
+        }
+        attend_block_head(q[r] + kvh * G * D, kh, vh, block, n, G, D, vscale, is_i8 ? k_scale : NULL,
+                          is_i8 ? v_scale : NULL, softcap, s, corr, m[r] + kvh * G, l[r] + kvh * G,
+                          acc[r] + kvh * G * D);
       }
     }
   }
-}
-
-static void attend_range(const float* q, const kv_pages* k_cache, const kv_pages* v_cache, const int64_t* pages,
-                         int64_t page_size, int64_t t0, int64_t t1, int64_t num_kv_heads, int64_t G, int64_t D,
-                         float scale, float softcap, float* acc, float* m, float* l) {
-  attend_rows(&q, 1, k_cache, v_cache, pages, page_size, t0, &t1, num_kv_heads, G, D, scale, softcap, &acc, &m, &l);
 }
 
 static inline int64_t num_pieces(int64_t context_len, int64_t piece) {
@@ -251,12 +262,18 @@ static inline int64_t num_pieces(int64_t context_len, int64_t piece) {
 /* The piece length a context of ctx positions is cut into (INT64_MAX: whole). It depends on that
    context and the thread count only, never on the other sequences of the call, so a row's result
    is the same in any batch: a plain decode and the same position in a speculative verify chunk
-   (one row per token) round alike. ~4 items per thread for one long context. */
+   (one row per token) round alike. ~4 items per thread for one long context, at least 256
+   positions; the length taken from a ladder of four steps an octave (256, 320, 384, 448, 512, 640,
+   ...), so that sequences of nearby lengths are cut at the same positions and their pieces over a
+   shared prefix can be attended together (attend_rows). */
 static inline int64_t piece_of(int64_t ctx, int64_t H, int64_t D, int num_threads) {
   if (num_threads <= 1 || ctx * H * D < ATTN_PARALLEL_MIN) return INT64_MAX;
-  int64_t piece = (ctx + 4 * num_threads - 1) / (4 * num_threads);
-  if (piece < ATTN_MIN_SPLIT) piece = ATTN_MIN_SPLIT;
-  return (piece + ATTN_BLOCK - 1) / ATTN_BLOCK * ATTN_BLOCK;
+  const int64_t want = (ctx + 4 * num_threads - 1) / (4 * num_threads);
+  if (want <= ATTN_MIN_SPLIT) return ATTN_MIN_SPLIT;
+  int64_t octave = ATTN_MIN_SPLIT; /* the power of two at or below want; its quarter a multiple of 64 */
+  while (octave * 2 <= want) octave *= 2;
+  const int64_t step = octave / 4;
+  return (want + step - 1) / step * step;
 }
 
 /* dst (heads, D) = acc / l per head */
@@ -268,10 +285,18 @@ static inline void store_normalised(float* dst, const float* acc, const float* l
   }
 }
 
+/* A piece of one sequence's context: sequence b's p-th; t0 its first position, first_page the page
+   that holds t0 (the pieces of a task share both). */
+typedef struct {
+  int64_t t0, first_page, b, p;
+} attention_item;
+
 typedef struct {
   const float* q;
   kv_pages k_cache, v_cache;
-  const int64_t *page_table, *context_lens, *rows, *task_start;
+  const int64_t *page_table, *context_lens, *rows, *item_start;
+  const attention_item* items; /* sorted: a task's pieces are consecutive */
+  const int64_t* task_first;   /* task t: items[task_first[t] .. task_first[t + 1]) */
   float *out, *parts;
   int64_t q_row_stride, max_pages, num_seqs, num_heads, num_kv_heads, G, D, page_size, part_size;
   int64_t window; /* a sliding window W: a row sees its last W positions only; 0: none */
@@ -287,35 +312,48 @@ static inline int64_t seq_start(const attention_job* j, int64_t b) {
 
 /* Pieces are cut from the positions a row sees (its span), which depend on its context and the
    window only: a row's bits stay independent of the batch. */
-static inline int64_t seq_pieces(const attention_job* j, int64_t b) {
-  const int64_t span = j->context_lens[b] - seq_start(j, b);
-  return num_pieces(span, piece_of(span, j->num_heads, j->D, j->num_threads));
+static inline int64_t seq_piece(const attention_job* j, int64_t b) {
+  return piece_of(j->context_lens[b] - seq_start(j, b), j->num_heads, j->D, j->num_threads);
 }
 
-/* Work item t: one piece of one sequence's context, all heads. A whole context is
-   normalised straight into out; a piece leaves its partial softmax in parts. */
-static void attention_task(const attention_job* j, int64_t t, float* acc, float* m, float* l) {
-  int64_t lo = 0, hi = j->num_seqs; /* b: task_start[b] <= t < task_start[b + 1] */
-  while (hi - lo > 1) {
-    const int64_t mid = (lo + hi) / 2;
-    if (j->task_start[mid] <= t) lo = mid; else hi = mid;
+static inline int64_t seq_pieces(const attention_job* j, int64_t b) {
+  return num_pieces(j->context_lens[b] - seq_start(j, b), seq_piece(j, b));
+}
+
+static int compare_items(const void* x, const void* y) {
+  const attention_item *a = (const attention_item*)x, *b = (const attention_item*)y;
+  if (a->t0 != b->t0) return a->t0 < b->t0 ? -1 : 1;
+  if (a->first_page != b->first_page) return a->first_page < b->first_page ? -1 : 1;
+  return a->b < b->b ? -1 : (a->b > b->b);
+}
+
+/* Work item t: the pieces of one or more sequences that start at one position on one page (the
+   rows of a batch over a shared prefix), attended together (attend_rows). A whole context is
+   normalised straight into out; a piece leaves its partial softmax in parts (m (H), l (H),
+   acc (H, D)) for attention_merge. scratch: ATTN_MAX_SHARED_ROWS * part_size floats. */
+static void attention_task(const attention_job* j, int64_t t, float* scratch) {
+  const int64_t H = j->num_heads, D = j->D, first = j->task_first[t], R = j->task_first[t + 1] - first;
+  const float* q[ATTN_MAX_SHARED_ROWS];
+  const int64_t* pages[ATTN_MAX_SHARED_ROWS];
+  float *acc[ATTN_MAX_SHARED_ROWS], *m[ATTN_MAX_SHARED_ROWS], *l[ATTN_MAX_SHARED_ROWS];
+  int64_t t1[ATTN_MAX_SHARED_ROWS];
+  int is_whole[ATTN_MAX_SHARED_ROWS];
+  for (int64_t r = 0; r < R; r++) {
+    const attention_item* item = &j->items[first + r];
+    const int64_t b = item->b, ctx = j->context_lens[b], piece = seq_piece(j, b);
+    is_whole[r] = seq_pieces(j, b) == 1;
+    t1[r] = ctx - item->t0 > piece ? item->t0 + piece : ctx;
+    q[r] = j->q + j->rows[b] * j->q_row_stride;
+    pages[r] = j->page_table + b * j->max_pages;
+    float* part = is_whole[r] ? scratch + r * j->part_size : j->parts + (j->item_start[b] + item->p) * j->part_size;
+    m[r] = part;
+    l[r] = part + H;
+    acc[r] = part + 2 * H;
   }
-  const int64_t b = lo, ctx = j->context_lens[b], H = j->num_heads, D = j->D;
-  const int64_t start = seq_start(j, b), span = ctx - start;
-  const int64_t piece = piece_of(span, H, D, j->num_threads);
-  const int64_t p = t - j->task_start[b], pieces = num_pieces(span, piece);
-  const int64_t t0 = start + p * piece, t1 = ctx - t0 > piece ? t0 + piece : ctx;
-  const float* q = j->q + j->rows[b] * j->q_row_stride;
-  const int64_t* pages = j->page_table + b * j->max_pages;
-  if (pieces == 1) {
-    attend_range(q, &j->k_cache, &j->v_cache, pages, j->page_size, t0, t1, j->num_kv_heads, j->G, D, j->scale,
-                 j->softcap, acc, m, l);
-    store_normalised(j->out + j->rows[b] * H * D, acc, l, H, D);
-  } else {
-    float* part = j->parts + t * j->part_size; /* m (H), l (H), acc (H, D) */
-    attend_range(q, &j->k_cache, &j->v_cache, pages, j->page_size, t0, t1, j->num_kv_heads, j->G, D, j->scale,
-                 j->softcap, part + 2 * H, part, part + H);
-  }
+  attend_rows(q, R, pages, &j->k_cache, &j->v_cache, j->page_size, j->items[first].t0, t1, j->num_kv_heads, j->G,
+              D, j->scale, j->softcap, acc, m, l);
+  for (int64_t r = 0; r < R; r++)
+    if (is_whole[r]) store_normalised(j->out + j->rows[j->items[first + r].b] * H * D, acc[r], l[r], H, D);
 }
 
 /* Merges the pieces of (sequence b, head h), i = b * H + h, into out; acc: D floats of scratch. */
@@ -323,7 +361,7 @@ static void attention_merge(const attention_job* j, int64_t i, float* acc) {
   const int64_t H = j->num_heads, D = j->D, b = i / H, h = i % H;
   const int64_t pieces = seq_pieces(j, b);
   if (pieces == 1) return;
-  const float* first = j->parts + j->task_start[b] * j->part_size;
+  const float* first = j->parts + j->item_start[b] * j->part_size;
   float m_all = -INFINITY, l_all = 0.0f;
   for (int64_t p = 0; p < pieces; p++) m_all = fmaxf(m_all, first[p * j->part_size + h]);
   memset(acc, 0, (size_t)D * sizeof(float));
@@ -339,48 +377,31 @@ static void attention_merge(const attention_job* j, int64_t i, float* acc) {
   store_normalised(j->out + (j->rows[b] * H + h) * D, acc, &l_all, 1, D);
 }
 
-/* How many sequences from b on are rows of one sequence at consecutive positions (a verify
-   chunk: context lengths c, c + 1, ..., the same pages), none of them cut into pieces; 1 if
-   b's next is not. At most ATTN_MAX_SHARED_ROWS. */
-static int64_t sibling_rows(const attention_job* j, int64_t b) {
-  const int64_t ctx = j->context_lens[b];
-  if (seq_pieces(j, b) > 1 || j->window > 0) return 1; /* with a window the rows start apart */
-  const int64_t* pages = j->page_table + b * j->max_pages;
-  int64_t R = 1;
-  while (b + R < j->num_seqs && R < ATTN_MAX_SHARED_ROWS && j->context_lens[b + R] == ctx + R &&
-         seq_pieces(j, b + R) == 1 &&
-         memcmp(pages, j->page_table + (b + R) * j->max_pages,
-                (size_t)((ctx + R + j->page_size - 1) / j->page_size) * sizeof(int64_t)) == 0)
-    R++;
-  return R;
-}
-
-/* Rows b .. b + R - 1 (sibling_rows) in one pass over their context; scratch: R * (H * D + 2 * H) floats. */
-static void attention_siblings(const attention_job* j, int64_t b, int64_t R, float* scratch) {
-  const int64_t H = j->num_heads, D = j->D;
-  const float* q[ATTN_MAX_SHARED_ROWS];
-  float *acc[ATTN_MAX_SHARED_ROWS], *m[ATTN_MAX_SHARED_ROWS], *l[ATTN_MAX_SHARED_ROWS];
-  int64_t t1[ATTN_MAX_SHARED_ROWS];
-  for (int64_t r = 0; r < R; r++) {
-    q[r] = j->q + j->rows[b + r] * j->q_row_stride;
-    t1[r] = j->context_lens[b + r];
-    acc[r] = scratch + r * (H * D + 2 * H);
-    m[r] = acc[r] + H * D;
-    l[r] = m[r] + H;
+/* Cuts the sorted items into tasks (task_first, returns their count): each run of items with one
+   (t0, first_page) into ceil(run / max_rows) tasks of near-equal size. */
+static int64_t make_tasks(const attention_item* items, int64_t num_items, int64_t max_rows, int64_t* task_first) {
+  int64_t num_tasks = 0;
+  for (int64_t i = 0; i < num_items;) {
+    int64_t run = 1;
+    while (i + run < num_items && items[i + run].t0 == items[i].t0 && items[i + run].first_page == items[i].first_page)
+      run++;
+    const int64_t parts = (run + max_rows - 1) / max_rows;
+    for (int64_t k = 0; k < parts; k++) task_first[num_tasks++] = i + run * k / parts;
+    i += run;
   }
-  /* the longest row's pages: checked by the caller, and the shorter rows' pages are their prefix */
-  attend_rows(q, R, &j->k_cache, &j->v_cache, j->page_table + (b + R - 1) * j->max_pages, j->page_size, 0, t1,
-              j->num_kv_heads, j->G, D, j->scale, j->softcap, acc, m, l);
-  for (int64_t r = 0; r < R; r++) store_normalised(j->out + j->rows[b + r] * H * D, acc[r], l[r], H, D);
+  task_first[num_tasks] = num_items;
+  return num_tasks;
 }
 
 /* Decode attention, one query token per sequence (see kernels/cpu_decode_ops.py).
-   A work item is one piece of one sequence's context, all heads. With more than
-   one thread, a long context is cut into pieces (of at least ATTN_MIN_SPLIT
-   positions, ~4 per thread: piece_of) and the pieces' partial softmaxes merged
-   afterwards. Without a fork (one thread, or little work), consecutive rows of one
-   sequence that no piece cuts (a speculative verify chunk, one row per token) go
-   through their context together, block by block (attend_rows).
+   With more than one thread, a long context is cut into pieces (of at least ATTN_MIN_SPLIT
+   positions, ~4 per thread: piece_of) and the pieces' partial softmaxes merged afterwards.
+   A work item (attention_task) takes the pieces of up to ATTN_MAX_SHARED_ROWS sequences
+   that start at the same position on the same page, in one pass block by block
+   (attend_rows): the sequences of a batch over one cached prefix, and the rows of a
+   speculative verify chunk (one sequence's consecutive positions, the same pages), read
+   that prefix once; with several threads fewer rows go together where that leaves fewer
+   than ~4 items per thread.
    Returns 0; -1 for sizes beyond the kernel's limits or a failed malloc; else
    kind + 4 * b for the first sequence b with a bad index: kind 1 rows[b] outside
    [0, num_rows), 2 context_lens[b] outside [1, max_pages * page_size], 3 a page
@@ -408,58 +429,69 @@ int64_t paged_decode_attention(const float* q, int64_t q_row_stride, kv_pages k_
   }
   if (num_seqs == 0) return 0;
 
-  int64_t stack_starts[257]; /* task_start[b]: sequence b's first work item */
-  int64_t* task_start = num_seqs < 257 ? stack_starts : (int64_t*)malloc((size_t)(num_seqs + 1) * sizeof(int64_t));
-  if (!task_start) return -1;
-  int any_split = 0;
-  task_start[0] = 0;
-  attention_job job = {q, k_cache, v_cache, page_table, context_lens, rows, task_start, NULL, NULL,
+  const int64_t part_size = H * D + 2 * H;
+  attention_job job = {q, k_cache, v_cache, page_table, context_lens, rows, NULL, NULL, NULL, out, NULL,
                        q_row_stride, max_pages, num_seqs, num_heads, num_kv_heads, G, D, page_size,
-                       H * D + 2 * H, window, num_threads, scale, softcap};
+                       part_size, window, num_threads, scale, softcap};
+  /* item_start[b]: sequence b's first piece among all (its partial softmaxes' place in parts) */
+  int64_t* item_start = (int64_t*)malloc((size_t)(num_seqs + 1) * sizeof(int64_t));
+  if (!item_start) return -1;
+  int any_split = 0;
+  item_start[0] = 0;
+  job.item_start = item_start;
   for (int64_t b = 0; b < num_seqs; b++) {
     const int64_t pieces = seq_pieces(&job, b);
     any_split |= pieces > 1;
-    task_start[b + 1] = task_start[b] + pieces;
+    item_start[b + 1] = item_start[b] + pieces;
   }
-  const int64_t num_tasks = task_start[num_seqs], part_size = H * D + 2 * H;
-  float* parts = NULL;
-  if (any_split && !(parts = (float*)malloc((size_t)(num_tasks * part_size) * sizeof(float)))) {
-    if (task_start != stack_starts) free(task_start);
-    return -1;
+  const int64_t num_items = item_start[num_seqs];
+  const int is_parallel = num_items > 1 && num_threads > 1 && total * H * D >= ATTN_PARALLEL_MIN;
+  attention_item* items = (attention_item*)malloc((size_t)num_items * sizeof(attention_item));
+  int64_t* task_first = (int64_t*)malloc((size_t)(num_items + 1) * sizeof(int64_t));
+  float* parts = any_split ? (float*)malloc((size_t)(num_items * part_size) * sizeof(float)) : NULL;
+  const int num_scratches = is_parallel ? num_threads : 1;
+  float* scratch = (float*)malloc((size_t)(num_scratches * ATTN_MAX_SHARED_ROWS * part_size) * sizeof(float));
+  int64_t status = -1;
+  if (!items || !task_first || (any_split && !parts) || !scratch) goto done;
+  for (int64_t b = 0; b < num_seqs; b++) {
+    const int64_t start = seq_start(&job, b), piece = seq_piece(&job, b);
+    for (int64_t p = 0; p < item_start[b + 1] - item_start[b]; p++) {
+      const int64_t t0 = start + p * piece;
+      items[item_start[b] + p] = (attention_item){t0, page_table[b * max_pages + t0 / page_size], b, p};
+    }
   }
-  job.out = out;
+  qsort(items, (size_t)num_items, sizeof(attention_item), compare_items);
+  /* rows a task: all that share a piece's start, unless that leaves fewer than ~4 tasks a thread */
+  int64_t max_rows = is_parallel ? num_items / (4 * num_threads) : ATTN_MAX_SHARED_ROWS;
+  max_rows = max_rows < 1 ? 1 : (max_rows > ATTN_MAX_SHARED_ROWS ? ATTN_MAX_SHARED_ROWS : max_rows);
+  const int64_t num_tasks = make_tasks(items, num_items, max_rows, task_first);
+  job.items = items;
+  job.task_first = task_first;
   job.parts = parts;
-  if (num_tasks > 1 && num_threads > 1 && total * H * D >= ATTN_PARALLEL_MIN) {
+  if (is_parallel) {
     #pragma omp parallel num_threads(num_threads)
     {
-      float acc[ATTN_MAX_HEADS_DIM], m[ATTN_MAX_HEADS_DIM / 8], l[ATTN_MAX_HEADS_DIM / 8];
+      float* own = scratch + (int64_t)omp_get_thread_num() * ATTN_MAX_SHARED_ROWS * part_size;
       #pragma omp for schedule(dynamic, 1)
-      for (int64_t t = 0; t < num_tasks; t++) attention_task(&job, t, acc, m, l);
+      for (int64_t t = 0; t < num_tasks; t++) attention_task(&job, t, own);
       if (any_split) {
         #pragma omp for schedule(dynamic, 4)
-        for (int64_t i = 0; i < num_seqs * H; i++) attention_merge(&job, i, acc);
+        for (int64_t i = 0; i < num_seqs * H; i++) attention_merge(&job, i, own);
       }
     }
   } else {
-    float acc[ATTN_MAX_HEADS_DIM], m[ATTN_MAX_HEADS_DIM / 8], l[ATTN_MAX_HEADS_DIM / 8];
-    float* siblings = NULL; /* scratch of attention_siblings, allocated at the first group */
-    for (int64_t b = 0; b < num_seqs;) {
-      const int64_t R = sibling_rows(&job, b);
-      if (R > 1 && (siblings || (siblings = (float*)malloc((size_t)(ATTN_MAX_SHARED_ROWS * part_size) *
-                                                           sizeof(float))))) {
-        attention_siblings(&job, b, R, siblings);
-        b += R;
-        continue;
-      }
-      for (int64_t t = task_start[b]; t < task_start[b + 1]; t++) attention_task(&job, t, acc, m, l);
-      for (int64_t h = 0; h < H; h++) attention_merge(&job, b * H + h, acc);
-      b++;
-    }
-    free(siblings);
+    for (int64_t t = 0; t < num_tasks; t++) attention_task(&job, t, scratch);
+    if (any_split)
+      for (int64_t i = 0; i < num_seqs * H; i++) attention_merge(&job, i, scratch);
   }
+  status = 0;
+done:
+  free(scratch);
   free(parts);
-  if (task_start != stack_starts) free(task_start);
-  return 0;
+  free(task_first);
+  free(items);
+  free(item_start);
+  return status;
 }
 
 /* Packed-argument entry point (simd.h). */

@@ -174,3 +174,50 @@ def test_the_c_store_quantizes_as_the_reference(ops, kv_dtype, num_threads):
     store_kv(want_k, want_v, RotaryEmbedding.apply(k, delta_cos, delta_sin), v, slots)
     for got, want in ((got_k, want_k), (got_v, want_v)):
         torch.testing.assert_close(_dequantized(got), _dequantized(want), atol=0.02, rtol=0)
+
+
+@pytest.mark.parametrize("k_dtype, v_dtype", [("float32", "float32"), ("bfloat16", "bfloat16"), ("int8", "int8"),
+                                              ("int8", "bfloat16")])
+@pytest.mark.parametrize("window", [None, 300])
+def test_the_c_kernel_over_a_prefix_shared_by_the_batch(ops, k_dtype, v_dtype, window, num_threads):
+    """Sequences of one batch over one cached prefix (the same first pages, then pages of their own; contexts
+    ending inside the prefix, just past it and far past it; one of them twice; one unrelated sequence between
+    them) are attended together, the prefix read once for all: each row gets the very bits it gets alone, and
+    equals attention over the same values dequantized. The prefix ends inside a block of 64 positions, and a
+    row that ends inside the prefix comes first."""
+    page_size, num_kv_heads, group, head_dim = 16, 3, 3, 64
+    prefix_pages, context_lens = 45, [700, 1500, 725, 2100, 33, 725, 1200, 64 * 16 + 5]
+    gen = _gen("shared prefix", k_dtype, v_dtype, window)
+    own_pages = [math.ceil(c / page_size) for c in context_lens]
+    num_pages = prefix_pages + sum(own_pages)
+    page_table = torch.zeros(len(context_lens), max(own_pages), dtype=torch.int64)
+    next_page = prefix_pages
+    for b, count in enumerate(own_pages):
+        if b == 6:  # unrelated: all its pages its own
+            page_table[b, :count] = torch.arange(next_page, next_page + count)
+        else:
+            shared = min(count, prefix_pages)
+            page_table[b, :shared] = torch.arange(shared)
+            page_table[b, shared:count] = torch.arange(next_page, next_page + count - shared)
+        next_page += count
+    page_table[5] = page_table[2]  # the same context and pages twice
+    shape = (num_pages, page_size, num_kv_heads, head_dim)
+    k_pages = _as_format(torch.randn(shape, generator=gen), k_dtype)
+    v_pages = _as_format(torch.randn(shape, generator=gen), v_dtype)
+    q = torch.randn(len(context_lens), num_kv_heads * group, head_dim, generator=gen) * 2
+    context = torch.tensor(context_lens)
+    scale = head_dim ** -0.5
+    together = torch.empty_like(q)
+    ops.paged_decode_attention(q, k_pages, v_pages, page_table, context, torch.arange(len(context_lens)), scale,
+                               together, window)
+    for b in range(len(context_lens)):
+        alone = torch.empty_like(q[b:b + 1])
+        ops.paged_decode_attention(q[b:b + 1].contiguous(), k_pages, v_pages, page_table[b:b + 1].contiguous(),
+                                   context[b:b + 1], torch.zeros(1, dtype=torch.int64), scale, alone, window)
+        assert torch.equal(together[b], alone[0]), b
+    inputs = AttentionInputs.build(
+        [int(page_table[b, (c - 1) // page_size]) * page_size + (c - 1) % page_size for b, c in enumerate(context_lens)],
+        [1] * len(context_lens), context_lens,
+        [page_table[b, :math.ceil(c / page_size)].tolist() for b, c in enumerate(context_lens)], "cpu")
+    exact = paged_attention_reference(q, _dequantized(k_pages), _dequantized(v_pages), inputs, scale, window=window)
+    torch.testing.assert_close(together, exact, atol=1e-5, rtol=1e-5)
