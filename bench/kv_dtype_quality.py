@@ -12,17 +12,23 @@ the other rows the answer teacher-forced. Each variant (a KV dtype, document reu
 k = 4 boundary tokens, the store filled online by the earlier prompts) is a fresh engine making the
 same call, prompts in order with the prefix cache on as served (later prompts read earlier prompts'
 shared prefixes from the quantized pages). Reported per variant: first-token agreement, top-1
-agreement over every teacher-forced row, mean KL(float32 || variant) per row. "float32, reuse on"
-shows what document reuse costs alone. A dtype is offered where top-1 >= 0.98; the default changes
-only at >= 0.99 (README, docs/performance.md).
+agreement over every teacher-forced row, mean KL(float32 || variant) per row. Every variant is compared
+against float32 KV with document reuse off; "float32, reuse on" so shows what document reuse costs
+alone, and a quantized dtype with reuse on carries reuse's approximation and the dtype's together. So
+a quantized dtype with reuse on is also compared like with like, against float32 KV with reuse on (run
+first, in the same prompt order, its rows kept in memory): that row is the dtype's own cost under
+reuse. A dtype is offered where top-1 >= 0.98; the default changes only at >= 0.99 (README,
+docs/performance.md).
 
 Split runs (each a few minutes): --variants runs only these (`dtype:off|on`, comma-separated) instead
-of every dtype of --kv-dtypes off and on plus float32 on; --prompts A:B only prompts [A, B) of the
+of every dtype of --kv-dtypes off and on plus float32 on (float32:on is added, and run first, wherever a
+quantized dtype runs with reuse on); --prompts A:B only prompts [A, B) of the
 --num-prompts list (a slice starts with a cold cache and an empty document store: its first prompts
 find less cached than in one whole run); --exact-cache FILE keeps the reference pass on disk
 (bench/document_reuse_exact_cache.py, keyed by each prompt's token ids); --results FILE appends each
-prompt's numbers per variant (JSON lines) and prints the summary over every prompt the file holds
-for this --num-prompts and --seed, the last result of a (variant, prompt) counting.
+prompt's numbers per variant and reference (JSON lines; a line without "reference" is against
+float32:off) and prints the summary over every prompt the file holds for this --num-prompts and --seed,
+the last result of a (variant, reference, prompt) counting.
 """
 
 import argparse
@@ -52,6 +58,8 @@ from engine.sampling_params import SamplingParams
 from store.model_store import pull
 
 NUM_ANSWER_TOKENS = 16
+EXACT = "float32:off"  # the reference every variant is compared against
+REUSE_EXACT = "float32:on"  # ... and each quantized dtype with reuse on, like with like
 KV_CACHE_BYTES = 512 << 20
 DOCUMENT_STORE_BYTES = 256 << 20
 
@@ -62,36 +70,64 @@ def _engine(model_dir, kv_dtype: str, document_reuse: bool) -> LLMEngine:
                                   documents=documents, kv_dtype=KVDtypeConfig(kv_dtype)))
 
 
-def _comparisons(engine: LLMEngine, reuse: bool, prompts, answers, exact_rows) -> list[dict]:
-    """Per prompt: first-token agreement, rows, rows agreeing on top-1, the sum of KL over rows."""
-    results = []
-    for (token_ids, spans), answer, exact in zip(prompts, answers, exact_rows):
+def _comparisons(engine: LLMEngine, reuse: bool, prompts, answers, references: dict[str, list],
+                 keep_rows: bool = False) -> tuple[dict[str, list[dict]], list]:
+    """Per reference (name -> its rows per prompt) and prompt: first-token agreement, rows, rows agreeing
+    on top-1, the sum of KL over rows; and this engine's rows per prompt when keep_rows (else [])."""
+    results: dict[str, list[dict]] = {name: [] for name in references}
+    kept = []
+    for index, ((token_ids, spans), answer) in enumerate(zip(prompts, answers)):
         rows = engine.prompt_tail_logits(token_ids + answer, len(answer) + 1,
                                          options=RequestOptions(document_reuse=reuse, document_spans=spans)).float()
-        agreement = row_top1_agreement(exact, rows)
-        results.append(dict(first_same=bool(agreement[0]), num_rows=int(agreement.numel()),
-                            num_agree=int(agreement.sum()), kl_sum=float(row_kl(exact, rows).double().sum())))
-    return results
+        for name, reference_rows in references.items():
+            exact = reference_rows[index]
+            agreement = row_top1_agreement(exact, rows)
+            results[name].append(dict(first_same=bool(agreement[0]), num_rows=int(agreement.numel()),
+                                      num_agree=int(agreement.sum()),
+                                      kl_sum=float(row_kl(exact, rows).double().sum())))
+        if keep_rows:
+            kept.append(rows.clone())
+    return results, kept
 
 
-def _summary_line(name: str, results: Sequence[dict], extra: str = "") -> str:
+def _summary_line(name: str, reference: str, results: Sequence[dict], extra: str = "") -> str:
     num_rows = sum(r["num_rows"] for r in results)
     kv_dtype, _, reuse = name.partition(":")
-    return (f"  {kv_dtype:<10} {reuse:<6} {len(results):>8} {sum(r['first_same'] for r in results) / len(results):>12.4f} "
+    return (f"  {kv_dtype:<10} {reuse:<6} {reference:<12} {len(results):>8} "
+            f"{sum(r['first_same'] for r in results) / len(results):>12.4f} "
             f"{sum(r['num_agree'] for r in results) / num_rows:>8.4f} {sum(r['kl_sum'] for r in results) / num_rows:>10.2e}"
             f"{extra}")
 
 
+def _header(extra: str = "") -> str:
+    return (f"  {'KV dtype':<10} {'reuse':<6} {'against':<12} {'prompts':>8} {'first token':>12} {'top-1':>8} "
+            f"{'mean KL':>10}{extra}")
+
+
+def _ordered_variants(variants: list[str]) -> list[str]:
+    """variants with float32:on first wherever a quantized dtype runs with reuse on (its rows are their
+    like-with-like reference), else as given."""
+    if not any(v.endswith(":on") and v != REUSE_EXACT for v in variants):
+        return variants
+    return [REUSE_EXACT, *(v for v in variants if v != REUSE_EXACT)]
+
+
+def _references_of(variant: str) -> tuple[str, ...]:
+    return (EXACT, REUSE_EXACT) if variant.endswith(":on") and variant != REUSE_EXACT else (EXACT,)
+
+
 def _print_file_summary(path: Path, num_prompts: int, seed: int) -> None:
-    latest: dict[tuple[str, int], dict] = {}
+    latest: dict[tuple[str, str, int], dict] = {}
     for line in path.read_text().splitlines():
         record = json.loads(line)
         if record["num_prompts"] == num_prompts and record["seed"] == seed:
-            latest[record["variant"], record["prompt"]] = record
-    print(f"{path}: every prompt it holds of the {num_prompts} (seed {seed}), against float32 KV with reuse off:")
-    print(f"  {'KV dtype':<10} {'reuse':<6} {'prompts':>8} {'first token':>12} {'top-1':>8} {'mean KL':>10}")
-    for variant in dict.fromkeys(name for name, _ in latest):
-        print(_summary_line(variant, [r for (name, _), r in sorted(latest.items()) if name == variant]))
+            latest[record["variant"], record.get("reference", EXACT), record["prompt"]] = record
+    print(f"{path}: every prompt it holds of the {num_prompts} (seed {seed}), against float32 KV with reuse off, "
+          f"and with reuse on where it says so:")
+    print(_header())
+    for variant, reference in dict.fromkeys((name, against) for name, against, _ in latest):
+        print(_summary_line(variant, reference, [r for (name, against, _), r in sorted(latest.items())
+                                                 if (name, against) == (variant, reference)]))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -109,10 +145,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.variants:
         if any(variant.partition(":")[2] not in ("off", "on") for variant in args.variants.split(",")):
             parser.error(f"--variants takes dtype:off|on, comma-separated, got {args.variants!r}")
-        variants = args.variants.split(",")
+        variants = _ordered_variants(args.variants.split(","))
     else:  # the quantized dtypes first, float32 with reuse (reuse's own cost) last
         variants = [f"{kv_dtype}:{reuse}" for kv_dtype in args.kv_dtypes.split(",") for reuse in ("off", "on")]
-        variants.append("float32:on")
+        variants = _ordered_variants([*variants, REUSE_EXACT])
     first, last = 0, args.num_prompts
     if args.prompts:
         try:
@@ -154,22 +190,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     lengths = [len(token_ids) for token_ids in prompt_ids]
     print(f"prompts {first}:{last} of {args.num_prompts} ({max(0, min(last, num_chat) - first)} chat; "
           f"{min(lengths)}-{max(lengths)} tokens, mean {sum(lengths) / len(lengths):.0f}), against float32 KV with "
-          f"document reuse off:")
-    print(f"  {'KV dtype':<10} {'reuse':<6} {'prompts':>8} {'first token':>12} {'top-1':>8} {'mean KL':>10} "
-          f"{'reused tokens':>14} {'seconds':>8}")
+          f"document reuse off ({EXACT}) and, for a quantized dtype with reuse on, with it on ({REUSE_EXACT}):")
+    print(_header(f" {'reused tokens':>14} {'seconds':>8}"))
+    references = {EXACT: exact_rows}
     for variant in variants:  # each line printed as it is done
         variant_started = time.perf_counter()
         kv_dtype, _, reuse = variant.partition(":")
         engine = _engine(model_dir, kv_dtype, reuse == "on")
-        results = _comparisons(engine, reuse == "on", prompts, answers, exact_rows)
-        print(_summary_line(variant, results, f" {engine.stats().documents.num_reused_tokens:>14} "
-                                              f"{time.perf_counter() - variant_started:>8.0f}"), flush=True)
+        keep = variant == REUSE_EXACT and len(variants) > 1
+        results, rows = _comparisons(engine, reuse == "on", prompts, answers,
+                                     {name: references[name] for name in _references_of(variant)}, keep)
+        if keep:
+            references[REUSE_EXACT] = rows
+        extra = (f" {engine.stats().documents.num_reused_tokens:>14} "
+                 f"{time.perf_counter() - variant_started:>8.0f}")
+        for reference, reference_results in results.items():
+            print(_summary_line(variant, reference, reference_results, extra), flush=True)
         engine.close()
         if args.results:
             with args.results.open("a") as out:
-                for index, result in enumerate(results, start=first):
-                    out.write(json.dumps(dict(variant=variant, num_prompts=args.num_prompts, seed=args.seed,
-                                              prompt=index, **result)) + "\n")
+                for reference, reference_results in results.items():
+                    for index, result in enumerate(reference_results, start=first):
+                        out.write(json.dumps(dict(variant=variant, reference=reference, num_prompts=args.num_prompts,
+                                                  seed=args.seed, prompt=index, **result)) + "\n")
     print(f"  ({time.perf_counter() - started:.0f} s)")
     if args.results:
         _print_file_summary(args.results, args.num_prompts, args.seed)

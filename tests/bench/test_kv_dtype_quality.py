@@ -1,0 +1,39 @@
+"""bench/kv_dtype_quality.py's bookkeeping (no model): which reference each variant is compared against,
+the order variants run in, and the results file's summary, old lines (no "reference") included."""
+
+import json
+
+from bench.kv_dtype_quality import EXACT, REUSE_EXACT, _ordered_variants, _print_file_summary, _references_of
+
+
+def test_a_quantized_dtype_with_reuse_on_runs_after_float32_with_reuse_on():
+    assert _ordered_variants(["int8:off", "int8:on"]) == ["float32:on", "int8:off", "int8:on"]
+    assert _ordered_variants(["bfloat16:on", "float32:on", "int8:on"]) == ["float32:on", "bfloat16:on", "int8:on"]
+    assert _ordered_variants(["int8:off", "bfloat16:off"]) == ["int8:off", "bfloat16:off"]
+    assert _ordered_variants(["float32:on"]) == ["float32:on"]
+
+
+def test_reuse_on_is_compared_against_both_references():
+    assert _references_of("int8:on") == (EXACT, REUSE_EXACT) == ("float32:off", "float32:on")
+    assert _references_of("int8:off") == (EXACT,)
+    assert _references_of("float32:on") == (EXACT,)
+
+
+def test_the_file_summary_keeps_each_reference_apart(tmp_path, capsys):
+    def line(variant, prompt, num_agree, reference=None):
+        record = dict(variant=variant, num_prompts=200, seed=0, prompt=prompt, first_same=True, num_rows=10,
+                      num_agree=num_agree, kl_sum=0.5)
+        return json.dumps(record if reference is None else {**record, "reference": reference})
+
+    path = tmp_path / "results.jsonl"
+    path.write_text("\n".join([
+        line("int8:on", 100, 5),  # an old line: against float32:off
+        line("int8:on", 100, 9, "float32:off"),  # the same prompt again: the last counts
+        line("int8:on", 101, 7, "float32:off"),
+        line("int8:on", 100, 10, "float32:on"),
+        line("int8:on", 101, 10, "float32:on"),
+    ]) + "\n")
+    _print_file_summary(path, 200, 0)
+    rows = [row.split() for row in capsys.readouterr().out.splitlines()[2:]]
+    assert rows == [["int8", "on", "float32:off", "2", "1.0000", "0.8000", "5.00e-02"],
+                    ["int8", "on", "float32:on", "2", "1.0000", "1.0000", "5.00e-02"]]
