@@ -39,12 +39,15 @@ LIBRARIES = {
     "decode_ops": ("row_ops.c", "decode_attention.c"),
     "blocks": ("block_matmul.c", "block_matmul_q16.c"),
     "gemm_q8": ("gemm_q8.c",),
+    "prefill_attention": ("prefill_attention.c",),
 }
 # library name -> the variants it is written for, best first (default: avx2 only)
-LIBRARY_VARIANTS = {"gemm_q8": ("avx512_vnni", "avx2"), "blocks": ("avx512_vnni", "avx2")}
+LIBRARY_VARIANTS = {"gemm_q8": ("avx512_vnni", "avx2"), "blocks": ("avx512_vnni", "avx2"),
+                    "prefill_attention": ("avx512_vnni", "avx2")}
 # library name -> its C sources, built with PORTABLE_COMPILE_FLAGS: runs on any CPU with a compiler
 PORTABLE_LIBRARIES = {
     "blocks_portable": ("block_matmul.c", "block_matmul_q16.c"),
+    "prefill_attention_portable": ("prefill_attention.c",),
 }
 
 logger = logging.getLogger("radixserve.kernels")

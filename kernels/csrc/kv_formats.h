@@ -1,11 +1,20 @@
 /* The stored formats of KV pages (kernels/kv_format.py is the reference): per slot, num_kv_heads
    rows of head_dim values, in float32, bfloat16 (round to nearest even) or int8 with one float32
    scale per (slot, head): x ~= q * scale, scale = absmax / 127, q = round-half-even(x * 127 / absmax).
-   Shared by row_ops.c (quantize on store) and decode_attention.c (dequantize on read). */
+   Shared by row_ops.c (quantize on store), decode_attention.c and prefill_attention.c (dequantize on
+   read). Builds without AVX2 (prefill_attention.c's portable one) get kv_load_head in plain C and no
+   kv_store_slot. */
 #ifndef RADIXSERVE_KV_FORMATS_H
 #define RADIXSERVE_KV_FORMATS_H
 
+#ifdef __AVX2__
 #include "simd.h"
+#else
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#endif
 
 enum { KV_F32 = 0, KV_BF16 = 1, KV_I8 = 2 };
 
@@ -25,6 +34,7 @@ static inline uint16_t f32_to_bf16(float x) {
   return (uint16_t)(u >> 16);
 }
 
+#ifdef __AVX2__
 /* Writes x (KVH, D) floats as slot `slot` of the pages. */
 static inline void kv_store_slot(const kv_pages* pages, int64_t slot, const float* x, int64_t num_kv_heads,
                                  int64_t head_dim) {
@@ -77,6 +87,26 @@ static inline void kv_load_head(const kv_pages* pages, int64_t slot, int64_t hea
     }
   }
 }
+#else
+/* dst (D,) floats = head `head` of slot `slot`, dequantized (plain C: the same values). */
+static inline void kv_load_head(const kv_pages* pages, int64_t slot, int64_t head, int64_t num_kv_heads,
+                                int64_t head_dim, float* dst) {
+  const int64_t at = (slot * num_kv_heads + head) * head_dim;
+  if (pages->format == KV_F32) {
+    memcpy(dst, (const float*)pages->values + at, (size_t)head_dim * sizeof(float));
+  } else if (pages->format == KV_BF16) {
+    const uint16_t* src = (const uint16_t*)pages->values + at;
+    for (int64_t d = 0; d < head_dim; d++) {
+      const uint32_t bits = (uint32_t)src[d] << 16;
+      memcpy(dst + d, &bits, sizeof bits);
+    }
+  } else {
+    const int8_t* src = (const int8_t*)pages->values + at;
+    const float scale = pages->scales[slot * num_kv_heads + head];
+    for (int64_t d = 0; d < head_dim; d++) dst[d] = (float)src[d] * scale;
+  }
+}
+#endif
 
 static inline int64_t kv_element_size(int64_t format) {
   return format == KV_F32 ? 4 : (format == KV_BF16 ? 2 : 1);

@@ -1,0 +1,128 @@
+"""Paged prefill attention in C for the CPU (kernels/csrc/prefill_attention.c).
+
+A prefill chunk's query rows attend to their sequence's cached prefix and to the chunk itself
+(causal; a sliding window and Gemma 2's score soft cap when the layer has them), reading K and V
+from the pages in their stored format (kernels/kv_format.py: float32, bfloat16, int8), one key tile
+of one KV head converted at a time: no gather, no dequantized copy of the pool, no (rows x keys)
+score matrix. Flash-attention style: tiles of 64 keys, online softmax in float32; the G query heads
+of a KV head go together so each K/V tile is read once for all of them; work items are
+(sequence, KV head, tile of ~128 / G rows), in parallel over OpenMP. The torch path
+(kernels/paged_attention.py: SDPA over gathered K/V) and `paged_attention_reference` stay the
+reference the tests compare against.
+
+Builds (kernels/native_build.py), one C source written with vector extensions: "avx512_vnni" (16-lane
+AVX-512 code; it uses AVX-512F), "avx2" (AVX2 + FMA) and "portable" (plain C, any CPU with a C
+compiler). `load` takes the best this CPU runs at or below the variant asked for, else the portable
+build; `instruction_set` names it.
+
+A row's result does not depend on the batch or on how its prefill was cut into chunks (its key tiles
+are aligned to multiples of 64 positions, and a tile it cannot see changes nothing), within one build.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from kernels.cpu_decode_ops import _check_caches, _pages_args
+from kernels.cpu_features import PORTABLE
+from kernels.kv_format import KVPages, as_pages
+from kernels.native_build import FIND_COMPILER, NativeUnavailable, library_variant, load_library
+
+__all__ = ["CpuPrefillAttention", "load"]
+
+MAX_HEAD_DIM = 256  # prefill_attention.c's limits
+MAX_GROUP = 64  # query heads per KV head
+_ARGS = struct.Struct("<18qd5qd").pack  # paged_prefill_attention_packed's fields (floats as double)
+_I64 = torch.int64
+_ERRORS = {
+    1: "sequence {b}'s query rows are not rows of q/out (or it has none)",
+    2: "context_lens[{b}] is outside [query_lens[{b}], max_pages * page_size]",
+    3: "page_table[{b}] holds a page id outside the cache (within its context)",
+}
+
+
+class CpuPrefillAttention:
+    """The loaded kernel. Thread count: torch's (`torch.get_num_threads()`), read on every call;
+    small work runs on the calling thread."""
+
+    def __init__(self, library: ctypes.CDLL, instruction_set: str):
+        self.instruction_set = instruction_set  # "avx512_vnni", "avx2" or "portable"
+        self._attention = library.paged_prefill_attention_packed
+        self._attention.argtypes = [ctypes.c_char_p]
+        self._attention.restype = ctypes.c_int64
+
+    @staticmethod
+    def fits(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+        """Whether attention of these sizes is within the kernel's limits."""
+        return (num_kv_heads > 0 and num_heads % num_kv_heads == 0 and num_heads // num_kv_heads <= MAX_GROUP
+                and 0 < head_dim <= MAX_HEAD_DIM and head_dim % 8 == 0)
+
+    def paged_prefill_attention(
+        self, q: Tensor, k_cache: Tensor | KVPages, v_cache: Tensor | KVPages, page_table: Tensor,
+        q_starts: Tensor, query_lens: Tensor, context_lens: Tensor, scale: float, out: Tensor,
+        window: int | None = None, softcap: float | None = None,
+    ) -> None:
+        """Sequence b's T_b = query_lens[b] query rows are rows q_starts[b] .. + T_b of q, at positions
+        C_b - T_b .. C_b - 1 (C_b = context_lens[b]); row i sees positions <= C_b - T_b + i of its
+        pages (and, with a window W, none W or more behind it), scores times `scale`, then
+        softcap * tanh(s / softcap) with a soft cap; their K/V (the chunk's own included) already in
+        the caches. Writes those rows of `out`, no other.
+
+        q (N, H, D) float32 with strides (any, D, 1) (a view of qkv serves); out (N, H, D) contiguous
+        float32; caches (num_pages, page_size, KVH, D) contiguous CPU pages in any KV format;
+        page_table (B, max_pages) int64 contiguous; q_starts, query_lens, context_lens (B,) int64
+        contiguous. Bad shapes raise ValueError; so do indices outside q, out or the caches (checked
+        in C before anything is written)."""
+        k_cache, v_cache = as_pages(k_cache), as_pages(v_cache)
+        num_pages, page_size, num_kv_heads, head_dim = _check_caches(k_cache, v_cache)
+        if q.dtype != torch.float32 or not q.is_cpu or q.dim() != 3:
+            raise ValueError(f"q must be a (N, H, D) float32 CPU tensor, got {tuple(q.shape)} {q.dtype} on {q.device}")
+        num_rows, num_heads, dim = q.shape
+        q_strides = q.stride()
+        if q_strides[2] != 1 or q_strides[1] != dim:
+            raise ValueError(f"q needs strides (any, D={dim}, 1), got {q_strides}")
+        if dim != head_dim or not self.fits(num_heads, num_kv_heads, head_dim):
+            raise ValueError(f"q {tuple(q.shape)} with caches of KVH={num_kv_heads}, D={head_dim} do not fit the "
+                             f"kernel (whole groups of at most {MAX_GROUP}, D a multiple of 8 up to {MAX_HEAD_DIM})")
+        if out.dtype != torch.float32 or not out.is_cpu or out.shape != q.shape or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous {tuple(q.shape)} float32 CPU tensor, got "
+                             f"{tuple(out.shape)} {out.dtype}, contiguous={out.is_contiguous()}")
+        if page_table.dtype != _I64 or not page_table.is_cpu or page_table.dim() != 2 \
+                or not page_table.is_contiguous():
+            raise ValueError(f"page_table must be a contiguous (B, max_pages) int64 CPU tensor, got "
+                             f"{tuple(page_table.shape)} {page_table.dtype}")
+        num_seqs, max_pages = page_table.shape
+        for name, index in (("q_starts", q_starts), ("query_lens", query_lens), ("context_lens", context_lens)):
+            if index.dtype != _I64 or not index.is_cpu or index.shape != (num_seqs,) or not index.is_contiguous():
+                raise ValueError(f"{name} must be a contiguous ({num_seqs},) int64 CPU tensor, got "
+                                 f"{tuple(index.shape)} {index.dtype}")
+        if (window is not None and window < 1) or (softcap is not None and softcap <= 0):
+            raise ValueError(f"window must be >= 1 and softcap > 0 (or None), got {window}, {softcap}")
+        status = self._attention(_ARGS(
+            q.data_ptr(), q_strides[0], *_pages_args(k_cache), *_pages_args(v_cache), page_table.data_ptr(),
+            max_pages, q_starts.data_ptr(), query_lens.data_ptr(), context_lens.data_ptr(), num_seqs, num_heads,
+            num_kv_heads, dim, page_size, scale, out.data_ptr(), num_rows, num_pages, torch.get_num_threads(),
+            window or 0, softcap or 0.0))
+        if status:
+            if status < 0:
+                raise ValueError("paged_prefill_attention: sizes outside the kernel's limits, or out of memory")
+            raise ValueError(_ERRORS[status % 4].format(b=status // 4))
+
+
+def load(build_dir: Path, compiler: str | None = FIND_COMPILER, variant: str = "avx2",
+         portable: bool = False) -> CpuPrefillAttention:
+    """The build for `variant` (kernels.cpu_features) where this CPU runs it, else (or with `portable`)
+    the plain-C one; built once, cached by source hash. Raises native_build.NativeUnavailable where
+    none can be built (no C compiler)."""
+    if not portable and variant != PORTABLE:
+        try:
+            return CpuPrefillAttention(load_library("prefill_attention", build_dir, compiler, variant),
+                                       library_variant("prefill_attention", variant))
+        except NativeUnavailable:
+            pass
+    return CpuPrefillAttention(load_library("prefill_attention_portable", build_dir, compiler), PORTABLE)
