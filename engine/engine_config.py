@@ -13,6 +13,7 @@ from engine.kv_dtype_config import KVDtypeConfig
 from engine.setting import SIZE_UNITS
 from engine.speculation_config import SpeculationConfig
 from kernels.cpu_features import PREFILL_DTYPE_CHOICES
+from model.backends import PREFILL_ATTENTION_CHOICES
 from model.backends.cpu_backend import FLOAT_PREFILL_MAX_BYTES
 
 # The KV pool when not told its size: this many full contexts (room for that many requests at full length, or
@@ -124,6 +125,9 @@ class EngineConfig:
     # "auto" (bfloat16 where native). float32 by default until bf16's top-1 agreement with float32 is
     # measured >= 0.99 (bench/int8_activation_quality.py --paths bf16; docs/performance.md)
     prefill_dtype: str = "float32"
+    # cpu: prefill attention on the C kernel over pages where it runs ("auto"), or torch's SDPA over gathered
+    # K/V ("sdpa": the comparison bench/prefill_attention_bench.py makes) (model.backends.PREFILL_ATTENTION_CHOICES)
+    prefill_attention: str = "auto"
     # Each feature's settings, in its own file (flags derived from their fields: server/config_flags.py)
     kv_disk: KVDiskConfig = KVDiskConfig()  # the disk tier of KV pages (engine/kv_disk_config.py)
     documents: DocumentReuseConfig = DocumentReuseConfig()  # document KV reuse (engine/document_reuse_config.py)
@@ -148,6 +152,9 @@ class EngineConfig:
                              f"got {self.eviction_policy!r}")
         if self.schedule not in ("fcfs", "lpm"):
             raise ValueError(f"schedule must be 'fcfs' or 'lpm', got {self.schedule!r}")
+        if self.prefill_attention not in PREFILL_ATTENTION_CHOICES:
+            raise ValueError(f"prefill_attention must be one of {', '.join(PREFILL_ATTENTION_CHOICES)}, "
+                             f"got {self.prefill_attention!r}")
         if self.prefill_dtype not in PREFILL_DTYPE_CHOICES:
             raise ValueError(f"prefill_dtype must be one of {', '.join(PREFILL_DTYPE_CHOICES)}, "
                              f"got {self.prefill_dtype!r}")

@@ -64,7 +64,8 @@ class LLMEngine:
                                       cpu_kernels=config.cpu_kernels, int8_activations=config.int8_activations,
                                       decode_activations=config.decode_activations,
                                       float_prefill_max_bytes=config.float_prefill_max_bytes,
-                                      prefill_dtype=config.prefill_dtype)
+                                      prefill_dtype=config.prefill_dtype,
+                                      prefill_attention=config.prefill_attention)
         # Before the weights: the tokenizer it decodes the vocabulary with is dropped, and its freed pages
         # (~90 MiB of a 128k vocabulary's, resident when this ran after the KV pool) go back at once.
         breaks = span_breaks(model_dir)

@@ -43,6 +43,8 @@ class AttentionPolicy:
     # verify chunk: the last token and its drafts) goes to the decode kernel as that many decode rows,
     # row i seeing the context up to itself; one kernel call instead of a gather + SDPA per layer.
     max_rows_as_decode: int = 1
+    # Every prefill sequence (more new tokens than a decode) to one kernel that reads the pages itself.
+    fused_prefill: bool = False
 
     def __post_init__(self):
         if self.decode_token_budget < 1 or self.prefill_block_rows < 1 or self.max_rows_as_decode < 1:
@@ -76,6 +78,17 @@ class DecodeBatch:
 
 
 @dataclass(frozen=True)
+class PrefillBatch:
+    """Every prefill sequence of the step, for a kernel that reads pages itself
+    (kernels/cpu_prefill_attention.py): no gather, no mask (it applies causality and the window)."""
+
+    q_starts: Tensor  # (b,) int64: a sequence's first row in q and in the output
+    query_lens: Tensor  # (b,) int64: its rows, at positions context_len - query_len onwards
+    context_lens: Tensor  # (b,) int64
+    page_table: Tensor  # (b, max_pages) int64, contiguous
+
+
+@dataclass(frozen=True)
 class PrefillSeq:
     """One sequence with several new tokens: rows [start, end) of q, context C."""
 
@@ -91,14 +104,15 @@ class PrefillSeq:
 class AttentionPlan:
     decode_chunks: list[DecodeChunk]  # empty when decode_batch is set
     decode_batch: DecodeBatch | None  # with fused decode: all decode sequences, else None
-    prefills: list[PrefillSeq]
+    prefills: list[PrefillSeq]  # empty when prefill_batch is set
+    prefill_batch: PrefillBatch | None  # with fused prefill: all prefill sequences, else None
     prefill_block_rows: int  # query rows per SDPA call when a prefill has a cached prefix
 
 
 def make_plan(inputs: AttentionInputs, page_size: int, policy: AttentionPolicy,
               window: int | None = None) -> AttentionPlan:
     """`window`: a sliding-window layer's W (a query at position p sees keys in (p - W, p]), or None.
-    A fused decode batch carries no mask: its kernel applies the window itself."""
+    A fused decode or prefill batch carries no mask: its kernel applies the window itself."""
     max_decode_rows = policy.max_rows_as_decode if policy.fused_decode else 1
     is_decode = [query_len == 1 or (query_len <= max_decode_rows and inputs.context_lens[b] > query_len)
                  for b, query_len in enumerate(inputs.query_lens)]
@@ -111,8 +125,26 @@ def make_plan(inputs: AttentionInputs, page_size: int, policy: AttentionPolicy,
             _decode_chunk(inputs, group, page_size, window)
             for group in _pack_by_length(decode_seqs, inputs.context_lens, policy.decode_token_budget)
         ]
-    prefills = [_prefill_seq(inputs, b, page_size, window) for b, decode in enumerate(is_decode) if not decode]
-    return AttentionPlan(decode_chunks, decode_batch, prefills, policy.prefill_block_rows)
+    prefill_seqs = [b for b, decode in enumerate(is_decode) if not decode]
+    prefills, prefill_batch = [], None
+    if policy.fused_prefill and prefill_seqs:
+        prefill_batch = _prefill_batch(inputs, prefill_seqs)
+    else:
+        prefills = [_prefill_seq(inputs, b, page_size, window) for b in prefill_seqs]
+    return AttentionPlan(decode_chunks, decode_batch, prefills, prefill_batch, policy.prefill_block_rows)
+
+
+def _prefill_batch(inputs: AttentionInputs, seqs: list[int]) -> PrefillBatch:
+    device = inputs.page_table.device
+    page_table = inputs.page_table
+    if seqs != list(range(inputs.num_seqs)):
+        page_table = page_table.index_select(0, torch.tensor(seqs, dtype=torch.int64, device=device))
+    return PrefillBatch(
+        q_starts=torch.tensor([inputs.query_starts[b] for b in seqs], dtype=torch.int64, device=device),
+        query_lens=torch.tensor([inputs.query_lens[b] for b in seqs], dtype=torch.int64, device=device),
+        context_lens=torch.tensor([inputs.context_lens[b] for b in seqs], dtype=torch.int64, device=device),
+        page_table=page_table.contiguous(),
+    )
 
 
 def _decode_batch(inputs: AttentionInputs, seqs: list[int]) -> DecodeBatch:

@@ -4,8 +4,10 @@ KV layout: per layer K and V pages (kernels/kv_format.py: values (num_pages, pag
 their format, int8 with per-(token, head) scales); viewed flat as (num_pages * page_size, KVH, D),
 token slot s = page_id * page_size + offset in page. A bare tensor is pages of its own dtype. The
 torch path gathers a sequence's slots and dequantizes only those.
-The fast path uses only torch ops (SDPA), so it runs wherever torch does; how it batches
-work is the caller's `AttentionPolicy` (see attention_plan), chosen by the execution backend.
+The torch path uses only torch ops (SDPA), so it runs wherever torch does; how it batches
+work is the caller's `AttentionPolicy` (see attention_plan), chosen by the execution backend,
+which may also hand decodes and prefills to C kernels that read the pages themselves
+(kernels/cpu_decode_ops.py, kernels/cpu_prefill_attention.py).
 A layer may have a sliding window (a mask; see attention_plan) and a soft cap on its scores
 (Gemma 2: cap * tanh(s / cap) before the mask), which SDPA cannot apply: soft-capped layers
 compute the same cuts with explicit matmuls and softmax.
@@ -18,6 +20,7 @@ from torch import Tensor
 from kernels.attention_inputs import AttentionInputs
 from kernels.attention_plan import AttentionPolicy, DecodeChunk, PrefillSeq
 from kernels.cpu_decode_ops import CpuDecodeOps
+from kernels.cpu_prefill_attention import CpuPrefillAttention
 from kernels.kv_format import KVPages, as_pages
 from kernels.paged_attention_reference import paged_attention_reference
 
@@ -45,17 +48,21 @@ def paged_attention(
     *,
     window: int | None = None,
     softcap: float | None = None,
+    prefill_ops: CpuPrefillAttention | None = None,
 ) -> Tensor:
     """q (N, H, D) -> (N, H, D) in q.dtype; same contract as paged_attention_reference.
 
     The step's new K/V must already be in the cache (store_kv). Decode sequences go in
     length-sorted chunks, or, when the policy says fused_decode, all in one call of
-    `decode_ops`' kernel, which reads the pages itself; prefills one by one; results land
-    in their rows of the output. `window`, `softcap`: the layer's sliding window and score
-    cap (None: none).
+    `decode_ops`' kernel, which reads the pages itself; prefills one by one, or, when the
+    policy says fused_prefill, all in one call of `prefill_ops`' kernel, which reads the pages
+    itself; results land in their rows of the output. `window`, `softcap`: the layer's sliding
+    window and score cap (None: none).
     """
     if policy.fused_decode and decode_ops is None:
         raise ValueError("a fused-decode attention policy needs the decode kernel")
+    if policy.fused_prefill and prefill_ops is None:
+        raise ValueError("a fused-prefill attention policy needs the prefill kernel")
     k_cache, v_cache = as_pages(k_cache), as_pages(v_cache)
     _, page_size, num_kv_heads, head_dim = k_cache.shape
     if q.shape[0] != inputs.num_tokens or q.shape[1] % num_kv_heads:
@@ -66,6 +73,10 @@ def paged_attention(
         batch = plan.decode_batch
         decode_ops.paged_decode_attention(q, k_cache, v_cache, batch.page_table, batch.context_lens, batch.rows,
                                           scale, out, window, softcap)
+    if plan.prefill_batch is not None:
+        batch = plan.prefill_batch
+        prefill_ops.paged_prefill_attention(q, k_cache, v_cache, batch.page_table, batch.q_starts, batch.query_lens,
+                                            batch.context_lens, scale, out, window, softcap)
     for chunk in plan.decode_chunks:
         _attend_decode(out, q, k_cache, v_cache, chunk, scale, softcap)
     for seq in plan.prefills:

@@ -16,16 +16,22 @@ from pathlib import Path
 
 import torch
 
-from kernels import block_matmul, cpu_decode_ops, cpu_gemm_q8, cpu_matvec, packed_linear
-from kernels.cpu_features import resolve_prefill_dtype, resolve_variant, this_cpu
+from kernels import block_matmul, cpu_decode_ops, cpu_gemm_q8, cpu_matvec, cpu_prefill_attention, packed_linear
+from kernels.cpu_features import PORTABLE, resolve_prefill_dtype, resolve_variant, this_cpu
 from kernels.native_build import FIND_COMPILER, NativeUnavailable, library_variant
 from model.backends.base import Backend, BackendPlan, LinearPlan, StepPolicy
 from model.backends.cpu_backend import FIXED, FLOAT_PREFILL_MAX_BYTES, CpuBackend
 from model.backends.torch_backend import TorchBackend
 from model.config import ModelConfig
 
-__all__ = ["BACKEND_CHOICES", "Backend", "BackendPlan", "LinearPlan", "StepPolicy", "check_backend_choice",
+__all__ = ["BACKEND_CHOICES", "PREFILL_ATTENTION_CHOICES", "Backend", "BackendPlan", "LinearPlan", "StepPolicy", "check_backend_choice",
            "select_backend"]
+
+
+# What `cpu` runs prefill attention on: "auto" the C kernel over pages where it builds and fits the model
+# (kernels/cpu_prefill_attention.py), else torch's SDPA over gathered K/V; "sdpa" the torch path always
+# (the comparison bench/prefill_attention_bench.py makes).
+PREFILL_ATTENTION_CHOICES = ("auto", "sdpa")
 
 
 def _cpu_unfit(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -41,7 +47,7 @@ def _cpu_unfit(device: torch.device, dtype: torch.dtype) -> str | None:
 
 def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crossover: str, variant_choice: str,
               int8_activations: bool, float_prefill_max_bytes: int, decode_activations: str,
-              prefill_dtype_choice: str) -> Backend:
+              prefill_dtype_choice: str, prefill_attention_choice: str) -> Backend:
     features = this_cpu()
     variant, skipped = resolve_variant(variant_choice, features)
     prefill_dtype, bf16_skipped = resolve_prefill_dtype(prefill_dtype_choice, features,
@@ -67,6 +73,20 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
                                         config.num_kv_heads, config.head_dim):
         ops = None
         fallbacks.append("fused C ops off (the model's sizes are outside their limits): torch ops")
+    prefill_attention = None
+    if prefill_attention_choice == "sdpa":
+        fallbacks.append("C prefill attention off (sdpa asked for): SDPA over gathered K/V")
+    else:
+        try:
+            prefill_attention = cpu_prefill_attention.load(build_dir, compiler, variant)
+        except NativeUnavailable as error:
+            fallbacks.append(f"C prefill attention off ({error}): SDPA over gathered K/V")
+    if prefill_attention is not None and not prefill_attention.fits(config.num_heads, config.num_kv_heads,
+                                                                    config.head_dim):
+        prefill_attention = None
+        fallbacks.append("C prefill attention off (the model's heads are outside its limits): SDPA over gathered K/V")
+    elif prefill_attention is not None and prefill_attention.instruction_set == PORTABLE and variant != PORTABLE:
+        fallbacks.append(f"C prefill attention: the portable build (no {variant} build here)")
     # what each loaded library was built as (the decode kernels are AVX2 code on an AVX-512 machine too)
     loaded = (("int8 GEMM", "gemm_q8", gemm_q8), ("matvec", "matvec", matvec), ("decode ops", "decode_ops", ops))
     builds = ", ".join(f"{label} {library_variant(library, variant)}" for label, library, kernels in loaded
@@ -76,7 +96,8 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
     return CpuBackend(matvec, ops, tuple(fallbacks), crossover,
                       functools.partial(block_matmul.load_best, build_dir, compiler, variant), gemm_q8=gemm_q8,
                       instruction_sets=instruction_sets, float_prefill_max_bytes=float_prefill_max_bytes,
-                      decode_activations=decode_activations, prefill_dtype=prefill_dtype)
+                      decode_activations=decode_activations, prefill_dtype=prefill_dtype,
+                      prefill_attention=prefill_attention)
 
 
 # name -> what it needs to run here (None: runs)
@@ -101,7 +122,8 @@ def select_backend(device: torch.device | str, dtype: torch.dtype, config: Model
                    build_dir: Path, compiler: str | None = FIND_COMPILER, crossover: str = FIXED,
                    cpu_kernels: str = "auto", int8_activations: bool = False,
                    float_prefill_max_bytes: int = FLOAT_PREFILL_MAX_BYTES,
-                   decode_activations: str = "int16", prefill_dtype: str = "float32") -> Backend:
+                   decode_activations: str = "int16", prefill_dtype: str = "float32",
+                   prefill_attention: str = "auto") -> Backend:
     """The backend for a model of `config` on `device` in `dtype`. `build_dir` caches the C
     kernels; `compiler` None runs `cpu` as a machine without a C compiler gets it;
     `crossover` "fixed" (default: the measured table) or "measure" sets how `cpu` picks its few-rows limits;
@@ -113,7 +135,11 @@ def select_backend(device: torch.device | str, dtype: torch.dtype, config: Model
     `decode_activations` what `cpu`'s few-rows kernels over blocks multiply with
     (cpu_backend.DECODE_ACTIVATIONS: "int16" or "float32"); `prefill_dtype` what `cpu`'s prefill GEMMs
     over GGUF blocks multiply in (kernels.cpu_features.PREFILL_DTYPE_CHOICES: "auto" is bfloat16 where the
-    CPU has native bf16, else float32)."""
+    CPU has native bf16, else float32); `prefill_attention` what `cpu` runs prefill attention on
+    (PREFILL_ATTENTION_CHOICES: "auto" the C kernel over pages where it runs, "sdpa" torch's)."""
+    if prefill_attention not in PREFILL_ATTENTION_CHOICES:
+        raise ValueError(f"prefill_attention must be one of {', '.join(PREFILL_ATTENTION_CHOICES)}, "
+                         f"got {prefill_attention!r}")
     device = torch.device(device)
     check_backend_choice(choice, device, dtype)
     skipped = []
@@ -124,6 +150,6 @@ def select_backend(device: torch.device | str, dtype: torch.dtype, config: Model
             continue
         if name == "cpu":
             return _make_cpu(config, build_dir, compiler, crossover, cpu_kernels, int8_activations,
-                             float_prefill_max_bytes, decode_activations, prefill_dtype)
+                             float_prefill_max_bytes, decode_activations, prefill_dtype, prefill_attention)
         return TorchBackend(device, dtype, tuple(skipped))
     raise AssertionError("torch runs everywhere")

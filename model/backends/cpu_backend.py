@@ -19,6 +19,10 @@ instruction sets the CPU has, and which kernel variant was built: kernels/cpu_fe
   measured per weight shape at load (crossover.py); RMSNorm, residual add + RMSNorm,
   RoPE + KV store, SwiGLU / GeGLU, decode attention (sliding windows and soft caps included) and the re-rotated store of document KV run as fused C kernels
   (kernels/cpu_decode_ops.py), decode attention in one call that reads the pages itself;
+- prefill attention (every prefill of a step, sliding windows and soft caps included) in one call of a
+  C kernel that reads the pages itself (kernels/cpu_prefill_attention.py: AVX-512, AVX2 or portable
+  build, whichever this CPU runs), where a C compiler is there and the model's heads fit its limits;
+  else torch's SDPA over gathered K/V (kernels/paged_attention.py), said in describe()'s fallbacks;
 - without them (no compiler), the same oneDNN GEMMs with the torch ops around them.
 """
 
@@ -36,6 +40,7 @@ from kernels.attention_inputs import AttentionInputs
 from kernels.attention_plan import AttentionPolicy
 from kernels.cpu_decode_ops import CpuDecodeOps
 from kernels.cpu_gemm_q8 import CpuGemmQ8
+from kernels.cpu_prefill_attention import CpuPrefillAttention
 from kernels.block_formats import BlockWeight
 from kernels.block_matmul import BlockKernels
 from kernels.cpu_matvec import BLOCKS_MAX_ROWS, MATVEC_FORMATS, CpuMatvec
@@ -95,7 +100,8 @@ class CpuBackend(TorchBackend):
                  float_activation_layers: tuple[str, ...] = INT8_FLOAT_ACTIVATION_LAYERS,
                  float_prefill_max_bytes: int = FLOAT_PREFILL_MAX_BYTES,
                  decode_activations: str = "int16", prefill_dtype: str = "float32",
-                 bf16_float_layers: tuple[str, ...] = BF16_FLOAT_LAYERS):
+                 bf16_float_layers: tuple[str, ...] = BF16_FLOAT_LAYERS,
+                 prefill_attention: CpuPrefillAttention | None = None):
         super().__init__(torch.device("cpu"), torch.float32, fallbacks)
         if prefill_dtype not in PREFILL_TORCH_DTYPES:
             raise ValueError(f"prefill dtype must be one of {', '.join(PREFILL_TORCH_DTYPES)}, got {prefill_dtype!r}")
@@ -110,6 +116,7 @@ class CpuBackend(TorchBackend):
         self.decode_activations = decode_activations
         self.matvec = matvec
         self.ops = ops
+        self.prefill_attention = prefill_attention  # the C prefill attention kernel; None: SDPA
         # Weights kept as blocks need the block kernels (any CPU with a C compiler: the portable
         # build where AVX2 is missing); without them the loader dequantizes the blocks at load.
         # Built and loaded when a model first has blocks (a float32 model never pays the build).
@@ -131,7 +138,8 @@ class CpuBackend(TorchBackend):
                                  AttentionPolicy(self.policy.attention.decode_token_budget,
                                                  self.policy.attention.prefill_block_rows,
                                                  fused_decode=ops is not None,
-                                                 max_rows_as_decode=MAX_VERIFY_ROWS_AS_DECODE),
+                                                 max_rows_as_decode=MAX_VERIFY_ROWS_AS_DECODE,
+                                                 fused_prefill=prefill_attention is not None),
                                  verify_row_costs=CPU_VERIFY_ROW_COSTS,
                                  max_verify_rows_per_step=BLOCKS_MAX_ROWS["Q4_1"])
         if ops is not None:  # chosen once: the fused kernels replace the torch ops
@@ -286,7 +294,9 @@ class CpuBackend(TorchBackend):
             row_ops="fused C kernels" if self.ops is not None else "torch ops",
             decode_attention=("fused C kernel over pages" if self.ops is not None
                               else "SDPA in length-sorted chunks"),
-            prefill_attention="SDPA", fallbacks=self.fallbacks, notes=notes)
+            prefill_attention=(f"C kernel over pages ({self.prefill_attention.instruction_set})"
+                               if self.prefill_attention is not None else "SDPA over gathered K/V"),
+            fallbacks=self.fallbacks, notes=notes)
 
     # ------------------------------------------------------------ fused ops
 
@@ -305,4 +315,4 @@ class CpuBackend(TorchBackend):
     def attention(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, attn: AttentionInputs,
                   scale: float, *, window: int | None = None, softcap: float | None = None) -> Tensor:
         return paged_attention(q, k_cache, v_cache, attn, scale, self.policy.attention, self.ops, window=window,
-                               softcap=softcap)
+                               softcap=softcap, prefill_ops=self.prefill_attention)

@@ -112,10 +112,25 @@ def test_the_plan_says_what_runs(backend, build_dir, request):
         assert plan.row_ops == "torch ops" and not ops.policy.attention.fused_decode
         assert str(plan.linears["layers.0.mlp.down_proj"]) == "oneDNN prepacked"
         assert any("no C compiler" in line for line in plan.fallbacks) and "no C compiler" in ops.describe()
+        assert plan.prefill_attention == "SDPA over gathered K/V" and not ops.policy.attention.fused_prefill
+        assert any(line.startswith("C prefill attention off") for line in plan.fallbacks)
     else:
         assert plan.row_ops == "fused C kernels" and ops.policy.attention.fused_decode
+        assert ops.policy.attention.fused_prefill
+        assert plan.prefill_attention == f"C kernel over pages ({ops.prefill_attention.instruction_set})"
+        assert f"prefill attention: {plan.prefill_attention}" in ops.describe()
         assert plan.linears["layers.0.mlp.down_proj"].few_rows_max == 1  # the float32 matvec: one row
         assert plan.fallbacks == ()
+
+
+def test_prefill_attention_on_sdpa_when_asked(build_dir):
+    ops = select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, crossover="fixed",
+                         prefill_attention="sdpa")
+    assert ops.prefill_attention is None and not ops.policy.attention.fused_prefill
+    assert "prefill attention: SDPA over gathered K/V" in ops.describe()
+    assert "C prefill attention off (sdpa asked for)" in ops.describe()
+    with pytest.raises(ValueError, match="prefill_attention must be one of"):
+        select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, prefill_attention="flash")
 
 
 def test_measured_limits_are_candidates_and_reported(build_dir):
