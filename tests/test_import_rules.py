@@ -62,4 +62,4 @@ def test_the_serving_bench_talks_http_only():
                             "document_reuse_quality.py", "document_disk_bench.py", "document_reuse_breakdown.py",
                             "random_gguf.py", "int8_activation_quality.py", "cpu_speed_bench.py",
                             "kv_dtype_quality.py", "kv_dtype_speed.py", "kv_dtype_capacity.py", "decode_products_bench.py",
-                            "omp_wait_bench.py"}
+                            "omp_wait_bench.py", "prefill_attention_bench.py"}
