@@ -3,9 +3,9 @@
    float32 pages are read in place; bfloat16 pages are dequantized and int8 pages converted (their
    scales applied to the scores and the probabilities) per block of ATTN_BLOCK positions and one KV
    head into a scratch on the stack, once for all the head's query heads and for all the rows of the
-   call that read the same slots there (a batch over one cached prefix; never a copy of the pool). Builds into one library
-   with row_ops.c. Indices that point into memory (rows, context lengths, page ids)
-   are checked first; on a bad one the call returns nonzero and writes nothing. */
+   call that read the same slots there (a batch over one cached prefix; never a copy of the pool).
+   Builds into one library with row_ops.c. Indices that point into memory (rows, context lengths,
+   page ids) are checked first; on a bad one the call returns nonzero and writes nothing. */
 
 #include <omp.h>
 

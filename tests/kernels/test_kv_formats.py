@@ -215,9 +215,10 @@ def test_the_c_kernel_over_a_prefix_shared_by_the_batch(ops, k_dtype, v_dtype, w
         ops.paged_decode_attention(q[b:b + 1].contiguous(), k_pages, v_pages, page_table[b:b + 1].contiguous(),
                                    context[b:b + 1], torch.zeros(1, dtype=torch.int64), scale, alone, window)
         assert torch.equal(together[b], alone[0]), b
+    last_slots = [int(page_table[b, (c - 1) // page_size]) * page_size + (c - 1) % page_size
+                  for b, c in enumerate(context_lens)]
     inputs = AttentionInputs.build(
-        [int(page_table[b, (c - 1) // page_size]) * page_size + (c - 1) % page_size for b, c in enumerate(context_lens)],
-        [1] * len(context_lens), context_lens,
+        last_slots, [1] * len(context_lens), context_lens,
         [page_table[b, :math.ceil(c / page_size)].tolist() for b, c in enumerate(context_lens)], "cpu")
     exact = paged_attention_reference(q, _dequantized(k_pages), _dequantized(v_pages), inputs, scale, window=window)
     torch.testing.assert_close(together, exact, atol=1e-5, rtol=1e-5)
