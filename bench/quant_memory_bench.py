@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--log-dir", type=Path, default=Path("/tmp"))
-    parser.add_argument("--decode-activations", default="float32",
+    parser.add_argument("--decode-activations", default="int16",
                         help="radixserve's decode activations (serve --decode-activations), comma-separated: one "
                              "radixserve row each, e.g. float32,int16")
     parser.add_argument("--cpu-kernels", default="auto",
