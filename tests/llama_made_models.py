@@ -2,8 +2,9 @@
 
 `made_model(tools, family)` builds (once; cached under $RADIXSERVE_HOME/test-models, keyed by a
 hash of the recipe and of llama.cpp's converter) a tiny random model with `transformers`, with a
-tokenizer llama.cpp's converter accepts, then runs `convert_hf_to_gguf.py --outtype f16 / q8_0`
-and `llama-quantize` to Q4_K_M, Q6_K and Q4_0.
+tokenizer llama.cpp's converter accepts, then runs `convert_hf_to_gguf.py --outtype f16 / bf16 / q8_0`
+and `llama-quantize` to Q4_K_M, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K_M and Q5_K_M: every block type the
+cpu backend holds (Q3_K_M and Q5_K_M also carry Q4_K / Q6_K tensors, Q2_K's Q3_K/Q4_K ones).
 
 Tokenizers: the byte-level BPE families take SmolLM2's tokenizer.json (one llama.cpp's converter
 knows by hash: pre-tokenizer "smollm"), except Qwen's: transformers 5 loads any tokenizer of a
@@ -26,9 +27,10 @@ from typing import NamedTuple
 
 from tests.llama_tools import LlamaTools
 
-RECIPE_VERSION = 2  # bump when a recipe below changes: the made files are cached by it
-GGUF_TYPES = ("F16", "Q8_0", "Q4_K_M", "Q6_K", "Q4_0")
-_QUANTIZED_BY_TOOL = ("Q4_K_M", "Q6_K", "Q4_0")  # llama-quantize from the F16 file
+RECIPE_VERSION = 3  # bump when a recipe below changes: the made files are cached by it
+_CONVERTED = ("F16", "BF16", "Q8_0")  # convert_hf_to_gguf.py --outtype
+_QUANTIZED_BY_TOOL = ("Q4_K_M", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_M", "Q5_K_M")  # llama-quantize, from F16
+GGUF_TYPES = _CONVERTED + _QUANTIZED_BY_TOOL
 DEFAULT_MODEL = "smollm2-135m-instruct"
 # K-quants need rows of whole 256-weight super-blocks: every matrix here is 256 or 512 wide
 SHAPE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
@@ -91,7 +93,7 @@ def made_model(tools: LlamaTools, family_name: str) -> MadeModel:
     hf_dir = partial / "hf"
     _write_hf_model(family, hf_dir)
     env = {**os.environ, "PYTHONPATH": str(tools.source_dir / "gguf-py"), "NO_LOCAL_GGUF": ""}
-    for outtype in ("F16", "Q8_0"):
+    for outtype in _CONVERTED:
         subprocess.run([sys.executable, str(tools.convert_script), str(hf_dir), "--outtype", outtype.lower(),
                         "--outfile", str(partial / f"model-{outtype}.gguf")],
                        check=True, env=env, capture_output=True)

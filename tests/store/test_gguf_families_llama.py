@@ -35,8 +35,8 @@ TEXTS = [
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi there! 2+2=?"},
             {"role": "assistant", "content": " Four.  "}, {"role": "user", "content": "And émoji 🦙?"}]
 # relative RMS error of a dequantized matrix against the source, by the file's block type
-_QUANT_REL_RMS = {"Q8_0": 0.01, "Q6_K": 0.03, "Q5_0": 0.06, "Q5_1": 0.06, "Q5_K": 0.06, "Q4_0": 0.12,
-                  "Q4_1": 0.12, "Q4_K": 0.12}
+_QUANT_REL_RMS = {"BF16": 0.005, "Q8_0": 0.01, "Q6_K": 0.03, "Q5_0": 0.06, "Q5_1": 0.06, "Q5_K": 0.06,
+                  "Q4_0": 0.12, "Q4_1": 0.12, "Q4_K": 0.12, "Q3_K": 0.25, "Q2_K": 0.45}
 
 
 @lru_cache(maxsize=None)
