@@ -33,6 +33,8 @@ from torch import Tensor
 
 from kernels import native_build
 from kernels.kv_format import KVPages, as_pages
+from kernels.paged_kernel_args import (check_caches, check_index, check_out, check_page_table, check_query,
+                                       check_window_softcap, pages_args)
 
 __all__ = ["CpuDecodeOps", "load"]
 
@@ -41,7 +43,6 @@ MAX_GROUP = 64  # query heads per KV head
 MAX_HEADS_DIM = 8192  # num_heads * head_dim
 
 _F32 = torch.float32
-_I64 = torch.int64
 # Argument packs of the C entry points `<name>_packed` (8-byte fields in parameter
 # order; floats as double): one bytes argument instead of ~10-18 ctypes conversions.
 _RMS_NORM_ARGS = struct.Struct("<5qdq").pack
@@ -50,8 +51,6 @@ _SILU_AND_MUL_ARGS = struct.Struct("<5q").pack
 _ROPE_STORE_KV_ARGS = struct.Struct("<17q").pack
 _REROTATE_STORE_KV_ARGS = struct.Struct("<17q").pack
 _ATTENTION_ARGS = struct.Struct("<17qd5qd").pack
-# kv_formats.h's format codes
-_KV_FORMAT_CODES = {"float32": 0, "bfloat16": 1, "int8": 2}
 MAX_KV_ROW = 8192  # num_kv_heads * head_dim of a re-rotated quantized K row (row_ops.c, on the stack)
 MAX_HEAD_DIM = 256  # a dequantized block of one head (decode_attention.c, on the stack)
 _ATTENTION_ERRORS = {
@@ -167,7 +166,7 @@ class CpuDecodeOps:
         D % 8 == 0. Out-of-range slot ids raise ValueError with nothing modified.
         """
         k_cache, v_cache = as_pages(k_cache), as_pages(v_cache)
-        num_pages, page_size, num_kv_heads, head_dim = _check_caches(k_cache, v_cache)
+        num_pages, page_size, num_kv_heads, head_dim = check_caches(k_cache, v_cache)
         if qkv.dtype != _F32 or not qkv.is_cpu or qkv.dim() != 3 or not qkv.is_contiguous():
             raise ValueError(f"qkv must be a contiguous (N, H + 2*KVH, D) float32 CPU tensor, got "
                              f"{tuple(qkv.shape)} {qkv.dtype} on {qkv.device}, contiguous={qkv.is_contiguous()}")
@@ -178,10 +177,10 @@ class CpuDecodeOps:
         rotary_dim = _rotary_dim(cos, dim)
         _check_table("cos", cos, rows, rotary_dim)
         _check_table("sin", sin, rows, rotary_dim)
-        _check_index("slot_ids", slot_ids, rows)
+        check_index("slot_ids", slot_ids, rows)
         bad = self._rope_store_kv(_ROPE_STORE_KV_ARGS(
             qkv.data_ptr(), rows, num_heads, num_kv_heads, dim, cos.data_ptr(), sin.data_ptr(),
-            *_pages_args(k_cache), *_pages_args(v_cache), slot_ids.data_ptr(), num_pages * page_size,
+            *pages_args(k_cache), *pages_args(v_cache), slot_ids.data_ptr(), num_pages * page_size,
             torch.get_num_threads(), rotary_dim))
         if bad:
             raise ValueError(f"slot_ids[{bad - 1}] is outside the cache's {num_pages * page_size} slots")
@@ -196,7 +195,7 @@ class CpuDecodeOps:
         float32, then quantized); slot_ids (T,) int64. Bad slot ids raise ValueError, nothing written.
         """
         k_cache, v_cache = as_pages(k_cache), as_pages(v_cache)
-        num_pages, page_size, num_kv_heads, head_dim = _check_caches(k_cache, v_cache)
+        num_pages, page_size, num_kv_heads, head_dim = check_caches(k_cache, v_cache)
         if num_kv_heads * head_dim > MAX_KV_ROW:
             raise ValueError(f"{num_kv_heads} KV heads of {head_dim} exceed the kernel's {MAX_KV_ROW}-float row")
         for name, t in (("k", k), ("v", v)):
@@ -209,10 +208,10 @@ class CpuDecodeOps:
         rotary_dim = _rotary_dim(cos, head_dim)
         _check_table("cos", cos.view(1, rotary_dim), 1, rotary_dim)
         _check_table("sin", sin.view(1, rotary_dim), 1, rotary_dim)
-        _check_index("slot_ids", slot_ids, rows)
+        check_index("slot_ids", slot_ids, rows)
         bad = self._rerotate_store_kv(_REROTATE_STORE_KV_ARGS(
             k.data_ptr(), v.data_ptr(), rows, num_kv_heads, head_dim, cos.data_ptr(), sin.data_ptr(),
-            *_pages_args(k_cache), *_pages_args(v_cache), slot_ids.data_ptr(), num_pages * page_size,
+            *pages_args(k_cache), *pages_args(v_cache), slot_ids.data_ptr(), num_pages * page_size,
             torch.get_num_threads(), rotary_dim))
         if bad:
             raise ValueError(f"slot_ids[{bad - 1}] is outside the cache's {num_pages * page_size} slots")
@@ -251,34 +250,22 @@ class CpuDecodeOps:
         Bad rows, context lengths or page ids raise ValueError with out untouched.
         """
         k_cache, v_cache = as_pages(k_cache), as_pages(v_cache)
-        num_pages, page_size, num_kv_heads, head_dim = _check_caches(k_cache, v_cache)
+        num_pages, page_size, num_kv_heads, head_dim = check_caches(k_cache, v_cache)
         if head_dim > MAX_HEAD_DIM:
             raise ValueError(f"head_dim {head_dim} exceeds the kernel's {MAX_HEAD_DIM}")
-        if q.dtype != _F32 or not q.is_cpu or q.dim() != 3:
-            raise ValueError(f"q must be a (N, H, D) float32 CPU tensor, got {tuple(q.shape)} {q.dtype} on {q.device}")
-        num_rows, num_heads, dim = q.shape
-        q_strides = q.stride()
-        if q_strides[2] != 1 or q_strides[1] != dim:
-            raise ValueError(f"q needs strides (any, D={dim}, 1), got {q_strides}")
+        num_rows, num_heads, dim, q_row_stride = check_query(q)
         if dim != head_dim or num_heads % num_kv_heads:
             raise ValueError(f"q {tuple(q.shape)} does not fit caches with KVH={num_kv_heads}, D={head_dim}")
         if num_heads // num_kv_heads > MAX_GROUP or num_heads * dim > MAX_HEADS_DIM:
             raise ValueError(f"{num_heads} heads of size {dim} in groups of {num_heads // num_kv_heads} exceed the "
                              f"kernel's limits ({MAX_GROUP} per group, {MAX_HEADS_DIM} floats in all)")
-        if out.dtype != _F32 or not out.is_cpu or out.shape != q.shape or not out.is_contiguous():
-            raise ValueError(f"out must be a contiguous {tuple(q.shape)} float32 CPU tensor, got "
-                             f"{tuple(out.shape)} {out.dtype}, contiguous={out.is_contiguous()}")
-        if page_table.dtype != _I64 or not page_table.is_cpu or page_table.dim() != 2 \
-                or not page_table.is_contiguous():
-            raise ValueError(f"page_table must be a contiguous (B, max_pages) int64 CPU tensor, got "
-                             f"{tuple(page_table.shape)} {page_table.dtype}")
-        num_seqs, max_pages = page_table.shape
-        if (window is not None and window < 1) or (softcap is not None and softcap <= 0):
-            raise ValueError(f"window must be >= 1 and softcap > 0 (or None), got {window}, {softcap}")
-        _check_index("context_lens", context_lens, num_seqs)
-        _check_index("rows", rows, num_seqs)
+        check_out(out, q)
+        num_seqs, max_pages = check_page_table(page_table)
+        check_window_softcap(window, softcap)
+        check_index("context_lens", context_lens, num_seqs)
+        check_index("rows", rows, num_seqs)
         status = self._attention(_ATTENTION_ARGS(
-            q.data_ptr(), q_strides[0], *_pages_args(k_cache), *_pages_args(v_cache), page_table.data_ptr(), max_pages,
+            q.data_ptr(), q_row_stride, *pages_args(k_cache), *pages_args(v_cache), page_table.data_ptr(), max_pages,
             context_lens.data_ptr(), rows.data_ptr(), num_seqs, num_heads, num_kv_heads, dim, page_size, scale,
             out.data_ptr(), num_rows, num_pages, torch.get_num_threads(), window or 0, softcap or 0.0))
         if status:
@@ -322,11 +309,6 @@ def _check_vector(name: str, t: Tensor, dim: int) -> None:
         raise ValueError(f"{name} must be a contiguous ({dim},) float32 CPU tensor, got {tuple(t.shape)} {t.dtype}")
 
 
-def _check_index(name: str, t: Tensor, length: int) -> None:
-    if t.dtype != _I64 or not t.is_cpu or t.shape != (length,) or not t.is_contiguous():
-        raise ValueError(f"{name} must be a contiguous ({length},) int64 CPU tensor, got {tuple(t.shape)} {t.dtype}")
-
-
 def _rotary_dim(cos: Tensor, head_dim: int) -> int:
     """The rotary dimensions R of a cos table (its last dimension): even, 0 < R <= head_dim."""
     rotary_dim = cos.shape[-1] if cos.dim() else 0
@@ -342,28 +324,3 @@ def _check_table(name: str, t: Tensor, rows: int, dim: int) -> None:
             or (shape != (rows, dim) and shape != (rows, 1, dim))):
         raise ValueError(f"{name} must be a contiguous ({rows}, {dim}) or ({rows}, 1, {dim}) float32 CPU tensor, "
                          f"got {tuple(shape)} {t.dtype}, contiguous={t.is_contiguous()}")
-
-
-def _check_caches(k_cache: KVPages, v_cache: KVPages) -> tuple[int, int, int, int]:
-    """(num_pages, page_size, KVH, D) of two caches of one shape, contiguous on the CPU in a format the
-    kernels read (kv_formats.h), D % 8 == 0."""
-    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
-        values = cache.values
-        if (cache.kv_dtype not in _KV_FORMAT_CODES or not values.is_cpu or values.dim() != 4
-                or not values.is_contiguous() or (cache.scales is not None and not cache.scales.is_contiguous())):
-            raise ValueError(f"{name} must be contiguous (num_pages, page_size, KVH, D) CPU pages in one of "
-                             f"{', '.join(_KV_FORMAT_CODES)}, got {tuple(values.shape)} {cache.kv_dtype}, "
-                             f"contiguous={values.is_contiguous()}")
-    shape = k_cache.shape
-    if v_cache.shape != shape:
-        raise ValueError(f"k_cache {tuple(shape)} and v_cache {tuple(v_cache.shape)} differ in shape")
-    num_pages, page_size, num_kv_heads, head_dim = shape
-    if head_dim % 8 or head_dim == 0 or num_kv_heads == 0 or page_size == 0:
-        raise ValueError(f"caches {tuple(shape)}: head_dim must be a positive multiple of 8")
-    return num_pages, page_size, num_kv_heads, head_dim
-
-
-def _pages_args(cache: KVPages) -> tuple[int, int, int]:
-    """kv_formats.h's kv_pages: values, scales (0: none), format code."""
-    scales = 0 if cache.scales is None else cache.scales.data_ptr()
-    return cache.values.data_ptr(), scales, _KV_FORMAT_CODES[cache.kv_dtype]

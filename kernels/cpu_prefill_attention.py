@@ -28,17 +28,17 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from kernels.cpu_decode_ops import _check_caches, _pages_args
 from kernels.cpu_features import PORTABLE
 from kernels.kv_format import KVPages, as_pages
 from kernels.native_build import FIND_COMPILER, NativeUnavailable, library_variant, load_library
+from kernels.paged_kernel_args import (check_caches, check_index, check_out, check_page_table, check_query,
+                                       check_window_softcap, pages_args)
 
 __all__ = ["CpuPrefillAttention", "load"]
 
 MAX_HEAD_DIM = 256  # prefill_attention.c's limits
 MAX_GROUP = 64  # query heads per KV head
 _ARGS = struct.Struct("<18qd5qd").pack  # paged_prefill_attention_packed's fields (floats as double)
-_I64 = torch.int64
 _ERRORS = {
     1: "sequence {b}'s query rows are not rows of q/out (or it has none)",
     2: "context_lens[{b}] is outside [query_lens[{b}], max_pages * page_size]",
@@ -79,32 +79,18 @@ class CpuPrefillAttention:
         contiguous. Bad shapes raise ValueError; so do indices outside q, out or the caches (checked
         in C before anything is written)."""
         k_cache, v_cache = as_pages(k_cache), as_pages(v_cache)
-        num_pages, page_size, num_kv_heads, head_dim = _check_caches(k_cache, v_cache)
-        if q.dtype != torch.float32 or not q.is_cpu or q.dim() != 3:
-            raise ValueError(f"q must be a (N, H, D) float32 CPU tensor, got {tuple(q.shape)} {q.dtype} on {q.device}")
-        num_rows, num_heads, dim = q.shape
-        q_strides = q.stride()
-        if q_strides[2] != 1 or q_strides[1] != dim:
-            raise ValueError(f"q needs strides (any, D={dim}, 1), got {q_strides}")
+        num_pages, page_size, num_kv_heads, head_dim = check_caches(k_cache, v_cache)
+        num_rows, num_heads, dim, q_row_stride = check_query(q)
         if dim != head_dim or not self.fits(num_heads, num_kv_heads, head_dim):
             raise ValueError(f"q {tuple(q.shape)} with caches of KVH={num_kv_heads}, D={head_dim} do not fit the "
                              f"kernel (whole groups of at most {MAX_GROUP}, D a multiple of 8 up to {MAX_HEAD_DIM})")
-        if out.dtype != torch.float32 or not out.is_cpu or out.shape != q.shape or not out.is_contiguous():
-            raise ValueError(f"out must be a contiguous {tuple(q.shape)} float32 CPU tensor, got "
-                             f"{tuple(out.shape)} {out.dtype}, contiguous={out.is_contiguous()}")
-        if page_table.dtype != _I64 or not page_table.is_cpu or page_table.dim() != 2 \
-                or not page_table.is_contiguous():
-            raise ValueError(f"page_table must be a contiguous (B, max_pages) int64 CPU tensor, got "
-                             f"{tuple(page_table.shape)} {page_table.dtype}")
-        num_seqs, max_pages = page_table.shape
+        check_out(out, q)
+        num_seqs, max_pages = check_page_table(page_table)
         for name, index in (("q_starts", q_starts), ("query_lens", query_lens), ("context_lens", context_lens)):
-            if index.dtype != _I64 or not index.is_cpu or index.shape != (num_seqs,) or not index.is_contiguous():
-                raise ValueError(f"{name} must be a contiguous ({num_seqs},) int64 CPU tensor, got "
-                                 f"{tuple(index.shape)} {index.dtype}")
-        if (window is not None and window < 1) or (softcap is not None and softcap <= 0):
-            raise ValueError(f"window must be >= 1 and softcap > 0 (or None), got {window}, {softcap}")
+            check_index(name, index, num_seqs)
+        check_window_softcap(window, softcap)
         status = self._attention(_ARGS(
-            q.data_ptr(), q_strides[0], *_pages_args(k_cache), *_pages_args(v_cache), page_table.data_ptr(),
+            q.data_ptr(), q_row_stride, *pages_args(k_cache), *pages_args(v_cache), page_table.data_ptr(),
             max_pages, q_starts.data_ptr(), query_lens.data_ptr(), context_lens.data_ptr(), num_seqs, num_heads,
             num_kv_heads, dim, page_size, scale, out.data_ptr(), num_rows, num_pages, torch.get_num_threads(),
             window or 0, softcap or 0.0))
