@@ -66,7 +66,10 @@ static inline void kv_store_slot(const kv_pages* pages, int64_t slot, const floa
   }
 }
 
-/* dst (D,) floats = head `head` of slot `slot`, dequantized. D % 8 == 0. */
+#endif
+
+/* dst (D,) floats = head `head` of slot `slot`, dequantized. D % 8 == 0. The AVX2 build and the
+   plain-C one give the same values. */
 static inline void kv_load_head(const kv_pages* pages, int64_t slot, int64_t head, int64_t num_kv_heads,
                                 int64_t head_dim, float* dst) {
   const int64_t at = (slot * num_kv_heads + head) * head_dim;
@@ -74,39 +77,32 @@ static inline void kv_load_head(const kv_pages* pages, int64_t slot, int64_t hea
     memcpy(dst, (const float*)pages->values + at, (size_t)head_dim * sizeof(float));
   } else if (pages->format == KV_BF16) {
     const uint16_t* src = (const uint16_t*)pages->values + at;
+#ifdef __AVX2__
     for (int64_t d = 0; d < head_dim; d += 8) {
       const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(src + d)));
       _mm256_storeu_ps(dst + d, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
     }
-  } else {
-    const int8_t* src = (const int8_t*)pages->values + at;
-    const __m256 scale = _mm256_set1_ps(pages->scales[slot * num_kv_heads + head]);
-    for (int64_t d = 0; d < head_dim; d += 8) {
-      const __m256i wide = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(src + d)));
-      _mm256_storeu_ps(dst + d, _mm256_mul_ps(_mm256_cvtepi32_ps(wide), scale));
-    }
-  }
-}
 #else
-/* dst (D,) floats = head `head` of slot `slot`, dequantized (plain C: the same values). */
-static inline void kv_load_head(const kv_pages* pages, int64_t slot, int64_t head, int64_t num_kv_heads,
-                                int64_t head_dim, float* dst) {
-  const int64_t at = (slot * num_kv_heads + head) * head_dim;
-  if (pages->format == KV_F32) {
-    memcpy(dst, (const float*)pages->values + at, (size_t)head_dim * sizeof(float));
-  } else if (pages->format == KV_BF16) {
-    const uint16_t* src = (const uint16_t*)pages->values + at;
     for (int64_t d = 0; d < head_dim; d++) {
       const uint32_t bits = (uint32_t)src[d] << 16;
       memcpy(dst + d, &bits, sizeof bits);
     }
+#endif
   } else {
     const int8_t* src = (const int8_t*)pages->values + at;
     const float scale = pages->scales[slot * num_kv_heads + head];
+#ifdef __AVX2__
+    const __m256 scales = _mm256_set1_ps(scale);
+    for (int64_t d = 0; d < head_dim; d += 8) {
+      const __m256i wide = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(src + d)));
+      _mm256_storeu_ps(dst + d, _mm256_mul_ps(_mm256_cvtepi32_ps(wide), scales));
+    }
+#else
     for (int64_t d = 0; d < head_dim; d++) dst[d] = (float)src[d] * scale;
+#endif
   }
 }
-#endif
+
 
 static inline int64_t kv_element_size(int64_t format) {
   return format == KV_F32 ? 4 : (format == KV_BF16 ? 2 : 1);
