@@ -20,6 +20,7 @@ from cache.kv_pool import KVPool, KVPoolShape
 from engine.document_kv_copy import DocumentKVCopier
 from engine.document_kv_disk import open_document_kv_disk
 from engine.document_reuse import DocumentReuse
+from engine.backend_choice import backend_for
 from engine.engine_config import EngineConfig, kv_pool_bytes, resolve_device, resolve_dtype
 from engine.draft_proposer import DraftProposer
 from engine.errors import RequestError
@@ -42,10 +43,7 @@ from engine.heap_trim import trim_freed_heap
 from engine.span_breaks import span_breaks
 from engine.speculative_verify import AcceptedTokens, sample_and_verify
 from kernels.kv_format import kv_dtype_name
-from model.backends import select_backend
-from model.config import ModelConfig
 from model.weights import load_model
-from store.model_store import radixserve_home
 
 
 logger = logging.getLogger("radixserve.engine")
@@ -59,13 +57,7 @@ class LLMEngine:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         model_dir = Path(config.model_dir)
-        self.backend = select_backend(self.device, self.dtype, ModelConfig.from_model_dir(model_dir), config.backend,
-                                      build_dir=radixserve_home() / "kernels", crossover=config.few_rows_crossover,
-                                      cpu_kernels=config.cpu_kernels, int8_activations=config.int8_activations,
-                                      decode_activations=config.decode_activations,
-                                      float_prefill_max_bytes=config.float_prefill_max_bytes,
-                                      prefill_dtype=config.prefill_dtype,
-                                      prefill_attention=config.prefill_attention)
+        self.backend = backend_for(config, self.device, self.dtype, model_dir)
         # Before the weights: the tokenizer it decodes the vocabulary with is dropped, and its freed pages
         # (~90 MiB of a 128k vocabulary's, resident when this ran after the KV pool) go back at once.
         breaks = span_breaks(model_dir)
