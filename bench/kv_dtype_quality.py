@@ -29,6 +29,12 @@ find less cached than in one whole run); --exact-cache FILE keeps the reference 
 prompt's numbers per variant and reference (JSON lines; a line without "reference" is against
 float32:off) and prints the summary over every prompt the file holds for this --num-prompts and --seed,
 the last result of a (variant, reference, prompt) counting.
+
+Equal reuse: the pool (512 MiB) and the document store (256 MiB) are sized in bytes, as served, so a
+smaller format keeps more spans and more prompt tokens go through document reuse's approximation than
+with float32. --equal-tokens sizes both in tokens instead, as many as float32's bytes hold, for every
+dtype: then each variant reuses the same tokens (the "reused tokens" column says so) and a reuse-on row
+against float32 reuse on is the format's own cost, rounding and re-rotation, not the store's size.
 """
 
 import argparse
@@ -55,6 +61,8 @@ from engine.kv_dtype_config import KVDtypeConfig
 from engine.llm_engine import LLMEngine
 from engine.request_options import RequestOptions
 from engine.sampling_params import SamplingParams
+from kernels.kv_format import bytes_per_token_head
+from model.config import ModelConfig
 from store.model_store import pull
 
 NUM_ANSWER_TOKENS = 16
@@ -64,10 +72,20 @@ KV_CACHE_BYTES = 512 << 20
 DOCUMENT_STORE_BYTES = 256 << 20
 
 
-def _engine(model_dir, kv_dtype: str, document_reuse: bool) -> LLMEngine:
-    documents = DocumentReuseConfig(enabled=document_reuse, store_bytes=DOCUMENT_STORE_BYTES, boundary_tokens=4)
-    return LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", kv_cache_bytes=KV_CACHE_BYTES,
-                                  documents=documents, kv_dtype=KVDtypeConfig(kv_dtype)))
+def _bytes_of(model_dir, kv_dtype: str, float32_bytes: int, equal_tokens: bool) -> int:
+    """float32_bytes, or with equal_tokens the bytes that hold as many tokens in kv_dtype (K and V alike)."""
+    if not equal_tokens:
+        return float32_bytes
+    head_dim = ModelConfig.from_model_dir(model_dir).head_dim
+    return float32_bytes * bytes_per_token_head(kv_dtype, head_dim) // bytes_per_token_head("float32", head_dim)
+
+
+def _engine(model_dir, kv_dtype: str, document_reuse: bool, equal_tokens: bool = False) -> LLMEngine:
+    documents = DocumentReuseConfig(enabled=document_reuse, boundary_tokens=4,
+                                    store_bytes=_bytes_of(model_dir, kv_dtype, DOCUMENT_STORE_BYTES, equal_tokens))
+    return LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", documents=documents,
+                                  kv_cache_bytes=_bytes_of(model_dir, kv_dtype, KV_CACHE_BYTES, equal_tokens),
+                                  kv_dtype=KVDtypeConfig(kv_dtype)))
 
 
 def _comparisons(engine: LLMEngine, reuse: bool, prompts, answers, references: dict[str, list],
@@ -141,6 +159,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--prompts", default=None, help="A:B, only prompts [A, B) of the list")
     parser.add_argument("--exact-cache", type=Path, default=None, help="keep the reference pass in this file")
     parser.add_argument("--results", type=Path, default=None, help="append per-prompt results here (JSON lines)")
+    parser.add_argument("--equal-tokens", action="store_true", help="size the pool and the document store in "
+                        "tokens, float32's count for every dtype, so every variant reuses the same tokens")
     args = parser.parse_args(argv)
     if args.variants:
         if any(variant.partition(":")[2] not in ("off", "on") for variant in args.variants.split(",")):
@@ -196,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for variant in variants:  # each line printed as it is done
         variant_started = time.perf_counter()
         kv_dtype, _, reuse = variant.partition(":")
-        engine = _engine(model_dir, kv_dtype, reuse == "on")
+        engine = _engine(model_dir, kv_dtype, reuse == "on", args.equal_tokens)
         keep = variant == REUSE_EXACT and len(variants) > 1
         results, rows = _comparisons(engine, reuse == "on", prompts, answers,
                                      {name: references[name] for name in _references_of(variant)}, keep)

@@ -37,3 +37,16 @@ def test_the_file_summary_keeps_each_reference_apart(tmp_path, capsys):
     rows = [row.split() for row in capsys.readouterr().out.splitlines()[2:]]
     assert rows == [["int8", "on", "float32:off", "2", "1.0000", "0.8000", "5.00e-02"],
                     ["int8", "on", "float32:on", "2", "1.0000", "1.0000", "5.00e-02"]]
+
+
+def test_equal_tokens_sizes_each_format_for_float32s_token_count(tmp_path):
+    from bench.kv_dtype_quality import _bytes_of
+
+    (tmp_path / "config.json").write_text(json.dumps(dict(
+        architectures=["LlamaForCausalLM"], hidden_size=128, num_attention_heads=2, num_key_value_heads=1,
+        num_hidden_layers=2, intermediate_size=256, vocab_size=64)))
+    # head_dim 64: float32 256 bytes a (token, head), bfloat16 128, int8 64 + a 4-byte scale
+    assert _bytes_of(tmp_path, "int8", 256 << 20, equal_tokens=False) == 256 << 20
+    assert _bytes_of(tmp_path, "float32", 256 << 20, equal_tokens=True) == 256 << 20
+    assert _bytes_of(tmp_path, "bfloat16", 256 << 20, equal_tokens=True) == 128 << 20
+    assert _bytes_of(tmp_path, "int8", 256 << 20, equal_tokens=True) == 68 << 20
