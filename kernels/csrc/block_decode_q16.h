@@ -5,16 +5,21 @@
      w_j = dl * q_j - ml[j / 16]        j = 0..31, q_j an integer with |q_j| <= 4096
 
    exactly the dequantized value's factors: the K-quants' small integer sub-block scales are
-   multiplied into q (Q2_K, Q3_K, Q6_K: a scale per 16 weights) or into dl (Q4_K, Q5_K: one per
+   multiplied into q (Q2_K, Q3_K: a scale per 16 weights) or into dl (Q4_K, Q5_K: one per
    32); ml is 0 for the symmetric formats, -m for Q4_1 / Q5_1. With |q_j| <= 4096 and int16
    activations (|x| <= 32767), a pair of products and the sum of a group's 16 pairs fit in int32.
 
+   Q4_K and Q6_K are decoded to BYTES instead (k_group_bytes_*): Q4_K's nibbles (0..15) and Q6_K's
+   unsigned 6-bit values u (0..63, the weight is u - 32, its per-16 sub-scale stays outside, in the
+   float scale), for block_matmul_q16.c's byte products (x split into a low and a high byte).
+
    The 32-weight formats decode a block's scales with its group (decode_group_q16_*); a K-quant
    block's scales and mins are decoded once for its 8 groups (k_block_factors; k_block_scales_avx2
-   as vectors), then each group's integers (decode_k_group_q16_*).
+   as vectors), then each group's integers (decode_k_group_q16_*) or bytes (k_group_bytes_*).
 
-   Portable: q into int16_t[32]. AVX2: q as two __m256i of 16 int16 (j = 0..15, 16..31), made
-   from 32 decoded bytes widened, the per-16 scales multiplied in after widening. */
+   Portable: q into int16_t[32], bytes into uint8_t[32]. AVX2: q as two __m256i of 16 int16
+   (j = 0..15, 16..31), made from 32 decoded bytes widened, the per-16 scales multiplied in after
+   widening; bytes as one __m256i (j = 0..31). */
 #ifndef RADIXSERVE_BLOCK_DECODE_Q16_H
 #define RADIXSERVE_BLOCK_DECODE_Q16_H
 
@@ -92,16 +97,22 @@ static inline void decode_k_group_q16_scalar(int code, const uint8_t* b, int g, 
       switch (code) {
         case FORMAT_Q2_K: v = (b[16 + 32 * (g / 4) + j] >> (2 * (g % 4))) & 3; break;
         case FORMAT_Q3_K: v = ((b[32 + 32 * (g / 4) + j] >> (2 * (g % 4))) & 3) - (((b[j] >> g) & 1) ? 0 : 4); break;
-        case FORMAT_Q4_K: v = (b[16 + 32 * (g / 2) + j] >> (4 * (g % 2))) & 0x0F; break;
         case FORMAT_Q5_K: v = ((b[48 + 32 * (g / 2) + j] >> (4 * (g % 2))) & 0x0F) | (((b[16 + j] >> g) & 1) << 4); break;
-        case FORMAT_Q6_K: {
-          int h = g / 4, r = g % 4;
-          v = ((((b[64 * h + 32 * (r % 2) + j] >> (4 * (r / 2))) & 0x0F) | (((b[128 + 32 * h + j] >> (2 * r)) & 3) << 4))
-              - 32);
-          break;
-        }
       }
       q[j] = (int16_t)(v * scale);
+    }
+  }
+}
+
+/* The 32 bytes of group g of a Q4_K block (its nibbles, 0..15) or of a Q6_K block (its unsigned
+   6-bit values u, 0..63: the weight before the sub-scale is u - 32). */
+static inline void k_group_bytes_scalar(int code, const uint8_t* b, int g, uint8_t* u) {
+  for (int j = 0; j < 32; j++) {
+    if (code == FORMAT_Q4_K) {
+      u[j] = (b[16 + 32 * (g / 2) + j] >> (4 * (g % 2))) & 0x0F;
+    } else {
+      int h = g / 4, r = g % 4;
+      u[j] = ((b[64 * h + 32 * (r % 2) + j] >> (4 * (r / 2))) & 0x0F) | (((b[128 + 32 * h + j] >> (2 * r)) & 3) << 4);
     }
   }
 }
@@ -200,7 +211,7 @@ static inline __attribute__((always_inline)) void decode_group_q16_avx2(const in
   q[1] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(bytes, 1));
 }
 
-/* decode_k_group_q16_scalar's integers as two __m256i of 16 int16 (j = 0..15, 16..31) */
+/* decode_k_group_q16_scalar's integers (Q2_K, Q3_K, Q5_K) as two __m256i of 16 int16 (j = 0..15, 16..31) */
 static inline __attribute__((always_inline)) void decode_k_group_q16_avx2(const int code, const uint8_t* b, const int g,
                                                                            __m256i q[2]) {
   __m256i bytes = _mm256_setzero_si256();  /* the 32 weights as signed bytes, before the per-16 scales */
@@ -217,34 +228,52 @@ static inline __attribute__((always_inline)) void decode_k_group_q16_avx2(const 
       bytes = _mm256_sub_epi8(low, _mm256_and_si256(clear, _mm256_set1_epi8(4)));
       break;
     }
-    case FORMAT_Q4_K:
     case FORMAT_Q5_K: {
-      const int five = code == FORMAT_Q5_K;
-      bytes = _mm256_and_si256(_mm256_srl_epi16(load256(b + (five ? 48 : 16) + 32 * (g / 2)),
-                                                _mm_cvtsi32_si128(4 * (g % 2))), _mm256_set1_epi8(0x0F));
-      if (five) {
-        __m256i bit = _mm256_set1_epi8((char)(1 << g));
-        __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(load256(b + 16), bit), bit);
-        bytes = _mm256_or_si256(bytes, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
-      }
-      break;
-    }
-    case FORMAT_Q6_K: {
-      int h = g / 4, r = g % 4;
-      __m256i low = _mm256_and_si256(_mm256_srl_epi16(load256(b + 64 * h + 32 * (r % 2)), _mm_cvtsi32_si128(4 * (r / 2))),
-                                     _mm256_set1_epi8(0x0F));
-      __m256i high = _mm256_and_si256(_mm256_srl_epi16(load256(b + 128 + 32 * h), _mm_cvtsi32_si128(2 * r)),
-                                      _mm256_set1_epi8(3));
-      bytes = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), _mm256_set1_epi8(32));
+      bytes = _mm256_and_si256(_mm256_srl_epi16(load256(b + 48 + 32 * (g / 2)), _mm_cvtsi32_si128(4 * (g % 2))),
+                               _mm256_set1_epi8(0x0F));
+      __m256i bit = _mm256_set1_epi8((char)(1 << g));
+      __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(load256(b + 16), bit), bit);
+      bytes = _mm256_or_si256(bytes, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
       break;
     }
   }
   q[0] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(bytes));
   q[1] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(bytes, 1));
-  if (code != FORMAT_Q4_K && code != FORMAT_Q5_K) {
+  if (code != FORMAT_Q5_K) {
     q[0] = _mm256_mullo_epi16(q[0], _mm256_set1_epi16((short)k_scale16(code, b, 2 * g)));
     q[1] = _mm256_mullo_epi16(q[1], _mm256_set1_epi16((short)k_scale16(code, b, 2 * g + 1)));
   }
+}
+
+/* k_group_bytes_scalar's bytes of Q4_K groups 2t (q[0]) and 2t + 1 (q[1]): the low and the high
+   nibbles of qs[32t .. 32t + 31] */
+static inline __attribute__((always_inline)) void q4_k_pair_bytes_avx2(const uint8_t* b, int t, __m256i q[2]) {
+  __m256i raw = load256(b + 16 + 32 * t);
+  q[0] = _mm256_and_si256(raw, _mm256_set1_epi8(0x0F));
+  q[1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
+}
+
+/* k_group_bytes_scalar's bytes u of Q6_K group g (h = g / 4, r = g % 4): low 4 bits from
+   ql[64 h + 32 (r % 2) + j] (nibble r / 2), high 2 bits from qh[32 h + j] >> 2r */
+static inline __attribute__((always_inline)) __m256i q6_k_group_bytes_avx2(const uint8_t* b, int g) {
+  const int h = g / 4, r = g % 4;
+  __m256i low = _mm256_and_si256(_mm256_srl_epi16(load256(b + 64 * h + 32 * (r % 2)), _mm_cvtsi32_si128(4 * (r / 2))),
+                                 _mm256_set1_epi8(0x0F));
+  __m256i high = _mm256_and_si256(_mm256_srl_epi16(load256(b + 128 + 32 * h), _mm_cvtsi32_si128(2 * r)),
+                                  _mm256_set1_epi8(3));
+  return _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+}
+
+/* Q4_K / Q6_K bytes (w: 32 of a group, signed or not) widened to int16 in the byte products'
+   lane order: q[0] = elements 4k, 4k + 1 (k = 0..7), q[1] = 4k + 2, 4k + 3, so that
+   vpmaddwd(q[0], x0) + vpmaddwd(q[1], x1) sums lane k over 4k .. 4k + 3 (x in the quad layout of
+   block_matmul_q16.c). `sign`: the bytes' sign bytes (0 or -1), or zero for unsigned ones. */
+static inline __attribute__((always_inline)) void quad_words_avx2(__m256i w, __m256i sign, __m256i q[2]) {
+  const __m256i order = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+                                         0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+  w = _mm256_shuffle_epi8(w, order), sign = _mm256_shuffle_epi8(sign, order);
+  q[0] = _mm256_unpacklo_epi8(w, sign);
+  q[1] = _mm256_unpackhi_epi8(w, sign);
 }
 
 /* A K-quant block's factors as vectors (lane g = 32-group g), without a trip through memory
@@ -280,22 +309,16 @@ static inline __attribute__((always_inline)) void k_block_scales_avx2(const int 
 #endif
 
 #if defined(__AVX512BW__) && defined(__AVX512VNNI__)
-/* Two consecutive 32-groups (g even, h = g + 1) of a Q4_K, Q6_K or Q8_0 row as 64 int16 in two
-   __m512i, laid out so that one zmm accumulator holds the AVX2 build's even accumulator (group g,
-   lanes 0..7) and its odd one (group h, lanes 8..15) with the same int32 lanes:
+/* Two consecutive 32-groups of a row in one __m512i: for Q4_K and Q6_K their bytes (group 2t in
+   bytes 0..31, 2t + 1 in 32..63, k_group_bytes_scalar's values), for Q8_0 as 64 int16 in two
+   __m512i laid out so that one zmm accumulator holds the AVX2 build's even accumulator (group g,
+   lanes 0..7) and its odd one (group h = g + 1, lanes 8..15) with the same int32 lanes:
 
      w[0] = [g 0..15 | h 16..31],  w[1] = [g 16..31 | h 0..15]
 
    against x in the pair layout [x_g 0..15 | x_h 16..31 | x_g 16..31 | x_h 0..15]
    (block_matmul_q16.c). vpdpwssd's lane k < 8 then sums g's elements 2k, 2k+1, 16 + 2k, 17 + 2k
-   and lane 8 + k the same of h: the integers (and so the bits) of decode_k_group_q16_avx2 and
-   decode_group_q16_avx2, 64 weights an instruction. */
-
-/* [a's low 256 bits | b's high 256], [a's high 256 | b's low 256] */
-static inline __attribute__((always_inline)) void pair_halves(__m512i a, __m512i b, __m512i w[2]) {
-  w[0] = _mm512_mask_blend_epi64(0xF0, a, b);
-  w[1] = _mm512_shuffle_i64x2(a, b, 0x4E);
-}
+   and lane 8 + k the same of h: the integers (and so the bits) of decode_group_q16_avx2. */
 
 /* A Q4_K block's 8 group scales dl = d * sc and mins ml = dmin * m (k_block_scales_avx2's values)
    as [dl 0..7 | ml 0..7], unpacked with byte shuffles instead of scalar bit operations. */
@@ -318,31 +341,31 @@ static inline __attribute__((always_inline)) __m512 q4_k_scales_512(const uint8_
   return _mm512_mul_ps(factor, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes)));
 }
 
-/* Q4_K groups 2t, 2t + 1: the low and high nibbles of qs[32t .. 32t + 31] */
-static inline __attribute__((always_inline)) void decode_q4_k_pair_512(const uint8_t* b, int t, __m512i w[2]) {
-  __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(b + 16 + 32 * t)));
-  pair_halves(_mm512_and_si512(bytes, _mm512_set1_epi16(0x0F)), _mm512_srli_epi16(bytes, 4), w);
+/* quad_words_avx2 for two groups at once (bytes 0..31 group g, 32..63 group g + 1): q[0] =
+   [g's x0 words | (g + 1)'s], q[1] the same of x1 */
+static inline __attribute__((always_inline)) void quad_words_512(__m512i w, __m512i sign, __m512i q[2]) {
+  const __m512i order = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
+  w = _mm512_shuffle_epi8(w, order), sign = _mm512_shuffle_epi8(sign, order);
+  q[0] = _mm512_unpacklo_epi8(w, sign);
+  q[1] = _mm512_unpackhi_epi8(w, sign);
 }
 
-/* Q6_K groups 2t, 2t + 1 (half h = t / 2, r = 2 (t % 2)), each 16 weights times its sub-scale:
-   low 4 bits from ql[64 h + e] and ql[64 h + 32 + e] (nibble r / 2), high 2 bits from
-   qh[32 h + e] >> 2r and >> 2r + 2; sc16 the block's 16 sub-scales as int16 (lanes 0..15). */
-static inline __attribute__((always_inline)) void decode_q6_k_pair_512(const uint8_t* b, int t, __m512i sc16,
-                                                                       __m512i w[2]) {
+/* Q4_K groups 2t, 2t + 1: the low and the high nibbles of qs[32t .. 32t + 31] */
+static inline __attribute__((always_inline)) __m512i q4_k_pair_bytes_512(const uint8_t* b, int t) {
+  __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(b + 16 + 32 * t)));
+  return _mm512_and_si512(_mm512_mask_srli_epi16(raw, 0xFFFF0000u, raw, 4), _mm512_set1_epi8(0x0F));
+}
+
+/* Q6_K groups 2t, 2t + 1 (half h = t / 2, r = 2 (t % 2)): u, low 4 bits from ql[64 h + e] and
+   ql[64 h + 32 + e] (nibble r / 2), high 2 bits from qh[32 h + e] >> 2r and >> 2r + 2 */
+static inline __attribute__((always_inline)) __m512i q6_k_pair_bytes_512(const uint8_t* b, int t) {
   const int h = t / 2, r = 2 * (t % 2);
   __m512i low = _mm512_loadu_si512((const void*)(b + 64 * h));  /* bytes 0..31: group 2t, 32..63: 2t + 1 */
   if (r) low = _mm512_srli_epi16(low, 4);
   __m512i high = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(b + 128 + 32 * h)));
   high = _mm512_srlv_epi16(high, _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * r)), _mm256_set1_epi16((short)(2 * r + 2)), 1));
   high = _mm512_slli_epi16(_mm512_and_si512(high, _mm512_set1_epi8(3)), 4);
-  /* (low & 0x0F) | high, minus 32 */
-  __m512i bytes = _mm512_sub_epi8(_mm512_ternarylogic_epi32(low, high, _mm512_set1_epi8(0x0F), 0xEC), _mm512_set1_epi8(32));
-  pair_halves(_mm512_cvtepi8_epi16(_mm512_castsi512_si256(bytes)), _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(bytes, 1)), w);
-  /* w[0]: sub-scales 4t (g's first 16) and 4t + 3 (h's second); w[1]: 4t + 1 and 4t + 2 */
-  const __m512i first = _mm512_inserti64x4(_mm512_set1_epi16((short)(4 * t)), _mm256_set1_epi16((short)(4 * t + 3)), 1);
-  const __m512i second = _mm512_inserti64x4(_mm512_set1_epi16((short)(4 * t + 1)), _mm256_set1_epi16((short)(4 * t + 2)), 1);
-  w[0] = _mm512_mullo_epi16(w[0], _mm512_permutexvar_epi16(first, sc16));
-  w[1] = _mm512_mullo_epi16(w[1], _mm512_permutexvar_epi16(second, sc16));
+  return _mm512_ternarylogic_epi32(low, high, _mm512_set1_epi8(0x0F), 0xEC);  /* (low & 0x0F) | high */
 }
 
 /* Q8_0 blocks b0 and b1 (34 bytes each: fp16 d, 32 int8) */

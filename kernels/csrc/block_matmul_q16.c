@@ -14,10 +14,22 @@
    an error of at most s / 2 = max|x over the group| / 65534 per value (about 15 bits of each
    group's largest value; float32 keeps 24): the weights' values are exact.
 
-   The AVX-512 build multiplies Q4_K, Q6_K and Q8_0 rows two groups at a time (row_dot_512: 32
-   lanes of int16, one accumulator holding the even and the odd groups' 8 lanes side by side),
-   reading a copy of xq in a pair layout (pair_layout); its int32 lanes and FMAs are the AVX2
-   build's, so are its bits (tested).
+   Q4_K and Q6_K multiply bytes instead (byte products): each xq is split into a low byte (unsigned)
+   and a high one (signed), xq = 256 xhi + xlo, and a group's 8 int32 lanes are
+
+     D_k = sum_{j = 4k .. 4k+3} q_j xq_j = 256 sum q_j xhi_j + sum q_j xlo_j          k = 0..7
+
+   over the weights' bytes as they are decoded (Q4_K's nibbles; Q6_K's u - 32, its per-16 sub-scale
+   in the lane's float scale: (d * sc) * s), with vpdpbusd (u8 x s8, 4 bytes a lane) in the AVX-512
+   build, vpmaddubsw + vpmaddwd in the AVX2 build (no pair sum saturates: |q| <= 63 against a byte),
+   plain C over xq in the portable one. Q6_K's high-byte products take u (unsigned) and add the
+   x-only correction -32 sum xhi_j (bias16, bias32). About half the instructions of widening the
+   weights to int16 at one row of x; exact, like the int16 products.
+
+   The AVX-512 build multiplies Q4_K, Q6_K and Q8_0 rows two groups at a time (row_dot_512: one
+   accumulator holding the even and the odd groups' 8 lanes side by side); for Q8_0 (32 lanes of
+   int16) it reads a copy of xq in a pair layout (pair_layout). Its int32 lanes and FMAs are the
+   AVX2 build's, so are its bits (tested).
 
    Rows of x are quantized independently and rows of W split statically between threads, so a
    row's result does not depend on m or on the thread count. The quantized x lives in a buffer
@@ -32,6 +44,9 @@
 #define GROUP 32
 #define MAX_M 8
 #define Q16_MAX 32767.0f
+/* Q4_K, Q6_K: calls of at most this many rows (per group of MAX_M) run byte products; more rows
+   widen each weight once to int16 for all of them (the same lanes, so the same bits) */
+#define BYTE_ROWS 2
 
 int blocks_matmul(int code, int64_t block_size, int64_t block_bytes, const uint8_t* W, const float* x, float* y,
                   int64_t m, int64_t rows, int64_t cols, int num_threads);
@@ -43,7 +58,12 @@ typedef struct {
   float* scale;
   float* sums;
   float* sums32;
-  int16_t* xp;  /* AVX-512 build: xq in the pair layout (pair_layout), else NULL */
+  int16_t* xp;  /* AVX-512 build, Q8_0: xq in the pair layout (pair_layout), else NULL */
+  int16_t* xquad;  /* Q4_K, Q6_K, more than BYTE_ROWS rows: xq in the quad layout (quad_layout) */
+  uint8_t* xlo;  /* Q4_K, Q6_K (AVX2 and AVX-512 builds): xq's low bytes, (m, cols) */
+  int8_t* xhi;  /* and its high bytes: xq = 256 xhi + xlo */
+  int16_t* bias16;  /* Q6_K: -32 (xhi_2j + xhi_2j+1), (m, cols / 2) */
+  int32_t* bias32;  /* Q6_K: -32 (xhi_4k + .. + xhi_4k+3), (m, cols / 4) */
 } QuantizedRows;
 
 #if defined(__AVX512BW__) && defined(__AVX512VNNI__)
@@ -55,20 +75,52 @@ typedef struct {
 static __thread void* scratch = NULL;
 static __thread size_t scratch_bytes = 0;
 
+static size_t aligned64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
+
 static int quantized_rows(int64_t m, int64_t cols, QuantizedRows* out) {
-  size_t xq_bytes = (size_t)(m * cols) * sizeof(int16_t);
-  size_t need = (1 + PAIR_LAYOUT) * xq_bytes + (size_t)(2 * m * cols / GROUP + m * cols / 16) * sizeof(float) + 128;
+  const size_t n = (size_t)(m * cols), xq_bytes = aligned64(n * sizeof(int16_t));
+  const size_t float_bytes = aligned64((2 * n / GROUP + n / 16) * sizeof(float));
+  /* xq, the floats, xp, xlo, xhi, bias16, bias32 */
+  size_t need = xq_bytes + float_bytes + xq_bytes + 2 * aligned64(n) + aligned64(n / 2 * sizeof(int16_t)) +
+                aligned64(n / 4 * sizeof(int32_t)) + 64;
   if (need > scratch_bytes) {
     void* grown = realloc(scratch, need);
     if (grown == NULL) return -1;
     scratch = grown, scratch_bytes = need;
   }
-  out->xq = (int16_t*)scratch;
-  out->scale = (float*)((char*)scratch + ((xq_bytes + 31) & ~(size_t)31));
-  out->sums = out->scale + m * cols / GROUP;
-  out->sums32 = out->sums + m * cols / 16;
-  out->xp = PAIR_LAYOUT ? (int16_t*)(((uintptr_t)(out->sums32 + m * cols / GROUP) + 63) & ~(uintptr_t)63) : NULL;
+  char* at = (char*)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+  out->xq = (int16_t*)at, at += xq_bytes;
+  out->scale = (float*)at, at += float_bytes;
+  out->sums = out->scale + n / GROUP;
+  out->sums32 = out->sums + n / 16;
+  out->xp = PAIR_LAYOUT ? (int16_t*)at : NULL, out->xquad = (int16_t*)at, at += xq_bytes;  /* never both */
+  out->xlo = (uint8_t*)at, at += aligned64(n);
+  out->xhi = (int8_t*)at, at += aligned64(n);
+  out->bias16 = (int16_t*)at, at += aligned64(n / 2 * sizeof(int16_t));
+  out->bias32 = (int32_t*)at;
   return 0;
+}
+
+/* xq's n values (a multiple of 64) -> xquad: each 64 (groups g, g + 1) as [g's x0 | (g + 1)'s x0 |
+   g's x1 | (g + 1)'s x1], a group's x0 its elements 4k, 4k + 1 and x1 its 4k + 2, 4k + 3 (k = 0..7,
+   in order): the words quad_words_avx2 / quad_words_512 meet. */
+static void quad_layout(const int16_t* xq, int16_t* xquad, int64_t n) {
+  for (int64_t base = 0; base < n; base += 2 * GROUP)
+    for (int g = 0; g < 2; g++)
+      for (int k = 0; k < 8; k++)
+        for (int j = 0; j < 2; j++) {
+          xquad[base + 16 * g + 2 * k + j] = xq[base + GROUP * g + 4 * k + j];
+          xquad[base + 32 + 16 * g + 2 * k + j] = xq[base + GROUP * g + 4 * k + 2 + j];
+        }
+}
+
+/* xq's n values -> xlo, xhi; with_bias (Q6_K): bias16, bias32 */
+static void split_bytes(const int16_t* xq, uint8_t* xlo, int8_t* xhi, int16_t* bias16, int32_t* bias32, int64_t n,
+                        int with_bias) {
+  for (int64_t e = 0; e < n; e++) xlo[e] = (uint8_t)(xq[e] & 0xFF), xhi[e] = (int8_t)(xq[e] >> 8);
+  if (!with_bias) return;
+  for (int64_t j = 0; j < n / 2; j++) bias16[j] = (int16_t)(-32 * (xhi[2 * j] + xhi[2 * j + 1]));
+  for (int64_t k = 0; k < n / 4; k++) bias32[k] = bias16[2 * k] + bias16[2 * k + 1];
 }
 
 static void quantize_group(const float* x, int16_t* xq, float* scale, float* sums, float* sum32) {
@@ -172,6 +224,92 @@ static inline __m256i group_dot(const __m256i q[2], const int16_t* xq) {
     }                                                                                                     \
   } while (0)
 
+/* A group's 8 int32 lanes of byte products (the D_k above): q (0..63) against xhi, w (|w| <= 32)
+   against xlo; bias16 (Q6_K, q = u, w = u - 32) or NULL. No vpmaddubsw pair sum saturates:
+   |2 * 63 * 128|, |2 * 255 * 32| < 32768. */
+static inline __attribute__((always_inline)) __m256i bytes_dot(__m256i q, __m256i w, const int8_t* xhi,
+                                                               const uint8_t* xlo, const int16_t* bias16) {
+  __m256i high = _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i*)xhi));
+  if (bias16) high = _mm256_add_epi16(high, _mm256_loadu_si256((const __m256i*)bias16));
+  __m256i low = _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i*)xlo), w);
+  return _mm256_add_epi32(_mm256_madd_epi16(high, _mm256_set1_epi16(256)), _mm256_madd_epi16(low, _mm256_set1_epi16(1)));
+}
+
+/* The same lanes from int16 weights in quad_words_avx2's order against x in the quad layout
+   (x0 at xquad, x1 at xquad + 32) */
+static inline __attribute__((always_inline)) __m256i quad_dot(const __m256i q[2], const int16_t* xquad) {
+  __m256i x0 = _mm256_loadu_si256((const __m256i*)xquad), x1 = _mm256_loadu_si256((const __m256i*)(xquad + 32));
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpwssd_epi32(_mm256_madd_epi16(q[0], x0), q[1], x1);
+#else
+  return _mm256_add_epi32(_mm256_madd_epi16(q[0], x0), _mm256_madd_epi16(q[1], x1));
+#endif
+}
+
+/* One Q4_K or Q6_K block of a row (its first group is `group0` of the row) by byte products (m <=
+   BYTE_ROWS) or quad_dot into even and odd (the groups alternate, as in row_dot); Q4_K's mins into
+   min_lanes. */
+static inline __attribute__((always_inline)) void bytes_block_avx2(const int code, const int m, const uint8_t* block,
+                                                                   int64_t group0, const QuantizedRows* x,
+                                                                   int64_t cols, __m256* even, __m256* odd,
+                                                                   __m256* min_lanes) {
+  const int64_t groups_per_row = cols / GROUP;
+  if (code == FORMAT_Q4_K) {
+    __m256 dl, ml, ml_hi, sdl[MAX_M];
+    k_block_scales_avx2(code, block, &dl, &ml, &ml_hi);
+    for (int i = 0; i < m; i++) {
+      const int64_t first = i * groups_per_row + group0;
+      sdl[i] = _mm256_mul_ps(dl, _mm256_loadu_ps(x->scale + first));
+      min_lanes[i] = _mm256_fmadd_ps(ml, _mm256_loadu_ps(x->sums32 + first), min_lanes[i]);
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; t++) {
+      __m256i q[2], words0[2], words1[2];
+      q4_k_pair_bytes_avx2(block, t, q);
+      if (m > BYTE_ROWS) quad_words_avx2(q[0], _mm256_setzero_si256(), words0), quad_words_avx2(q[1], _mm256_setzero_si256(), words1);
+      for (int i = 0; i < m; i++) {
+        const int64_t at = i * cols + (group0 + 2 * t) * GROUP;
+        __m256i dot0, dot1;
+        if (m > BYTE_ROWS) {
+          dot0 = quad_dot(words0, x->xquad + at), dot1 = quad_dot(words1, x->xquad + at + 16);
+        } else {
+          dot0 = bytes_dot(q[0], q[0], x->xhi + at, x->xlo + at, NULL);
+          dot1 = bytes_dot(q[1], q[1], x->xhi + at + GROUP, x->xlo + at + GROUP, NULL);
+        }
+        even[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot0), _mm256_permutevar8x32_ps(sdl[i], _mm256_set1_epi32(2 * t)), even[i]);
+        odd[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot1), _mm256_permutevar8x32_ps(sdl[i], _mm256_set1_epi32(2 * t + 1)), odd[i]);
+      }
+    }
+  } else {  /* Q6_K: lane k of group g is scaled by (d * sc[2g + k / 4]) * s_g */
+    const __m256 d = _mm256_set1_ps(f16c(block + 208));
+    const __m128i sc = _mm_loadu_si128((const __m128i*)(block + 192));
+    const __m256 dsc_lo = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+    const __m256 dsc_hi = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))));
+    __m256 scale_lo[MAX_M], scale_hi[MAX_M];  /* lane l: 16-group l (8 + l) times its 32-group's s */
+    for (int i = 0; i < m; i++) {
+      __m256 s = _mm256_loadu_ps(x->scale + i * groups_per_row + group0);
+      scale_lo[i] = _mm256_mul_ps(dsc_lo, _mm256_permutevar8x32_ps(s, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)));
+      scale_hi[i] = _mm256_mul_ps(dsc_hi, _mm256_permutevar8x32_ps(s, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7)));
+    }
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; g++) {
+      const __m256i u = q6_k_group_bytes_avx2(block, g), w = _mm256_sub_epi8(u, _mm256_set1_epi8(32));
+      __m256i words[2];
+      if (m > BYTE_ROWS) quad_words_avx2(w, _mm256_cmpgt_epi8(_mm256_setzero_si256(), w), words);
+      const __m256i lanes = _mm256_setr_epi32(2 * (g % 4), 2 * (g % 4), 2 * (g % 4), 2 * (g % 4),
+                                              2 * (g % 4) + 1, 2 * (g % 4) + 1, 2 * (g % 4) + 1, 2 * (g % 4) + 1);
+      for (int i = 0; i < m; i++) {
+        const int64_t at = i * cols + (group0 + g) * GROUP;
+        __m256i dot = m > BYTE_ROWS ? quad_dot(words, x->xquad + i * cols + (group0 + g - g % 2) * GROUP + 16 * (g % 2))
+                                    : bytes_dot(u, w, x->xhi + at, x->xlo + at, x->bias16 + at / 2);
+        __m256 scale = _mm256_permutevar8x32_ps(g < 4 ? scale_lo[i] : scale_hi[i], lanes);
+        if (g % 2) odd[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, odd[i]);
+        else even[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, even[i]);
+      }
+    }
+  }
+}
+
 /* One weight row against m quantized rows -> out[i * out_stride]. Inlined with constant code
    and m (row_dispatch), so the accumulators stay in registers. Groups alternate between two
    accumulators (even, odd) so that consecutive groups' FMAs do not wait on each other. A K-quant
@@ -196,6 +334,9 @@ static inline __attribute__((always_inline)) void row_dot(const int code, const 
       GROUP_STEP(odd, min_odd, blk + 1, 0);
     }
     if (blk < num_blocks) GROUP_STEP(even, min_even, blk, 0);
+  } else if (code == FORMAT_Q4_K || code == FORMAT_Q6_K) {
+    for (int64_t blk = 0; blk < num_blocks; blk++)
+      bytes_block_avx2(code, m, row + blk * block_bytes, blk * 8, x, cols, even, odd, min_lanes);
   } else {
     for (int64_t blk = 0; blk < num_blocks; blk++) {
       const uint8_t* block = row + blk * block_bytes;
@@ -223,8 +364,9 @@ static inline __attribute__((always_inline)) void row_dot(const int code, const 
 #if PAIR_LAYOUT
 /* row_dot for Q4_K, Q6_K and Q8_0 with 512-bit vectors: two groups at a time (g even in lanes
    0..7, g + 1 in 8..15 of one accumulator: the AVX2 row_dot's even and odd accumulators side by
-   side), the same int32 lanes (block_decode_q16.h's pair layout) and the same FMAs in the same
-   order per lane, so the same bits as row_dot. */
+   side), the same int32 lanes (Q8_0: block_decode_q16.h's pair layout; Q4_K, Q6_K: byte products,
+   4 bytes a lane in vpdpbusd) and the same FMAs in the same order per lane, so the same bits as
+   row_dot. */
 static inline __attribute__((always_inline)) __m512i pair_dot(const __m512i w[2], const int16_t* xp) {
   __m512i dot = _mm512_madd_epi16(w[0], _mm512_loadu_si512((const void*)xp));
   return _mm512_dpwssd_epi32(dot, w[1], _mm512_loadu_si512((const void*)(xp + 32)));
@@ -271,29 +413,47 @@ static inline __attribute__((always_inline)) void row_dot_512(const int code, co
     };
     for (int64_t blk = 0; blk < num_blocks; blk++) {
       const uint8_t* block = row + blk * block_bytes;
-      __m256 dl, ml, ml_hi;
-      __m512 sdl[MAX_M];
+      __m512 sdl[MAX_M];  /* Q4_K: lane g < 8 the group's d sc s; Q6_K: lane l the 16-group's (d sc) s */
       if (code == FORMAT_Q4_K) {
         __m512 dl_ml = q4_k_scales_512(block);
-        dl = _mm512_castps512_ps256(dl_ml);
-        ml = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(dl_ml), 1));
-      } else {
-        k_block_scales_avx2(code, block, &dl, &ml, &ml_hi);
-      }
-      for (int i = 0; i < m; i++) {
-        const int64_t first = i * groups_per_row + blk * 8;
-        sdl[i] = _mm512_castps256_ps512(_mm256_mul_ps(dl, _mm256_loadu_ps(x->scale + first)));
-        if (code == FORMAT_Q4_K) min_lanes[i] = _mm256_fmadd_ps(ml, _mm256_loadu_ps(x->sums32 + first), min_lanes[i]);
-      }
-      __m512i sc16 = _mm512_setzero_si512();
-      if (code == FORMAT_Q6_K) sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(block + 192))));
-      for (int t = 0; t < 4; t++) {
-        __m512i w[2];
-        if (code == FORMAT_Q4_K) decode_q4_k_pair_512(block, t, w);
-        else decode_q6_k_pair_512(block, t, sc16, w);
+        __m256 dl = _mm512_castps512_ps256(dl_ml), ml = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(dl_ml), 1));
         for (int i = 0; i < m; i++) {
-          __m512i dot = pair_dot(w, x->xp + i * cols + (blk * 8 + 2 * t) * GROUP);
-          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(index[t], sdl[i]), acc[i]);
+          const int64_t first = i * groups_per_row + blk * 8;
+          sdl[i] = _mm512_castps256_ps512(_mm256_mul_ps(dl, _mm256_loadu_ps(x->scale + first)));
+          min_lanes[i] = _mm256_fmadd_ps(ml, _mm256_loadu_ps(x->sums32 + first), min_lanes[i]);
+        }
+      } else {
+        const __m512 dsc = _mm512_mul_ps(_mm512_set1_ps(f16c(block + 208)),
+                                         _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(block + 192)))));
+        const __m512i halves = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+        for (int i = 0; i < m; i++) {
+          const __m256 s = _mm256_loadu_ps(x->scale + i * groups_per_row + blk * 8);
+          sdl[i] = _mm512_mul_ps(dsc, _mm512_permutexvar_ps(halves, _mm512_castps256_ps512(s)));
+        }
+      }
+#pragma GCC unroll 4
+      for (int t = 0; t < 4; t++) {
+        /* Q6_K's lane scales: 16-groups 4t, 4t + 1 (group 2t), 4t + 2, 4t + 3 (group 2t + 1), 4 lanes each */
+        const __m512i quarters = _mm512_setr_epi32(4 * t, 4 * t, 4 * t, 4 * t, 4 * t + 1, 4 * t + 1, 4 * t + 1, 4 * t + 1,
+                                                   4 * t + 2, 4 * t + 2, 4 * t + 2, 4 * t + 2, 4 * t + 3, 4 * t + 3, 4 * t + 3, 4 * t + 3);
+        const __m512i q = code == FORMAT_Q4_K ? q4_k_pair_bytes_512(block, t) : q6_k_pair_bytes_512(block, t);
+        const __m512i w = code == FORMAT_Q4_K ? q : _mm512_sub_epi8(q, _mm512_set1_epi8(32));
+        __m512i words[2];
+        if (m > BYTE_ROWS)
+          quad_words_512(w, code == FORMAT_Q4_K ? _mm512_setzero_si512() : _mm512_movm_epi8(_mm512_movepi8_mask(w)), words);
+        for (int i = 0; i < m; i++) {
+          const int64_t at = i * cols + (blk * 8 + 2 * t) * GROUP;
+          __m512i dot;
+          if (m > BYTE_ROWS) {
+            dot = _mm512_madd_epi16(words[0], _mm512_loadu_si512((const void*)(x->xquad + at)));
+            dot = _mm512_dpwssd_epi32(dot, words[1], _mm512_loadu_si512((const void*)(x->xquad + at + 32)));
+          } else {
+            const __m512i start = code == FORMAT_Q4_K ? _mm512_setzero_si512() : _mm512_loadu_si512((const void*)(x->bias32 + at / 4));
+            dot = _mm512_dpbusd_epi32(start, q, _mm512_loadu_si512((const void*)(x->xhi + at)));
+            dot = _mm512_dpbusd_epi32(_mm512_slli_epi32(dot, 8), _mm512_loadu_si512((const void*)(x->xlo + at)), w);
+          }
+          __m512 scale = _mm512_permutexvar_ps(code == FORMAT_Q4_K ? index[t] : quarters, sdl[i]);
+          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[i]);
         }
       }
     }
@@ -320,6 +480,21 @@ static inline void integer_group_step(int m, const int16_t* q, int64_t group, co
       int32_t dot = q[2 * lane] * xq[2 * lane] + q[2 * lane + 1] * xq[2 * lane + 1]
                     + q[16 + 2 * lane] * xq[16 + 2 * lane] + q[17 + 2 * lane] * xq[17 + 2 * lane];
       acc[i][lane] = fmaf((float)dot, sdl[i * sdl_stride], acc[i][lane]);
+    }
+  }
+}
+
+/* Q4_K, Q6_K: the byte products' lanes, D_k = sum_{j = 4k..4k+3} (u_j - offset) xq_j (xq = 256 xhi +
+   xlo exactly, so the sums of the split bytes), each scaled by scale[k / 4] (Q4_K: the group's
+   d sc s twice; Q6_K: its 16-groups' (d sc) s) into acc[i]. */
+static inline void byte_group_step(int m, const uint8_t* u, int offset, int64_t group, const float scale[][2],
+                                   const QuantizedRows* x, int64_t cols, float acc[][8]) {
+  for (int i = 0; i < m; i++) {
+    const int16_t* xq = x->xq + i * cols + group * GROUP;
+    for (int lane = 0; lane < 8; lane++) {
+      int32_t dot = 0;
+      for (int j = 4 * lane; j < 4 * lane + 4; j++) dot += (u[j] - offset) * xq[j];
+      acc[i][lane] = fmaf((float)dot, scale[i][lane / 4], acc[i][lane]);
     }
   }
 }
@@ -360,9 +535,20 @@ static inline void row_dot(const int code, const int m, const uint8_t* row, int6
           for (int g = 0; g < 8; g++) min_lanes[i][g] = fmaf(factors.ml[8 + g], x->sums[2 * first + 8 + g], min_lanes[i][g]);
       }
       for (int g = 0; g < 8; g++) {
-        int16_t q[GROUP];
-        decode_k_group_q16_scalar(code, block, g, &factors, q);
-        integer_group_step(m, q, blk * 8 + g, &sdl[0][g], 8, x, cols, g % 2 ? odd : even);
+        if (code == FORMAT_Q4_K || code == FORMAT_Q6_K) {
+          uint8_t u[GROUP];
+          float scale[MAX_M][2];
+          k_group_bytes_scalar(code, block, g, u);
+          for (int i = 0; i < m; i++)
+            for (int half = 0; half < 2; half++)
+              scale[i][half] = code == FORMAT_Q4_K ? sdl[i][g]
+                               : (factors.dl[g] * (float)factors.scale16[2 * g + half]) * x->scale[i * groups_per_row + blk * 8 + g];
+          byte_group_step(m, u, code == FORMAT_Q6_K ? 32 : 0, blk * 8 + g, scale, x, cols, g % 2 ? odd : even);
+        } else {
+          int16_t q[GROUP];
+          decode_k_group_q16_scalar(code, block, g, &factors, q);
+          integer_group_step(m, q, blk * 8 + g, &sdl[0][g], 8, x, cols, g % 2 ? odd : even);
+        }
       }
     }
   }
@@ -413,13 +599,25 @@ int blocks_matmul_q16(int code, int64_t block_size, int64_t block_bytes, const u
       quantize_group(x + i * cols + group * GROUP, quantized.xq + i * cols + group * GROUP,
                      quantized.scale + i * groups_per_row + group, quantized.sums + 2 * (i * groups_per_row + group),
                      quantized.sums32 + i * groups_per_row + group);
-  if (PAIR_LAYOUT) pair_layout(quantized.xq, quantized.xp, m, cols);
+  if (PAIR_LAYOUT && code == FORMAT_Q8_0) pair_layout(quantized.xq, quantized.xp, m, cols);
+#ifdef __AVX2__
+  if (code == FORMAT_Q4_K || code == FORMAT_Q6_K) {  /* byte products for calls of <= BYTE_ROWS rows */
+    const int64_t last = m - MAX_M * ((m - 1) / MAX_M);  /* the rows of the last group of MAX_M */
+    if (last <= BYTE_ROWS)
+      split_bytes(quantized.xq, quantized.xlo, quantized.xhi, quantized.bias16, quantized.bias32, m * cols,
+                  code == FORMAT_Q6_K);
+    if (m > BYTE_ROWS) quad_layout(quantized.xq, quantized.xquad, m * cols);
+  }
+#endif
   const int64_t num_blocks = cols / block_size, row_bytes = num_blocks * block_bytes;
   for (int64_t first = 0; first < m; first += MAX_M) {
     int group_m = (int)(m - first < MAX_M ? m - first : MAX_M);
     QuantizedRows part = {quantized.xq + first * cols, quantized.scale + first * groups_per_row,
                           quantized.sums + 2 * first * groups_per_row, quantized.sums32 + first * groups_per_row,
-                          PAIR_LAYOUT ? quantized.xp + first * cols : NULL};
+                          PAIR_LAYOUT ? quantized.xp + first * cols : NULL, quantized.xquad + first * cols,
+                          quantized.xlo + first * cols,
+                          quantized.xhi + first * cols, quantized.bias16 + first * cols / 2,
+                          quantized.bias32 + first * cols / 4};
     float* yg = y + first * rows;
     #pragma omp parallel num_threads(num_threads)
     {

@@ -116,6 +116,67 @@ def test_int16_activation_products_are_the_same_bits_in_every_build(format_name)
             assert torch.equal(other.matmul_q16(x[:1], weight), first[:1]), (other.instruction_set, cols)
 
 
+def _edge_rows(format_name: str, cols: int) -> np.ndarray:
+    """Random blocks, then rows at the byte products' edges: Q4_K nibbles 15 (scales and mins 63),
+    Q6_K values u = 0 (weight -32) and u = 63 with sub-scales -128 and 127."""
+    rows = random_gguf_rows(format_name, 6, cols, seed=11)
+    blocks = rows.reshape(6, cols // 256, -1)
+    if format_name == "Q4_K":
+        blocks[0, :, 4:] = 0xFF
+        blocks[1, :, 16:] = 0x00
+    else:
+        blocks[0, :, :192] = 0x00
+        blocks[0, :, 192:208] = np.array([-128, 127] * 8, dtype=np.int8).view(np.uint8)
+        blocks[1, :, :192] = 0xFF
+        blocks[1, :, 192:208] = np.array([127, -128] * 8, dtype=np.int8).view(np.uint8)
+    return blocks.reshape(6, -1)
+
+
+def _edge_x(cols: int) -> torch.Tensor:
+    """Rows of x whose int16 values meet the byte split's edges: -32767 (high byte -128), +32767
+    (high 127, low 255), low bytes 255 and 0, steps of 256, zeros, one outlier."""
+    x = torch.randn(10, cols, generator=torch.Generator().manual_seed(12))
+    x[0] = 3.0
+    x[1] = -3.0
+    x[2, 0::2], x[2, 1::2] = 2.0, -2.0
+    steps = torch.arange(cols, dtype=torch.float32) % 32  # within a group: 0 .. 31 times 1/31 of the max
+    x[3] = steps / 31 * 32767.0 / 32767  # xq = round(j * 32767 / 31): low bytes all over
+    x[4] = -(torch.arange(cols, dtype=torch.float32) % 32 * 256 + 255) / 32767  # low byte 255, high bytes 0 .. -32
+    x[4, 31::32] = -1.0  # the group's max: xq of the others stays as written
+    x[5] = 0.0
+    x[6, 40] = 50.0  # an outlier
+    x[7, ::32] = -7.0  # each group's largest value negative
+    return x
+
+
+@pytest.mark.parametrize("format_name", ["Q4_K", "Q6_K"])
+def test_byte_products_at_their_edges_agree_in_every_build(format_name):
+    """Q4_K and Q6_K multiply x split in two bytes (one row, two rows a call) and int16 weights in
+    the same lanes (more rows): within the int16 bound, and the same bits in every build, for every
+    number of rows a call (9 = 8 + 1 mixes both ways in one call)."""
+    cols = 512
+    weight = BlockWeight.from_gguf(format_name, _edge_rows(format_name, cols), cols)
+    dense = dequantize_reference(weight).double()
+    x = _edge_x(cols)
+    group_max = x.abs().reshape(10, -1, 32).amax(-1, keepdim=True).expand(-1, -1, 32).reshape(10, cols).double()
+    bound = block_matmul.Q16_TOLERANCE * (group_max @ dense.abs().T)
+    results = {}
+    for build in BUILDS:
+        try:
+            kernels = _load(build)
+        except NativeUnavailable:
+            continue
+        got = kernels.matmul_q16(x, weight)
+        assert ((got.double() - x.double() @ dense.T).abs() <= bound).all(), build
+        for m in (1, 2, 3, 9):
+            assert torch.equal(kernels.matmul_q16(x[:m], weight), got[:m]), (build, m)
+        assert torch.equal(kernels.matmul_q16(x[7:8], weight), got[7:8]), build
+        results[build] = got
+    first = next(iter(results.values()))
+    for build, got in results.items():
+        assert torch.equal(got, first), build
+
+
 def test_quantized_by_gguf_then_multiplied(kernels):
     """Weights made by gguf's quantize (the simple formats it can make), end to end."""
     rng = np.random.default_rng(4)
