@@ -23,8 +23,10 @@
    in the lane's float scale: (d * sc) * s), with vpdpbusd (u8 x s8, 4 bytes a lane) in the AVX-512
    build, vpmaddubsw + vpmaddwd in the AVX2 build (no pair sum saturates: |q| <= 63 against a byte),
    plain C over xq in the portable one. Q6_K's high-byte products take u (unsigned) and add the
-   x-only correction -32 sum xhi_j (bias16, bias32). About half the instructions of widening the
-   weights to int16 at one row of x; exact, like the int16 products.
+   x-only correction -32 sum xhi_j (bias16, bias32). At one row of x that is fewer instructions than
+   widening the weights to int16 (AVX-512, per 64 weights by count: Q4_K 8 instead of 10, Q6_K 13
+   instead of 20); at more rows (above BYTE_ROWS) the weights are widened once, in the same lanes
+   (quad_words_*, x in the quad layout), since then a byte product's extra op per row costs more.
 
    The AVX-512 build multiplies Q4_K, Q6_K and Q8_0 rows two groups at a time (row_dot_512: one
    accumulator holding the even and the odd groups' 8 lanes side by side); for Q8_0 (32 lanes of
@@ -44,9 +46,6 @@
 #define GROUP 32
 #define MAX_M 8
 #define Q16_MAX 32767.0f
-/* Q4_K, Q6_K: calls of at most this many rows (per group of MAX_M) run byte products; more rows
-   widen each weight once to int16 for all of them (the same lanes, so the same bits) */
-#define BYTE_ROWS 2
 
 int blocks_matmul(int code, int64_t block_size, int64_t block_bytes, const uint8_t* W, const float* x, float* y,
                   int64_t m, int64_t rows, int64_t cols, int num_threads);
@@ -71,6 +70,11 @@ typedef struct {
 #else
 #define PAIR_LAYOUT 0
 #endif
+
+/* Q4_K, Q6_K: calls of at most this many rows (per group of MAX_M) run byte products; more rows
+   widen each weight once to int16 for all of them (the same lanes, so the same bits). Measured
+   (2048-row weights, 2 rows): vpdpbusd still wins at 2 rows, AVX2's maddubs pairs at 1 only. */
+#define BYTE_ROWS (PAIR_LAYOUT ? 2 : 1)
 
 static __thread void* scratch = NULL;
 static __thread size_t scratch_bytes = 0;

@@ -151,7 +151,7 @@ def _edge_x(cols: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("format_name", ["Q4_K", "Q6_K"])
 def test_byte_products_at_their_edges_agree_in_every_build(format_name):
-    """Q4_K and Q6_K multiply x split in two bytes (one row, two rows a call) and int16 weights in
+    """Q4_K and Q6_K multiply x split in two bytes (one row a call; two in the AVX-512 build) and int16 weights in
     the same lanes (more rows): within the int16 bound, and the same bits in every build, for every
     number of rows a call (9 = 8 + 1 mixes both ways in one call)."""
     cols = 512
