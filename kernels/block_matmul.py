@@ -13,8 +13,9 @@ the formats are kernels/block_formats.py's table).
   tiles a prefill GEMM reads: kernels/block_linear.py).
 
 Builds (kernels/native_build.py): "avx512_vnni" (`vpdpwssd` in matmul_q16; Q4_K, Q6_K and Q8_0 rows two
-groups a 512-bit vector, the same bits as AVX2's), "avx2" (AVX2 + FMA + F16C)
-and "portable" (plain C); `load_best` takes the best the CPU runs at or below the variant asked for,
+groups a 512-bit vector, the same bits as AVX2's; Q4_K and Q6_K at 1-2 rows as byte products, x split
+into a low and a high byte against the unwidened weights with `vpdpbusd`), "avx2" (AVX2 + FMA + F16C;
+the byte products at 1 row with `vpmaddubsw`) and "portable" (plain C); `load_best` takes the best the CPU runs at or below the variant asked for,
 `load(..., portable=True)` the plain-C one (tests run every build this machine has).
 """
 
