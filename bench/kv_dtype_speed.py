@@ -9,7 +9,8 @@ engine, then cached) plus 64 tokens of its own, so every sequence attends over `
 then `tokens` greedy tokens each (ignore_eos). Decode tokens/s: tokens after each request's first over
 the wall time from the step after the last first token to the end. Rounds alternate the dtypes
 (the machine is noisy); the best round of each is reported, with the ratio to float32. Prints the
-CPU's instruction sets and the backend's plan: the numbers belong to them.
+CPU's instruction sets and the backend's plan: the numbers belong to them. Each round also prefills a
+prompt of `context` fresh random tokens (cold: nothing of it cached) once per dtype: prefill tokens/s.
 
 --attention-only: the C decode attention kernel alone (kernels/csrc/decode_attention.c) over pages of
 each dtype in the default model's shapes (9 query heads, 3 KV heads of 64), every sequence at `context`
@@ -51,6 +52,14 @@ def _engine(model_dir, kv_dtype: str, num_tokens: int) -> LLMEngine:
     # float32 bytes a token of SmolLM2-135M: 30 layers x 3 KV heads x 64 x 4 x 2 = 46080; every dtype the same bytes
     return LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32",
                                   kv_cache_bytes=num_tokens * 46080, kv_dtype=KVDtypeConfig(kv_dtype)))
+
+
+def prefill_rate(engine: LLMEngine, num_tokens: int, rng: random.Random) -> float:
+    """Tokens/s of one cold prefill of `num_tokens` random tokens (and its first token)."""
+    prompt = [rng.randrange(3, engine.vocab_size) for _ in range(num_tokens)]
+    started = time.perf_counter()
+    engine.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0))
+    return num_tokens / (time.perf_counter() - started)
 
 
 def decode_rate(engine: LLMEngine, prefix: list[int], batch: int, num_tokens: int, rng: random.Random) -> float:
@@ -162,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     model_dir = pull(args.model)
     rng = random.Random(0)
-    num_pool_tokens = args.context + max(batches) * (OWN_TOKENS + args.tokens) + 256
+    num_pool_tokens = 2 * args.context + max(batches) * (OWN_TOKENS + args.tokens) + 256
     engines = {kv_dtype: _engine(model_dir, kv_dtype, num_pool_tokens) for kv_dtype in kv_dtypes}
     some = next(iter(engines.values()))
     prefix = [rng.randrange(3, some.vocab_size) for _ in range(args.context - OWN_TOKENS)]
@@ -170,11 +179,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     for engine in engines.values():  # the shared prefix, prefilled once
         engine.generate([prefix], SamplingParams(max_tokens=1, temperature=0.0))
     best: dict[tuple[str, int], float] = {}
+    best_prefill: dict[str, float] = {}
     for _ in range(args.rounds):
+        for kv_dtype, engine in engines.items():
+            best_prefill[kv_dtype] = max(best_prefill.get(kv_dtype, 0.0), prefill_rate(engine, args.context, rng))
         for batch in batches:
             for kv_dtype, engine in engines.items():
                 rate = decode_rate(engine, prefix, batch, args.tokens, rng)
                 best[kv_dtype, batch] = max(best.get((kv_dtype, batch), 0.0), rate)
+    base = best_prefill.get("float32")
+    print(f"cold prefill tokens/s of {args.context} tokens, best of {args.rounds}: " + ", ".join(
+        f"{kv_dtype} {rate:.1f}" + (f" ({rate / base:.2f}x)" if base else "") for kv_dtype, rate in best_prefill.items()))
     print(f"decode tokens/s at {args.context} context, best of {args.rounds} rounds, {args.tokens} tokens a sequence:")
     for batch in batches:
         base = best.get(("float32", batch))
