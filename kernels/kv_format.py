@@ -7,9 +7,20 @@ fingerprint, /metrics):
   - int8: values (num_pages, page_size, KVH, D) int8 plus scales (num_pages, page_size, KVH) float32,
     symmetric per (token, head): x ~= q * scale, scale = absmax / 127, q = round(x / scale) (half to
     even) in [-127, 127]; an all-zero row has scale 0 and q 0.
-The C kernels (kernels/csrc/row_ops.c, decode_attention.c) implement the same quantization; this file
-is the reference they are tested against. Attention reads a format directly: a reader dequantizes only
-the slots it gathers (`KVPages.gather`), never a copy of the pool.
+  - float8: values float8_e4m3fn plus scales laid out as int8's: x ~= q * scale, scale = absmax / 448,
+    q = x / scale cast to e4m3 (round to nearest even, |q| <= 448); an all-zero row has scale 0 and q 0.
+    e4m3 (3 mantissa bits: a value rounds within 1/16 of itself), not e5m2 (2 bits, 1/8): with a scale
+    per row, the values of a (token, head) row span a range e4m3's exponents cover, so precision is what
+    counts, not e5m2's wider range (vLLM's default fp8 KV is e4m3 too, with per-tensor or calibrated
+    per-head scales). The scale, computed at store time like int8's (no calibration), puts the row's
+    absmax at e4m3's largest value: without it, rows of small values fall into e4m3's subnormals (below
+    2^-6) and lose their bits, and values above 448 saturate. Read by the torch backend only (the C
+    kernels do not: C_KV_DTYPES), on the CPU as the reference and on CUDA devices with fp8 (compute
+    capability >= 8.9, model/backends/kv_formats.py).
+The C kernels (kernels/csrc/row_ops.c, decode_attention.c) implement the same int8 quantization; this
+file is the reference they are tested against. Attention reads a format directly: a reader dequantizes
+only the slots it gathers (`KVPages.gather`), never a copy of the pool. float8 tensors are moved by
+their bytes (uint8 views): torch's CPU index_copy_ has no float8 kernel.
 """
 
 from __future__ import annotations
@@ -20,15 +31,19 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-KV_DTYPES = ("float32", "bfloat16", "int8")  # offered (flags); float16 stores a float16 model's KV as is
-_VALUE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8}
-INT8_MAX = 127.0
+KV_DTYPES = ("float32", "bfloat16", "int8", "float8")  # offered (flags); float16 stores a float16 model's KV as is
+C_KV_DTYPES = ("float32", "bfloat16", "int8")  # what the cpu backend's C kernels read (kv_formats.h)
+_VALUE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8,
+                 "float8": torch.float8_e4m3fn}
+_SCALED = {"int8": 127.0, "float8": 448.0}  # the largest stored value: scale = absmax / it
+INT8_MAX = _SCALED["int8"]
+FLOAT8_MAX = _SCALED["float8"]  # torch.finfo(torch.float8_e4m3fn).max
 
 
 def kv_dtype_name(dtype: torch.dtype) -> str:
     """The KV format that stores a model dtype as is ("float32", "bfloat16", "float16")."""
     for name, value_dtype in _VALUE_DTYPES.items():
-        if value_dtype == dtype and name != "int8":
+        if value_dtype == dtype and name not in _SCALED:
             return name
     raise ValueError(f"no KV format stores {dtype} as is; choose one of {', '.join(KV_DTYPES)}")
 
@@ -45,7 +60,7 @@ def as_pages(cache: Tensor | KVPages) -> KVPages:
 
 
 def has_scales(kv_dtype: str) -> bool:
-    return kv_dtype == "int8"
+    return kv_dtype in _SCALED
 
 
 def bytes_per_token_head(kv_dtype: str, head_dim: int) -> int:
@@ -64,15 +79,46 @@ def quantize_int8(x: Tensor) -> tuple[Tensor, Tensor]:
     return q, scale
 
 
-def dequantize_int8(q: Tensor, scale: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    """q (..., D) int8, scale (...) -> (..., D) in `dtype`."""
+def dequantize(q: Tensor, scale: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """q (..., D) int8 or float8_e4m3fn, scale (...) -> (..., D) in `dtype`: q * scale."""
     return (q.float() * scale.unsqueeze(-1)).to(dtype)
+
+
+def quantize_float8(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x (..., D) float -> (q (..., D) float8_e4m3fn, scale (...) float32), x ~= q * scale."""
+    x = x.float()
+    absmax = x.abs().amax(dim=-1)
+    scale = absmax / FLOAT8_MAX
+    inverse = torch.where(absmax > 0, FLOAT8_MAX / absmax, torch.zeros_like(absmax))
+    # x * (448 / absmax) can round a hair past 448: clamp, so the cast never depends on saturation
+    q = (x * inverse.unsqueeze(-1)).clamp_(-FLOAT8_MAX, FLOAT8_MAX).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def quantize(kv_dtype: str, x: Tensor) -> tuple[Tensor, Tensor]:
+    """x (..., D) -> (q, scale) in the scaled format kv_dtype ("int8" or "float8")."""
+    if kv_dtype == "int8":
+        return quantize_int8(x)
+    if kv_dtype == "float8":
+        return quantize_float8(x)
+    raise ValueError(f"{kv_dtype} KV has no scales to quantize with")
+
+
+def _bytes(t: Tensor) -> Tensor:
+    """float8 values as their bytes (uint8, same shape): what index ops run on (no float8 kernels on
+    the CPU); other dtypes as they are."""
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+
+def _select(t: Tensor, index: Tensor) -> Tensor:
+    """t.index_select(0, index) in t's dtype, float8 included."""
+    return _bytes(t).index_select(0, index).view(t.dtype)
 
 
 @dataclass(frozen=True, eq=False)
 class KVPages:
     """K or V of one layer. `values` (num_pages, page_size, KVH, D) in the format's dtype; `scales`
-    (num_pages, page_size, KVH) float32 for int8, else None. Slot s = page * page_size + offset."""
+    (num_pages, page_size, KVH) float32 for int8 and float8, else None. Slot s = page * page_size + offset."""
 
     kv_dtype: str
     values: Tensor
@@ -124,21 +170,21 @@ class KVPages:
         if self.scales is None:
             self.slot_values().index_copy_(0, slot_ids, x.to(self.values.dtype))
             return
-        q, scale = quantize_int8(x)
-        self.slot_values().index_copy_(0, slot_ids, q)
+        q, scale = quantize(self.kv_dtype, x)
+        _bytes(self.slot_values()).index_copy_(0, slot_ids, _bytes(q))
         self.slot_scales().index_copy_(0, slot_ids, scale)
 
     def gather(self, slot_ids: Tensor, dtype: torch.dtype) -> Tensor:
         """Slots slot_ids (M,) -> (M, KVH, D) in `dtype`: only these rows are dequantized."""
-        values = self.slot_values().index_select(0, slot_ids)
+        values = _select(self.slot_values(), slot_ids)
         if self.scales is None:
             return values if values.dtype == dtype else values.to(dtype)
-        return dequantize_int8(values, self.slot_scales().index_select(0, slot_ids), dtype)
+        return dequantize(values, self.slot_scales().index_select(0, slot_ids), dtype)
 
     def take_rows(self, slot_ids: Tensor) -> StoredRows:
         """Slots slot_ids (M,) as stored (no conversion): a copy that store_rows puts back bit for bit."""
         scales = self.slot_scales()
-        return StoredRows(self.kv_dtype, self.slot_values().index_select(0, slot_ids),
+        return StoredRows(self.kv_dtype, _select(self.slot_values(), slot_ids),
                           None if scales is None else scales.index_select(0, slot_ids))
 
 
@@ -163,7 +209,7 @@ class StoredRows:
     def dequantized(self, dtype: torch.dtype) -> Tensor:
         if self.scales is None:
             return self.values if self.values.dtype == dtype else self.values.to(dtype)
-        return dequantize_int8(self.values, self.scales, dtype)
+        return dequantize(self.values, self.scales, dtype)
 
     def __getitem__(self, index) -> StoredRows:
         """Indexes the leading dimensions of both (e.g. [layer, rows])."""

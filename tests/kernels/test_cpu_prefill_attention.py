@@ -11,7 +11,7 @@ from kernels import cpu_prefill_attention
 from kernels.attention_inputs import AttentionInputs, slot_ids_of
 from kernels.attention_plan import CPU_ATTENTION, AttentionPolicy
 from kernels.cpu_features import PORTABLE, VARIANTS, this_cpu
-from kernels.kv_format import KV_DTYPES, KVPages
+from kernels.kv_format import C_KV_DTYPES, KVPages
 from kernels.native_build import NativeUnavailable
 from kernels.paged_attention import paged_attention, paged_attention_reference
 
@@ -76,7 +76,7 @@ def _run(kernel, q, k, v, inputs, scale, out=None, window=None, softcap=None):
     return out
 
 
-@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+@pytest.mark.parametrize("kv_dtype", C_KV_DTYPES)
 @pytest.mark.parametrize("seqs", CASES.values(), ids=CASES.keys())
 def test_matches_the_reference(kernel, num_threads, kv_dtype, seqs):
     q, k, v, inputs = _case(seqs, kv_dtype=kv_dtype)
@@ -96,7 +96,7 @@ def test_head_shapes_and_page_sizes(kernel, num_heads, num_kv_heads, head_dim, p
                                    paged_attention_reference(q, k, v, inputs, head_dim**-0.5), **TOLERANCE)
 
 
-@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+@pytest.mark.parametrize("kv_dtype", C_KV_DTYPES)
 @pytest.mark.parametrize("window, softcap", [(50, None), (None, 30.0), (64, 20.0), (1, None), (5000, None)])
 def test_sliding_windows_and_soft_caps(kernel, num_threads, kv_dtype, window, softcap):
     """Gemma 2's soft cap, the sliding windows of Gemma 2/3, Mistral, Phi-3 (a window of one: each row sees

@@ -2,8 +2,11 @@
 format, torch path and C kernels, decode and prefill, windows and soft caps, against float32.
 
 Tolerances (max abs error of attention outputs over unit-normal K and V, scores of q ~ N(0, 4)):
-bfloat16 3e-2, int8 5e-2. Reading a format is also checked exactly: attention over quantized pages
-equals float32 attention over the same values dequantized (1e-5), so any error is the format's.
+bfloat16 3e-2, int8 5e-2, float8 2.5e-1 (e4m3's 3 mantissa bits: a value's rounding is up to 1/16 of
+itself, int8's 1/254 of its row's absmax; seen 0.17 at most on these cases). Reading a format is also
+checked exactly: attention over quantized pages equals float32 attention over the same values
+dequantized (1e-5), so any error is the format's. float8 is the torch backend's only (the C kernels
+refuse it, with an error that names it).
 """
 
 import math
@@ -14,11 +17,12 @@ import torch
 
 from kernels.attention_inputs import AttentionInputs, slot_ids_of
 from kernels.attention_plan import CPU_ATTENTION, AttentionPolicy
-from kernels.kv_format import KV_DTYPES, KVPages, dequantize_int8, quantize_int8
+from kernels.kv_format import (C_KV_DTYPES, FLOAT8_MAX, KV_DTYPES, KVPages, StoredRows, dequantize,
+                               quantize_float8, quantize_int8)
 from kernels.paged_attention import paged_attention, paged_attention_reference, store_kv
 from kernels.rotary import RotaryEmbedding
 
-FORMAT_TOLERANCE = {"float32": 1e-5, "bfloat16": 3e-2, "int8": 5e-2}
+FORMAT_TOLERANCE = {"float32": 1e-5, "bfloat16": 3e-2, "int8": 5e-2, "float8": 2.5e-1}
 FUSED = AttentionPolicy(64, 16, fused_decode=True, max_rows_as_decode=4)
 
 
@@ -70,8 +74,37 @@ def test_int8_quantization_is_within_half_a_step_per_token_and_head():
     q, scale = quantize_int8(x)
     assert q.dtype == torch.int8 and scale.shape == (50, 3) and int(q.abs().max()) <= 127
     assert torch.equal(scale, x.abs().amax(-1) / 127) and scale[7, 1] == 0 and not q[7, 1].any()
-    error = (dequantize_int8(q, scale) - x).abs()
+    error = (dequantize(q, scale) - x).abs()
     assert bool((error <= scale.unsqueeze(-1) / 2 + 1e-6).all())
+
+
+def test_float8_quantization_is_e4m3_within_half_a_step_per_token_and_head():
+    x = torch.randn(50, 3, 64, generator=_gen("f8")) * torch.rand(50, 3, 1, generator=_gen("f8s")) * 5
+    x[7, 1] = 0.0  # an all-zero row: scale 0, q 0
+    x[9, 2, :8] = 1e-6  # tiny values beside the row's absmax: e4m3 subnormals, or 0
+    q, scale = quantize_float8(x)
+    assert q.dtype == torch.float8_e4m3fn and scale.shape == (50, 3)
+    assert float(q.float().abs().max()) == FLOAT8_MAX  # each row's absmax lands on e4m3's largest value
+    assert torch.equal(scale, x.abs().amax(-1) / FLOAT8_MAX) and scale[7, 1] == 0 and not q[7, 1].float().any()
+    # round to nearest: within half a step, 2^-4 of the value for normals, 2^-10 of the scale below 2^-6
+    error = (dequantize(q, scale) - x).abs()
+    bound = torch.maximum(x.abs() / 16, scale.unsqueeze(-1) * 2.0 ** -10) * (1 + 1e-5)
+    assert bool((error <= bound).all())
+
+
+def test_float8_rows_are_moved_by_their_bytes():
+    """store / gather / take_rows on float8 pages (torch's CPU index_copy_ has no float8 kernel): what
+    take_rows copies out is the stored bytes, and dequantizes as gather does."""
+    pages = KVPages.zeros("float8", (4, 4, 2, 16), "cpu")
+    x = torch.randn(6, 2, 16, generator=_gen("bytes"))
+    slots = torch.tensor([13, 0, 5, 6, 2, 9])
+    pages.store(slots, x)
+    rows = pages.take_rows(slots)
+    assert isinstance(rows, StoredRows) and rows.values.dtype == torch.float8_e4m3fn and rows.num_bytes == 6 * 2 * 20
+    assert torch.equal(rows.values.view(torch.uint8), quantize_float8(x)[0].view(torch.uint8))
+    torch.testing.assert_close(rows.dequantized(torch.float32), pages.gather(slots, torch.float32), atol=0, rtol=0)
+    torch.testing.assert_close(pages.gather(slots, torch.float32), x, atol=0.15, rtol=1 / 16)
+    assert not pages.gather(torch.tensor([1, 15]), torch.float32).any()  # untouched slots stay zero
 
 
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES)
@@ -82,7 +115,7 @@ def test_pages_and_scales_cost_what_the_pool_counts(kv_dtype):
     pool = KVPool(shape, 5, "cpu")
     assert sum(plane.numel() * plane.element_size() for plane in pool.tier_planes) == pool.num_bytes
     assert shape.bytes_per_page == {"float32": 2 * 2 * 16 * 3 * 64 * 4, "bfloat16": 2 * 2 * 16 * 3 * 64 * 2,
-                                    "int8": 2 * 2 * 16 * 3 * (64 + 4)}[kv_dtype]
+                                    "int8": 2 * 2 * 16 * 3 * (64 + 4), "float8": 2 * 2 * 16 * 3 * (64 + 4)}[kv_dtype]
 
 
 SEQS = [(20, 20), (45, 1), (50, 13), (7, 1), (33, 2), (60, 23), (100, 1)]
@@ -107,10 +140,50 @@ def test_attention_over_each_format_matches_float32(kv_dtype, window, softcap, p
         got = paged_attention(q, k_pages, v_pages, inputs, scale, FUSED, ops, window=window, softcap=softcap)
     tolerance = FORMAT_TOLERANCE[kv_dtype]
     torch.testing.assert_close(got, expected, atol=tolerance, rtol=0)
-    # the error is the format's alone: the same values dequantized give the same attention
+    _assert_format_error_alone(got, q, k_pages, v_pages, inputs, scale, window, softcap)
+
+
+@pytest.mark.parametrize("window, softcap", [(None, None), (5, None), (None, 2.0), (24, 2.0)])
+@pytest.mark.parametrize("path", ["reference", "torch"])
+def test_attention_over_float8_matches_float32(window, softcap, path):
+    """float8 pages on the torch backend's paths (reference, and SDPA / softcapped matmuls in chunks)."""
+    q, k_cache, v_cache, inputs = _case(SEQS, seed=6)
+    scale = q.shape[-1] ** -0.5
+    expected = paged_attention_reference(q, k_cache, v_cache, inputs, scale, window=window, softcap=softcap)
+    k_pages, v_pages = _as_format(k_cache, "float8"), _as_format(v_cache, "float8")
+    if path == "reference":
+        got = paged_attention_reference(q, k_pages, v_pages, inputs, scale, window=window, softcap=softcap)
+    else:
+        got = paged_attention(q, k_pages, v_pages, inputs, scale, CPU_ATTENTION, window=window, softcap=softcap)
+    torch.testing.assert_close(got, expected, atol=FORMAT_TOLERANCE["float8"], rtol=0)
+    _assert_format_error_alone(got, q, k_pages, v_pages, inputs, scale, window, softcap)
+
+
+def _assert_format_error_alone(got, q, k_pages, v_pages, inputs, scale, window, softcap):
+    """The error is the format's alone: the same values dequantized give the same attention."""
     exact = paged_attention_reference(q, _dequantized(k_pages), _dequantized(v_pages), inputs, scale, window=window,
                                       softcap=softcap)
     torch.testing.assert_close(got, exact, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("k_dtype, v_dtype", [("bfloat16", "float8"), ("float8", "float32"), ("float8", "int8")])
+def test_k_and_v_in_different_formats_with_float8_on_the_torch_path(k_dtype, v_dtype):
+    q, k_cache, v_cache, inputs = _case(SEQS, seed=8)
+    scale = q.shape[-1] ** -0.5
+    k_pages, v_pages = _as_format(k_cache, k_dtype), _as_format(v_cache, v_dtype)
+    got = paged_attention(q, k_pages, v_pages, inputs, scale, CPU_ATTENTION)
+    expected = paged_attention_reference(q, _dequantized(k_pages), _dequantized(v_pages), inputs, scale)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, paged_attention_reference(q, k_cache, v_cache, inputs, scale),
+                               atol=FORMAT_TOLERANCE["float8"], rtol=0)
+
+
+def test_the_c_kernels_refuse_float8_pages_by_name(ops):
+    assert "float8" in KV_DTYPES and "float8" not in C_KV_DTYPES
+    q, k_cache, v_cache, inputs = _case(SEQS, seed=9)
+    with pytest.raises(ValueError, match="float8"):
+        paged_attention(q, _as_format(k_cache, "float8"), _as_format(v_cache, "int8"), inputs, q.shape[-1] ** -0.5,
+                        FUSED, ops)
 
 
 @pytest.mark.parametrize("k_dtype, v_dtype", [("int8", "float32"), ("float32", "int8"), ("bfloat16", "int8")])

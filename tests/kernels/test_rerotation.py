@@ -84,3 +84,34 @@ def test_c_kernel_refuses_bad_slots_and_writes_nothing(ops):
     with pytest.raises(ValueError, match="slot_ids"):
         ops.rerotate_store_kv(k, k, cos, sin, k_cache, v_cache, torch.tensor([0, 1, 2, 32]))
     assert not k_cache.any() and not v_cache.any()
+
+
+@pytest.mark.parametrize("delta", [0, 123, -40])
+def test_torch_backend_rerotates_float8_k_by_dequantize_rotate_quantize(delta):
+    """Document KV placed from float8 pages (engine/document_kv_copy.py): K dequantized, rotated, quantized
+    again; V dequantized and quantized again gives back the very same float8 bytes and scales."""
+    from kernels.kv_format import KVPages, quantize_float8
+
+    rotary = _rotary("smollm2")
+    gen = torch.Generator().manual_seed(4)
+    k, v = torch.randn(20, KV_HEADS, HEAD_DIM, generator=gen), torch.randn(20, KV_HEADS, HEAD_DIM, generator=gen)
+    source_k, source_v = (KVPages.zeros("float8", (8, 16, KV_HEADS, HEAD_DIM), "cpu") for _ in range(2))
+    source_slots = torch.arange(20)
+    source_k.store(source_slots, k)
+    source_v.store(source_slots, v)
+    stored_k, stored_v = source_k.take_rows(source_slots), source_v.take_rows(source_slots)
+    k_cache, v_cache = (KVPages.zeros("float8", (8, 16, KV_HEADS, HEAD_DIM), "cpu") for _ in range(2))
+    slots = torch.tensor(slot_ids_of([5, 2], 7, 27, 16))
+    cos, sin = rerotation_cos_sin(rotary.inv_freq, delta)
+    TorchBackend(torch.device("cpu"), torch.float32).store_rerotated_kv(
+        stored_k.dequantized(torch.float32), stored_v.dequantized(torch.float32), cos, sin, k_cache, v_cache, slots)
+    placed_v = v_cache.take_rows(slots)
+    assert torch.equal(placed_v.values.view(torch.uint8), stored_v.values.view(torch.uint8))
+    torch.testing.assert_close(placed_v.scales, stored_v.scales, atol=0, rtol=1e-6)
+    want_q, want_scale = quantize_float8(rerotate_k(stored_k.dequantized(torch.float32), delta, rotary.inv_freq))
+    placed_k = k_cache.take_rows(slots)
+    assert torch.equal(placed_k.values.view(torch.uint8), want_q.view(torch.uint8))
+    torch.testing.assert_close(placed_k.scales, want_scale, atol=0, rtol=0)
+    # one more rounding than K computed at the new position: within e4m3's step of it
+    torch.testing.assert_close(placed_k.dequantized(torch.float32), rerotate_k(k, delta, rotary.inv_freq),
+                               atol=0.25, rtol=0.07)
