@@ -10,15 +10,16 @@ from dataclasses import dataclass
 from engine.setting import setting
 
 # kernels.kv_format.KV_DTYPES (tests/engine/test_kv_dtype_config.py checks they agree)
-KV_DTYPE_CHOICES = ("float32", "bfloat16", "int8")
+KV_DTYPE_CHOICES = ("float32", "bfloat16", "int8", "float8")
 AUTO = "auto"  # the model's own dtype, stored as is
 
 
 @dataclass(frozen=True)
 class KVDtypeConfig:
     kv_dtype: str = setting(
-        AUTO, "how K and V are stored: float32, bfloat16 or int8 (per token and head, with a float32 scale: "
-        "about 3.8x the tokens of float32 in the same --kv-cache-memory); auto: the model's dtype",
+        AUTO, "how K and V are stored: float32, bfloat16, int8 or float8 (e4m3; the torch backend only, on the "
+        "CPU or a CUDA device with fp8); int8 and float8 per token and head with a float32 scale: about 3.8x the "
+        "tokens of float32 in the same --kv-cache-memory; auto: the model's dtype",
         choices=(AUTO, *KV_DTYPE_CHOICES))
     kv_dtype_k: str | None = setting(None, "K's format, overriding --kv-dtype for K", choices=KV_DTYPE_CHOICES)
     kv_dtype_v: str | None = setting(None, "V's format, overriding --kv-dtype for V", choices=KV_DTYPE_CHOICES)

@@ -95,7 +95,7 @@ class KVTierLink(KVSource):
         pages = torch.empty((len(page_ids), sum(self._plane_bytes)), dtype=torch.uint8, device="cpu")
         offset = 0
         for plane, num_bytes in zip(self._planes, self._plane_bytes):
-            rows = plane.index_select(0, index).view(len(page_ids), -1).view(torch.uint8)
+            rows = plane.view(torch.uint8).index_select(0, index).view(len(page_ids), -1)  # bytes: float8 too
             pages[:, offset:offset + num_bytes].copy_(rows)
             offset += num_bytes
         return pages
@@ -189,8 +189,8 @@ class KVTierLink(KVSource):
             loaded = pages[:num_loaded].to(self._pool.device)
             offset = 0
             for plane, num_bytes in zip(self._planes, self._plane_bytes):
-                rows = loaded[:, offset:offset + num_bytes].contiguous().view(plane.dtype)
-                plane.index_copy_(0, index, rows.view(num_loaded, *plane.shape[1:]))
+                target = plane.view(torch.uint8)  # byte for byte: index_copy_ has no float8 kernel on the CPU
+                target.index_copy_(0, index, loaded[:, offset:offset + num_bytes].reshape(num_loaded, *target.shape[1:]))
                 offset += num_bytes
         return num_loaded
 

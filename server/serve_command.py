@@ -12,7 +12,8 @@ from assembly.chat_template import ChatTemplate, TemplateError
 from engine.engine_config import EngineConfig, parse_kv_cache_memory, resolve_device, resolve_dtype
 from kernels.cpu_features import resolve_prefill_dtype, resolve_variant, this_cpu
 from kernels.packed_linear import bf16_is_available
-from model.backends import check_backend_choice
+from kernels.kv_format import kv_dtype_name
+from model.backends import check_backend_choice, check_kv_dtypes
 from engine.document_reuse_config import DocumentReuseConfig
 from engine.kv_disk_config import KVDiskConfig
 from engine.kv_dtype_config import KVDtypeConfig
@@ -54,7 +55,10 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
             if getattr(args, name) is not None:
                 engine_fields[name] = getattr(args, name)
         device = resolve_device(args.device)
-        check_backend_choice(args.backend, device, resolve_dtype(args.dtype, device))
+        dtype = resolve_dtype(args.dtype, device)
+        check_backend_choice(args.backend, device, dtype)
+        kv_dtype = config_from_args(KVDtypeConfig, args)
+        check_kv_dtypes(args.backend, device, dtype, *kv_dtype.resolve(kv_dtype_name(dtype)))  # one line, not a load
         resolve_variant(args.cpu_kernels, this_cpu())  # a variant this CPU lacks is refused here, in one line
         if args.decode_activations is not None:
             engine_fields["decode_activations"] = args.decode_activations
@@ -66,7 +70,7 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
                               speculation=config_from_args(SpeculationConfig, args),
                               kv_disk=_kv_disk_config(args),
                               documents=config_from_args(DocumentReuseConfig, args),
-                              kv_dtype=config_from_args(KVDtypeConfig, args),
+                              kv_dtype=kv_dtype,
                               enable_prefix_cache=not args.no_prefix_cache, gguf_blocks=not args.no_gguf_blocks, backend=args.backend,
                               cpu_kernels=args.cpu_kernels, int8_activations=args.int8_activations,
                               **engine_fields)

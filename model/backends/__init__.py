@@ -21,10 +21,12 @@ from kernels.cpu_features import PORTABLE, resolve_prefill_dtype, resolve_varian
 from kernels.native_build import FIND_COMPILER, NativeUnavailable, library_variant
 from model.backends.base import Backend, BackendPlan, LinearPlan, StepPolicy
 from model.backends.cpu_backend import FIXED, FLOAT_PREFILL_MAX_BYTES, CpuBackend
+from model.backends.kv_formats import cpu_kv_unfit, torch_kv_unfit
 from model.backends.torch_backend import TorchBackend
 from model.config import ModelConfig
 
 __all__ = ["BACKEND_CHOICES", "PREFILL_ATTENTION_CHOICES", "Backend", "BackendPlan", "LinearPlan", "StepPolicy", "check_backend_choice",
+           "check_kv_dtypes",
            "select_backend"]
 
 
@@ -107,6 +109,8 @@ _REQUIREMENTS: dict[str, Callable[[torch.device, torch.dtype], str | None]] = {
 }
 BACKEND_CHOICES = ("auto", *_REQUIREMENTS)
 _AUTO_ORDER = ("cpu", "torch")  # the first that runs here
+# name -> why it cannot hold KV in a format (kernels/kv_format.py) on a device (None: it can)
+_KV_REQUIREMENTS: dict[str, Callable[[str, torch.device], str | None]] = {"cpu": cpu_kv_unfit, "torch": torch_kv_unfit}
 
 
 def check_backend_choice(choice: str, device: torch.device | str, dtype: torch.dtype) -> None:
@@ -116,6 +120,27 @@ def check_backend_choice(choice: str, device: torch.device | str, dtype: torch.d
     reason = None if choice == "auto" else _REQUIREMENTS[choice](torch.device(device), dtype)
     if reason is not None:
         raise ValueError(f"backend {choice} {reason}")
+
+
+def chosen_backend_name(choice: str, device: torch.device | str, dtype: torch.dtype) -> str:
+    """The backend select_backend builds for `choice` ("auto": the first of _AUTO_ORDER that runs here)."""
+    check_backend_choice(choice, device, dtype)
+    if choice != "auto":
+        return choice
+    return next(name for name in _AUTO_ORDER if _REQUIREMENTS[name](torch.device(device), dtype) is None)
+
+
+def check_kv_dtypes(choice: str, device: torch.device | str, dtype: torch.dtype, kv_dtype_k: str,
+                    kv_dtype_v: str) -> None:
+    """Raises ValueError (one line) when the backend `choice` runs to on device/dtype cannot hold K or V
+    in its format: the format, the backend and what to use instead. Never picks another backend."""
+    name = chosen_backend_name(choice, device, dtype)
+    device = torch.device(device)
+    chose = f"backend {name}" + (" (what --backend auto runs here)" if choice == "auto" else "")
+    for half, kv_dtype in (("K", kv_dtype_k), ("V", kv_dtype_v)):
+        reason = _KV_REQUIREMENTS[name](kv_dtype, device)
+        if reason is not None:
+            raise ValueError(f"{half} in {kv_dtype} cannot be stored on {chose} on {device.type}: {reason}")
 
 
 def select_backend(device: torch.device | str, dtype: torch.dtype, config: ModelConfig, choice: str = "auto", *,

@@ -69,6 +69,17 @@ def test_backend_choice_reaches_the_engine_and_a_bad_one_is_one_line(smollm2_dir
         settings_from_args(_args("--backend", "cpu", "--device", "cpu", "--dtype", "bfloat16"), smollm2_dir)
 
 
+def test_float8_kv_runs_on_the_torch_backend_and_elsewhere_is_one_line(smollm2_dir):
+    """float8 KV: the torch backend reads it; the cpu backend (also what auto runs on the CPU) refuses it
+    before anything loads, naming the format, the backend and what to use instead."""
+    engine = settings_from_args(_args("--backend", "torch", "--kv-dtype", "float8"), smollm2_dir).engine
+    assert (engine.backend, engine.kv_dtype.kv_dtype) == ("torch", "float8")
+    for argv in (("--kv-dtype", "float8"), ("--backend", "cpu", "--kv-dtype-v", "float8")):
+        with pytest.raises(RadixserveError, match=r"float8 cannot be stored on backend cpu.*use --backend torch "
+                                                  r"for float8 KV, or --kv-dtype int8"):
+            settings_from_args(_args("--device", "cpu", "--dtype", "float32", *argv), smollm2_dir)
+
+
 def test_engine_options_reach_the_engine_config(smollm2_dir):
     settings = settings_from_args(_args("--kv-cache-memory", "256MiB", "--max-num-seqs", "8", "--dtype", "float32",
                                         "--device", "cpu", "--no-prefix-cache", "--schedule", "lpm",
