@@ -23,8 +23,9 @@ class ExactAnswer:
     num_computed_prompt_tokens: int  # with reuse off, the prefix cache on, the prompts run in order
 
 
-def prompt_key(token_ids: Sequence[int]) -> str:
-    return hashlib.sha256(",".join(map(str, token_ids)).encode()).hexdigest()
+def prompt_key(token_ids: Sequence[int], salt: str = "") -> str:
+    """`salt` keeps passes of another setup (e.g. another backend) apart in one file; "" as before."""
+    return hashlib.sha256((salt + ",".join(map(str, token_ids))).encode()).hexdigest()
 
 
 def current_commit() -> str:
@@ -36,7 +37,7 @@ def current_commit() -> str:
     return result.stdout.strip() or "unknown"
 
 
-def load_exact_answers(path: Path, prompts_token_ids: Sequence[Sequence[int]],
+def load_exact_answers(path: Path, prompts_token_ids: Sequence[Sequence[int]], salt: str = "",
                        ) -> tuple[list[ExactAnswer], str, float]:
     """The cached answers of the longest leading run of these prompts the file holds, the commit
     they were computed at, and the seconds the exact pass that wrote the file took."""
@@ -45,7 +46,7 @@ def load_exact_answers(path: Path, prompts_token_ids: Sequence[Sequence[int]],
     saved = torch.load(path, weights_only=False)
     answers = []
     for token_ids in prompts_token_ids:
-        entry = saved["answers"].get(prompt_key(token_ids))
+        entry = saved["answers"].get(prompt_key(token_ids, salt))
         if entry is None:
             break
         answers.append(ExactAnswer(**entry))
@@ -53,11 +54,11 @@ def load_exact_answers(path: Path, prompts_token_ids: Sequence[Sequence[int]],
 
 
 def save_exact_answers(path: Path, prompts_token_ids: Sequence[Sequence[int]], answers: Sequence[ExactAnswer],
-                       commit: str, seconds: float) -> None:
+                       commit: str, seconds: float, salt: str = "") -> None:
     """Merged into what the file holds; written to a temporary file first, then renamed."""
     saved = torch.load(path, weights_only=False) if path.is_file() else {"answers": {}}
     for token_ids, answer in zip(prompts_token_ids, answers):
-        saved["answers"][prompt_key(token_ids)] = dict(answer_ids=answer.answer_ids, answer_text=answer.answer_text,
+        saved["answers"][prompt_key(token_ids, salt)] = dict(answer_ids=answer.answer_ids, answer_text=answer.answer_text,
                                                        rows=answer.rows,
                                                        num_computed_prompt_tokens=answer.num_computed_prompt_tokens)
     saved["commit"], saved["seconds"] = commit, seconds

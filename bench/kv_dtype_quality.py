@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.kv_dtype_quality [--num-prompts 200] [--kv-dtypes int8,bfloat16]
         [--variants int8:off,int8:on] [--prompts 0:25] [--exact-cache FILE] [--results FILE]
+        [--backend auto|cpu|torch]
 
 Half chat prompts (bench/int8_activation_quality.py's: a system prompt and a user turn about a
 passage of real text), half RAG prompts (bench/document_reuse_prompts.py, the three styles, exact
@@ -29,6 +30,11 @@ find less cached than in one whole run); --exact-cache FILE keeps the reference 
 prompt's numbers per variant and reference (JSON lines; a line without "reference" is against
 float32:off) and prints the summary over every prompt the file holds for this --num-prompts and --seed,
 the last result of a (variant, reference, prompt) counting.
+
+--backend runs every engine, the float32 reference included, on that backend (default auto: cpu, whose C
+kernels read float32, bfloat16 and int8 KV; float8 KV runs on the torch backend only, so measure it with
+--backend torch --kv-dtypes float8). The exact cache keeps another backend's reference pass apart (its
+keys are salted with the backend), and --results lines carry the backend; the summary counts this one's.
 
 Equal reuse: the pool (512 MiB) and the document store (256 MiB) are sized in bytes, as served, so a
 smaller format keeps more spans and more prompt tokens go through document reuse's approximation than
@@ -80,12 +86,13 @@ def _bytes_of(model_dir, kv_dtype: str, float32_bytes: int, equal_tokens: bool) 
     return float32_bytes * bytes_per_token_head(kv_dtype, head_dim) // bytes_per_token_head("float32", head_dim)
 
 
-def _engine(model_dir, kv_dtype: str, document_reuse: bool, equal_tokens: bool = False) -> LLMEngine:
+def _engine(model_dir, kv_dtype: str, document_reuse: bool, equal_tokens: bool = False,
+            backend: str = "auto") -> LLMEngine:
     documents = DocumentReuseConfig(enabled=document_reuse, boundary_tokens=4,
                                     store_bytes=_bytes_of(model_dir, kv_dtype, DOCUMENT_STORE_BYTES, equal_tokens))
     return LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", documents=documents,
                                   kv_cache_bytes=_bytes_of(model_dir, kv_dtype, KV_CACHE_BYTES, equal_tokens),
-                                  kv_dtype=KVDtypeConfig(kv_dtype)))
+                                  kv_dtype=KVDtypeConfig(kv_dtype), backend=backend))
 
 
 def _comparisons(engine: LLMEngine, reuse: bool, prompts, answers, references: dict[str, list],
@@ -134,13 +141,20 @@ def _references_of(variant: str) -> tuple[str, ...]:
     return (EXACT, REUSE_EXACT) if variant.endswith(":on") and variant != REUSE_EXACT else (EXACT,)
 
 
-def _print_file_summary(path: Path, num_prompts: int, seed: int) -> None:
+def _backend_label(backend: str) -> str:
+    """The backend an engine of this bench runs ("auto" is cpu: the CPU, float32)."""
+    return "cpu" if backend == "auto" else backend
+
+
+def _print_file_summary(path: Path, num_prompts: int, seed: int, backend: str) -> None:
     latest: dict[tuple[str, str, int], dict] = {}
     for line in path.read_text().splitlines():
         record = json.loads(line)
-        if record["num_prompts"] == num_prompts and record["seed"] == seed:
+        if (record["num_prompts"] == num_prompts and record["seed"] == seed
+                and record.get("backend", "cpu") == _backend_label(backend)):
             latest[record["variant"], record.get("reference", EXACT), record["prompt"]] = record
-    print(f"{path}: every prompt it holds of the {num_prompts} (seed {seed}), against float32 KV with reuse off, "
+    print(f"{path}: every prompt it holds of the {num_prompts} (seed {seed}, backend {_backend_label(backend)}), "
+          f"against float32 KV with reuse off, "
           f"and with reuse on where it says so:")
     print(_header())
     for variant, reference in dict.fromkeys((name, against) for name, against, _ in latest):
@@ -161,7 +175,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=None, help="append per-prompt results here (JSON lines)")
     parser.add_argument("--equal-tokens", action="store_true", help="size the pool and the document store in "
                         "tokens, float32's count for every dtype, so every variant reuses the same tokens")
+    parser.add_argument("--backend", default="auto", choices=("auto", "cpu", "torch"),
+                        help="the backend of every engine, the reference's included (float8 KV: torch)")
     args = parser.parse_args(argv)
+    salt = "" if _backend_label(args.backend) == "cpu" else f"backend {args.backend}:"
     if args.variants:
         if any(variant.partition(":")[2] not in ("off", "on") for variant in args.variants.split(",")):
             parser.error(f"--variants takes dtype:off|on, comma-separated, got {args.variants!r}")
@@ -187,10 +204,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     prompts = prompts[first:last]
 
     prompt_ids = [token_ids for token_ids, _ in prompts]
-    cached, _, _ = load_exact_answers(args.exact_cache, prompt_ids) if args.exact_cache else ([], "", 0.0)
+    cached, _, _ = load_exact_answers(args.exact_cache, prompt_ids, salt) if args.exact_cache else ([], "", 0.0)
     answers, exact_rows = [c.answer_ids for c in cached], [c.rows for c in cached]
     if len(cached) < len(prompts):
-        reference = _engine(model_dir, "float32", False)
+        reference = _engine(model_dir, "float32", False, backend=args.backend)
         greedy = SamplingParams(max_tokens=NUM_ANSWER_TOKENS, temperature=0.0)
         for token_ids, spans in prompts[len(cached):]:
             (answer,) = reference.generate([token_ids], greedy)
@@ -203,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.exact_cache:
             save_exact_answers(args.exact_cache, prompt_ids,
                                [ExactAnswer(answer, "", rows, 0) for answer, rows in zip(answers, exact_rows)],
-                               current_commit(), time.perf_counter() - started)
+                               current_commit(), time.perf_counter() - started, salt)
     print(f"reference: {len(prompts)} prompts, {len(cached)} read from {args.exact_cache} "
           f"({time.perf_counter() - started:.0f} s)", file=sys.stderr)
 
@@ -216,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for variant in variants:  # each line printed as it is done
         variant_started = time.perf_counter()
         kv_dtype, _, reuse = variant.partition(":")
-        engine = _engine(model_dir, kv_dtype, reuse == "on", args.equal_tokens)
+        engine = _engine(model_dir, kv_dtype, reuse == "on", args.equal_tokens, args.backend)
         keep = variant == REUSE_EXACT and len(variants) > 1
         results, rows = _comparisons(engine, reuse == "on", prompts, answers,
                                      {name: references[name] for name in _references_of(variant)}, keep)
@@ -232,10 +249,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for reference, reference_results in results.items():
                     for index, result in enumerate(reference_results, start=first):
                         out.write(json.dumps(dict(variant=variant, reference=reference, num_prompts=args.num_prompts,
-                                                  seed=args.seed, prompt=index, **result)) + "\n")
+                                                  seed=args.seed, prompt=index, backend=_backend_label(args.backend),
+                                                  **result)) + "\n")
     print(f"  ({time.perf_counter() - started:.0f} s)")
     if args.results:
-        _print_file_summary(args.results, args.num_prompts, args.seed)
+        _print_file_summary(args.results, args.num_prompts, args.seed, args.backend)
     return 0
 
 
