@@ -146,7 +146,7 @@ def _backend_label(backend: str) -> str:
     return "cpu" if backend == "auto" else backend
 
 
-def _print_file_summary(path: Path, num_prompts: int, seed: int, backend: str) -> None:
+def _print_file_summary(path: Path, num_prompts: int, seed: int, backend: str = "auto") -> None:
     latest: dict[tuple[str, str, int], dict] = {}
     for line in path.read_text().splitlines():
         record = json.loads(line)

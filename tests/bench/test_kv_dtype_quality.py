@@ -50,3 +50,37 @@ def test_equal_tokens_sizes_each_format_for_float32s_token_count(tmp_path):
     assert _bytes_of(tmp_path, "float32", 256 << 20, equal_tokens=True) == 256 << 20
     assert _bytes_of(tmp_path, "bfloat16", 256 << 20, equal_tokens=True) == 128 << 20
     assert _bytes_of(tmp_path, "int8", 256 << 20, equal_tokens=True) == 68 << 20
+
+
+def test_the_file_summary_counts_one_backends_lines(tmp_path, capsys):
+    """--backend torch lines (float8's) and cpu lines (no "backend": older ones) in one file never mix."""
+    def line(variant, num_agree, backend=None):
+        record = dict(variant=variant, reference="float32:off", num_prompts=40, seed=0, prompt=0, first_same=True,
+                      num_rows=10, num_agree=num_agree, kl_sum=0.5)
+        return json.dumps(record if backend is None else {**record, "backend": backend})
+
+    path = tmp_path / "results.jsonl"
+    path.write_text("\n".join([line("int8:off", 10), line("int8:off", 6, "torch"), line("float8:off", 8, "torch"),
+                               line("int8:off", 9, "cpu")]) + "\n")
+    _print_file_summary(path, 40, 0, "torch")
+    rows = [row.split()[:6] for row in capsys.readouterr().out.splitlines()[2:]]
+    assert rows == [["int8", "off", "float32:off", "1", "1.0000", "0.6000"],
+                    ["float8", "off", "float32:off", "1", "1.0000", "0.8000"]]
+    _print_file_summary(path, 40, 0)  # auto: the cpu backend's, the line without "backend" included
+    rows = [row.split()[:6] for row in capsys.readouterr().out.splitlines()[2:]]
+    assert rows == [["int8", "off", "float32:off", "1", "1.0000", "0.9000"]]
+
+
+def test_the_exact_cache_keeps_backends_apart(tmp_path):
+    import torch
+
+    from bench.document_reuse_exact_cache import ExactAnswer, load_exact_answers, save_exact_answers
+
+    path = tmp_path / "exact.pt"
+    prompts = [[1, 2, 3]]
+    save_exact_answers(path, prompts, [ExactAnswer([4], "", torch.zeros(2, 3), 0)], "c", 1.0)
+    assert len(load_exact_answers(path, prompts)[0]) == 1
+    assert load_exact_answers(path, prompts, "backend torch:")[0] == []
+    save_exact_answers(path, prompts, [ExactAnswer([5], "", torch.ones(2, 3), 0)], "c", 1.0, "backend torch:")
+    assert load_exact_answers(path, prompts, "backend torch:")[0][0].answer_ids == [5]
+    assert load_exact_answers(path, prompts)[0][0].answer_ids == [4]
