@@ -17,8 +17,8 @@ import torch
 
 from kernels.attention_inputs import AttentionInputs, slot_ids_of
 from kernels.attention_plan import CPU_ATTENTION, AttentionPolicy
-from kernels.kv_format import (C_KV_DTYPES, FLOAT8_MAX, KV_DTYPES, KVPages, StoredRows, dequantize,
-                               quantize_float8, quantize_int8)
+from kernels.kv_format import (C_KV_DTYPES, FLOAT8_MAX, KV_DTYPES, UNOFFERED_KV_DTYPES, KVPages, StoredRows,
+                               dequantize, quantize_float8, quantize_int8)
 from kernels.paged_attention import paged_attention, paged_attention_reference, store_kv
 from kernels.rotary import RotaryEmbedding
 
@@ -63,9 +63,9 @@ def _dequantized(pages: KVPages) -> torch.Tensor:
 
 
 def test_the_offered_formats_are_the_flags_choices():
-    from engine.kv_dtype_config import KV_DTYPE_CHOICES
+    from engine.kv_dtype_config import KV_DTYPE_CHOICES, UNOFFERED_KV_DTYPES as CONFIG_UNOFFERED
 
-    assert KV_DTYPE_CHOICES == KV_DTYPES
+    assert KV_DTYPE_CHOICES == KV_DTYPES and CONFIG_UNOFFERED == UNOFFERED_KV_DTYPES == ("float8",)
 
 
 def test_int8_quantization_is_within_half_a_step_per_token_and_head():
@@ -107,7 +107,7 @@ def test_float8_rows_are_moved_by_their_bytes():
     assert not pages.gather(torch.tensor([1, 15]), torch.float32).any()  # untouched slots stay zero
 
 
-@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+@pytest.mark.parametrize("kv_dtype", (*KV_DTYPES, *UNOFFERED_KV_DTYPES))
 def test_pages_and_scales_cost_what_the_pool_counts(kv_dtype):
     from cache.kv_pool import KVPool, KVPoolShape
 
@@ -179,7 +179,7 @@ def test_k_and_v_in_different_formats_with_float8_on_the_torch_path(k_dtype, v_d
 
 
 def test_the_c_kernels_refuse_float8_pages_by_name(ops):
-    assert "float8" in KV_DTYPES and "float8" not in C_KV_DTYPES
+    assert "float8" in UNOFFERED_KV_DTYPES and "float8" not in C_KV_DTYPES
     q, k_cache, v_cache, inputs = _case(SEQS, seed=9)
     with pytest.raises(ValueError, match="float8"):
         paged_attention(q, _as_format(k_cache, "float8"), _as_format(v_cache, "int8"), inputs, q.shape[-1] ** -0.5,
