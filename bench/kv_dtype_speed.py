@@ -1,4 +1,4 @@
-"""Decode speed over quantized KV pages (--kv-dtype) against float32 KV, side by side in one run.
+"""Decode (and cold prefill) speed over quantized KV pages (--kv-dtype) against float32 KV, side by side in one run.
 
     nice .venv/bin/python -m bench.kv_dtype_speed [--context 4096] [--batches 1,8] [--kv-dtypes float32,bfloat16,int8]
         [--tokens 32] [--rounds 3] [--attention-only [--layers 30] [--prefix shared|own]] [--rerotate-only]
