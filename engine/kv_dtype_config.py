@@ -20,14 +20,13 @@ AUTO = "auto"  # the model's own dtype, stored as is
 
 @dataclass(frozen=True)
 class KVDtypeConfig:
-    # `serve`: bfloat16, twice float32's tokens in the same bytes, since over 200 prompts its top-1 agreement with
-    # float32 KV is 0.9973 (document reuse off) and 0.9979 (on, against float32 with reuse on), above the 0.99 a
-    # default needs, and decode and prefill are no slower (docs/performance.md); on CUDA the model's dtype is
-    # bfloat16 already. An engine built directly: the model's dtype (exact).
+    # bfloat16 passed the 0.99 a default needs over 200 prompts (0.9973 reuse off, 0.9979 on, like with like;
+    # docs/performance.md) and is no slower, but it stays opt-in: with speculation on and 2 threads, a bfloat16
+    # server's greedy output depended on what its cache held (README, "KV pages can be kept smaller")
     kv_dtype: str = setting(
         AUTO, "how K and V are stored: float32, bfloat16 (half float32's bytes) or int8 (per token and head, with a "
         "float32 scale: about 3.8x the tokens of float32 in the same --kv-cache-memory); auto: the model's dtype",
-        choices=(AUTO, *KV_DTYPE_CHOICES), serve_default="bfloat16")
+        choices=(AUTO, *KV_DTYPE_CHOICES))
     kv_dtype_k: str | None = setting(None, "K's format, overriding --kv-dtype for K", choices=KV_DTYPE_CHOICES)
     kv_dtype_v: str | None = setting(None, "V's format, overriding --kv-dtype for V", choices=KV_DTYPE_CHOICES)
 
