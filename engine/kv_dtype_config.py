@@ -21,8 +21,9 @@ AUTO = "auto"  # the model's own dtype, stored as is
 @dataclass(frozen=True)
 class KVDtypeConfig:
     # bfloat16 passed the 0.99 a default needs over 200 prompts (0.9973 reuse off, 0.9979 on, like with like;
-    # docs/performance.md) and is no slower, but it stays opt-in: with speculation on and 2 threads, a bfloat16
-    # server's greedy output depended on what its cache held (README, "KV pages can be kept smaller")
+    # docs/performance.md) and is no slower, but it stays opt-in: a quantized format turns the float-rounding
+    # difference between a cold prefill's rows and the same rows after a prefix hit into a step of its own
+    # rounding, so a served answer repeats less reliably (README, "KV pages can be kept smaller")
     kv_dtype: str = setting(
         AUTO, "how K and V are stored: float32, bfloat16 (half float32's bytes) or int8 (per token and head, with a "
         "float32 scale: about 3.8x the tokens of float32 in the same --kv-cache-memory); auto: the model's dtype",
