@@ -72,39 +72,26 @@ def bytes_per_token_head(kv_dtype: str, head_dim: int) -> int:
     return head_dim * element_size + (4 if has_scales(kv_dtype) else 0)
 
 
-def quantize_int8(x: Tensor) -> tuple[Tensor, Tensor]:
-    """x (..., D) float -> (q (..., D) int8, scale (...) float32), x ~= q * scale."""
+def quantize(kv_dtype: str, x: Tensor) -> tuple[Tensor, Tensor]:
+    """x (..., D) float -> (q (..., D) in the scaled format kv_dtype ("int8" or "float8"), scale (...)
+    float32), x ~= q * scale; scale = absmax / the format's largest value, an all-zero row scale 0, q 0."""
+    if kv_dtype not in _SCALED:
+        raise ValueError(f"{kv_dtype} KV has no scales to quantize with")
+    largest = _SCALED[kv_dtype]
     x = x.float()
     absmax = x.abs().amax(dim=-1)
-    scale = absmax / INT8_MAX
-    inverse = torch.where(absmax > 0, INT8_MAX / absmax, torch.zeros_like(absmax))
-    q = torch.round(x * inverse.unsqueeze(-1)).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
-    return q, scale
+    inverse = torch.where(absmax > 0, largest / absmax, torch.zeros_like(absmax))
+    scaled = x * inverse.unsqueeze(-1)
+    if kv_dtype == "int8":
+        q = torch.round(scaled).clamp_(-largest, largest).to(torch.int8)
+    else:  # x * (448 / absmax) can round a hair past 448: clamp, so the cast never depends on saturation
+        q = scaled.clamp_(-largest, largest).to(torch.float8_e4m3fn)
+    return q, absmax / largest
 
 
 def dequantize(q: Tensor, scale: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     """q (..., D) int8 or float8_e4m3fn, scale (...) -> (..., D) in `dtype`: q * scale."""
     return (q.float() * scale.unsqueeze(-1)).to(dtype)
-
-
-def quantize_float8(x: Tensor) -> tuple[Tensor, Tensor]:
-    """x (..., D) float -> (q (..., D) float8_e4m3fn, scale (...) float32), x ~= q * scale."""
-    x = x.float()
-    absmax = x.abs().amax(dim=-1)
-    scale = absmax / FLOAT8_MAX
-    inverse = torch.where(absmax > 0, FLOAT8_MAX / absmax, torch.zeros_like(absmax))
-    # x * (448 / absmax) can round a hair past 448: clamp, so the cast never depends on saturation
-    q = (x * inverse.unsqueeze(-1)).clamp_(-FLOAT8_MAX, FLOAT8_MAX).to(torch.float8_e4m3fn)
-    return q, scale
-
-
-def quantize(kv_dtype: str, x: Tensor) -> tuple[Tensor, Tensor]:
-    """x (..., D) -> (q, scale) in the scaled format kv_dtype ("int8" or "float8")."""
-    if kv_dtype == "int8":
-        return quantize_int8(x)
-    if kv_dtype == "float8":
-        return quantize_float8(x)
-    raise ValueError(f"{kv_dtype} KV has no scales to quantize with")
 
 
 def _bytes(t: Tensor) -> Tensor:

@@ -90,7 +90,7 @@ def test_c_kernel_refuses_bad_slots_and_writes_nothing(ops):
 def test_torch_backend_rerotates_float8_k_by_dequantize_rotate_quantize(delta):
     """Document KV placed from float8 pages (engine/document_kv_copy.py): K dequantized, rotated, quantized
     again; V dequantized and quantized again gives back the very same float8 bytes and scales."""
-    from kernels.kv_format import KVPages, quantize_float8
+    from kernels.kv_format import KVPages, quantize
 
     rotary = _rotary("smollm2")
     gen = torch.Generator().manual_seed(4)
@@ -108,7 +108,7 @@ def test_torch_backend_rerotates_float8_k_by_dequantize_rotate_quantize(delta):
     placed_v = v_cache.take_rows(slots)
     assert torch.equal(placed_v.values.view(torch.uint8), stored_v.values.view(torch.uint8))
     torch.testing.assert_close(placed_v.scales, stored_v.scales, atol=0, rtol=1e-6)
-    want_q, want_scale = quantize_float8(rerotate_k(stored_k.dequantized(torch.float32), delta, rotary.inv_freq))
+    want_q, want_scale = quantize("float8", rerotate_k(stored_k.dequantized(torch.float32), delta, rotary.inv_freq))
     placed_k = k_cache.take_rows(slots)
     assert torch.equal(placed_k.values.view(torch.uint8), want_q.view(torch.uint8))
     torch.testing.assert_close(placed_k.scales, want_scale, atol=0, rtol=0)
