@@ -47,6 +47,14 @@ def _assert_pages_balance(engine: LLMEngine) -> None:
     check_tree_invariants(engine.scheduler.tree)
 
 
+def _assert_a_cached_prefix_answers_as_cold(engine, prompt, num_cached: int) -> None:
+    """The prompt asked twice: the second reads num_cached tokens from the pool and answers as the first; pages balance."""
+    cold, _ = _run(engine, prompt, "a")
+    again, num_read = _run(engine, prompt, "b")
+    assert num_read == num_cached and again == cold
+    _assert_pages_balance(engine)
+
+
 def test_the_same_bytes_hold_more_tokens_and_the_metrics_say_how_many(tiny_llama_dir):
     capacities = {}
     for kv_dtype in ("float32", "bfloat16", "int8", "float8"):
@@ -102,11 +110,7 @@ def test_k_bfloat16_with_v_float8_on_the_torch_backend(tiny_llama_dir):
     assert engine.kv_pool.shape.kv_dtype_label == "K bfloat16, V float8"
     # per (token, head): K 16 x 2 bytes, V 16 + 4 bytes, against float32's 2 x 64: 78 pages of 3328 bytes
     assert engine.stats().num_kv_cache_tokens == 78 * PAGE_SIZE
-    prompt = _prompt(2, 70)
-    cold, _ = _run(engine, prompt, "a")
-    again, num_cached = _run(engine, prompt, "b")
-    assert num_cached == 64 and again == cold
-    _assert_pages_balance(engine)
+    _assert_a_cached_prefix_answers_as_cold(engine, _prompt(2, 70), num_cached=64)
     engine.close()
 
 
@@ -115,11 +119,7 @@ def test_cached_prefixes_give_the_cold_answer_and_pages_balance(tiny_llama_dir, 
     """A prefix read back from quantized pages answers as the same format computed cold; the greedy
     answer of the tiny model stays float32's on most tokens."""
     engine = _engine(tiny_llama_dir, kv_dtype=kv_dtype)
-    prompt = _prompt(1, 90)
-    cold, _ = _run(engine, prompt, "a")
-    again, num_cached = _run(engine, prompt, "b")
-    assert num_cached == 80 and again == cold
-    _assert_pages_balance(engine)
+    _assert_a_cached_prefix_answers_as_cold(engine, _prompt(1, 90), num_cached=80)
     engine.close()
 
 

@@ -2,16 +2,16 @@
 thread counts; decode-attention cases over shuffled pages."""
 
 import math
-import zlib
 
 import pytest
 import torch
 
 from kernels import cpu_decode_ops, cpu_matvec
 from kernels.native_build import NativeUnavailable
-from kernels.attention_inputs import AttentionInputs, slot_ids_of
+from kernels.attention_inputs import AttentionInputs
 from kernels.paged_attention import store_kv
 from kernels.paged_attention_reference import paged_attention_reference
+from tests.kernels.paged_layout import lay_out, seeded
 
 
 def _load_or_skip(load, tmp_path_factory, name: str):
@@ -43,10 +43,6 @@ def num_threads(request):
     torch.set_num_threads(before)
 
 
-def _gen(*seed):
-    return torch.Generator().manual_seed(zlib.crc32(repr(seed).encode()))
-
-
 @pytest.fixture
 def decode_case():
     """`_decode_case` (see below): caches, decode-only inputs, q and the reference output."""
@@ -57,22 +53,18 @@ def _decode_case(context_lens, page_size, num_heads, num_kv_heads, head_dim, see
     """Caches holding each sequence's context in shuffled pages (NaN elsewhere, so a
     read of an unwritten slot shows), the decode-only AttentionInputs, q (B, H, D)
     and the reference output."""
-    gen = _gen("attn", seed, tuple(context_lens), page_size, num_heads, num_kv_heads, head_dim)
-    pages_per_seq = [math.ceil(c / page_size) for c in context_lens]
-    num_pages = sum(pages_per_seq) + 3
+    gen = seeded("attn", seed, tuple(context_lens), page_size, num_heads, num_kv_heads, head_dim)
+    num_pages = sum(math.ceil(c / page_size) for c in context_lens) + 3
     shape = (num_pages, page_size, num_kv_heads, head_dim)
     k_cache = torch.full(shape, float("nan"))
     v_cache = torch.full(shape, float("nan"))
-    free = torch.randperm(num_pages, generator=gen).tolist()
-    page_ids, last_slots = [], []
-    for context_len, count in zip(context_lens, pages_per_seq):
-        pages, free = free[:count], free[count:]
-        page_ids.append(pages)
-        slots = torch.tensor(slot_ids_of(pages, 0, context_len, page_size))
+
+    def write(slots, context_len):
         k = torch.randn(context_len, num_kv_heads, head_dim, generator=gen)
         v = torch.randn(context_len, num_kv_heads, head_dim, generator=gen)
         store_kv(k_cache, v_cache, k, v, slots)
-        last_slots.append(int(slots[-1]))
+
+    page_ids, last_slots = lay_out([(c, 1) for c in context_lens], page_size, num_pages, gen, write)
     inputs = AttentionInputs.build(last_slots, [1] * len(context_lens), context_lens, page_ids, "cpu")
     q = torch.randn(len(context_lens), num_heads, head_dim, generator=gen) * 2
     scale = head_dim**-0.5

@@ -2,18 +2,18 @@
 build this machine runs (portable always; AVX2 and AVX-512 where the CPU has them), every KV format."""
 
 import math
-import zlib
 
 import pytest
 import torch
 
 from kernels import cpu_prefill_attention
-from kernels.attention_inputs import AttentionInputs, slot_ids_of
+from kernels.attention_inputs import AttentionInputs
 from kernels.attention_plan import CPU_ATTENTION, AttentionPolicy
 from kernels.cpu_features import PORTABLE, VARIANTS, this_cpu
 from kernels.kv_format import C_KV_DTYPES, KVPages
 from kernels.native_build import NativeUnavailable
 from kernels.paged_attention import paged_attention, paged_attention_reference
+from tests.kernels.paged_layout import lay_out, seeded
 
 BUILDS = (*VARIANTS, PORTABLE)  # "avx512_vnni", "avx2", "portable"
 TOLERANCE = dict(atol=1e-5, rtol=1e-5)  # float32 sums in another order than the reference's
@@ -40,29 +40,21 @@ def kernel(request, tmp_path_factory):
     return loaded
 
 
-def _gen(*seed):
-    return torch.Generator().manual_seed(zlib.crc32(repr(seed).encode()))
-
-
 def _case(seqs, page_size=16, num_heads=9, num_kv_heads=3, head_dim=64, kv_dtype="float32", seed=0):
     """Sequences (context_len, query_len) over shuffled pages, in `kv_dtype`, NaN wherever no sequence
     wrote (values, or int8's scales), so a read of an unwritten slot shows. -> q, k, v, inputs."""
-    gen = _gen(seqs, page_size, num_heads, num_kv_heads, head_dim, kv_dtype, seed)
+    gen = seeded(seqs, page_size, num_heads, num_kv_heads, head_dim, kv_dtype, seed)
     num_pages = sum(math.ceil(c / page_size) for c, _ in seqs) + 3
     dims = (num_pages, page_size, num_kv_heads, head_dim)
     caches = [KVPages.zeros(kv_dtype, dims, "cpu") for _ in range(2)]
     for cache in caches:
         (cache.scales if cache.scales is not None else cache.values).fill_(float("nan"))
-    free = torch.randperm(num_pages, generator=gen).tolist()
-    page_ids, new_slots = [], []
-    for context_len, query_len in seqs:
-        count = math.ceil(context_len / page_size)
-        pages, free = free[:count], free[count:]
-        page_ids.append(pages)
-        slots = slot_ids_of(pages, 0, context_len, page_size)
+
+    def write(slots, context_len):
         for cache in caches:
-            cache.store(torch.tensor(slots), torch.randn(context_len, num_kv_heads, head_dim, generator=gen))
-        new_slots += slots[context_len - query_len:]
+            cache.store(slots, torch.randn(context_len, num_kv_heads, head_dim, generator=gen))
+
+    page_ids, new_slots = lay_out(seqs, page_size, num_pages, gen, write)
     inputs = AttentionInputs.build(new_slots, [q for _, q in seqs], [c for c, _ in seqs], page_ids, "cpu")
     q = torch.randn(inputs.num_tokens, num_heads, head_dim, generator=gen) * 2
     return q, caches[0], caches[1], inputs

@@ -10,42 +10,34 @@ refuse it, with an error that names it).
 """
 
 import math
-import zlib
 
 import pytest
 import torch
 
-from kernels.attention_inputs import AttentionInputs, slot_ids_of
+from kernels.attention_inputs import AttentionInputs
 from kernels.attention_plan import CPU_ATTENTION, AttentionPolicy
 from kernels.kv_format import (C_KV_DTYPES, FLOAT8_MAX, KV_DTYPES, UNOFFERED_KV_DTYPES, KVPages, StoredRows,
-                               dequantize, quantize_float8, quantize_int8)
+                               dequantize, quantize)
 from kernels.paged_attention import paged_attention, paged_attention_reference, store_kv
 from kernels.rotary import RotaryEmbedding
+from tests.kernels.paged_layout import lay_out, seeded
 
 FORMAT_TOLERANCE = {"float32": 1e-5, "bfloat16": 3e-2, "int8": 5e-2, "float8": 2.5e-1}
 FUSED = AttentionPolicy(64, 16, fused_decode=True, max_rows_as_decode=4)
 
 
-def _gen(*seed):
-    return torch.Generator().manual_seed(zlib.crc32(repr(seed).encode()))
-
-
 def _case(seqs, page_size=4, num_kv_heads=2, group=3, head_dim=32, seed=0):
     """Float32 caches over shuffled pages holding each sequence's context; (q, k_cache, v_cache, inputs)."""
-    gen = _gen(seqs, page_size, num_kv_heads, group, head_dim, seed)
+    gen = seeded(seqs, page_size, num_kv_heads, group, head_dim, seed)
     num_pages = sum(math.ceil(c / page_size) for c, _ in seqs) + 2
     k_cache = torch.zeros(num_pages, page_size, num_kv_heads, head_dim)
     v_cache = torch.zeros_like(k_cache)
-    free = torch.randperm(num_pages, generator=gen).tolist()
-    page_ids, new_slots = [], []
-    for context_len, query_len in seqs:
-        count = math.ceil(context_len / page_size)
-        pages, free = free[:count], free[count:]
-        page_ids.append(pages)
-        slots = slot_ids_of(pages, 0, context_len, page_size)
+
+    def write(slots, context_len):
         store_kv(k_cache, v_cache, torch.randn(context_len, num_kv_heads, head_dim, generator=gen),
-                 torch.randn(context_len, num_kv_heads, head_dim, generator=gen), torch.tensor(slots))
-        new_slots += slots[context_len - query_len:]
+                 torch.randn(context_len, num_kv_heads, head_dim, generator=gen), slots)
+
+    page_ids, new_slots = lay_out(seqs, page_size, num_pages, gen, write)
     inputs = AttentionInputs.build(new_slots, [q for _, q in seqs], [c for c, _ in seqs], page_ids, "cpu")
     q = torch.randn(inputs.num_tokens, num_kv_heads * group, head_dim, generator=gen) * 2
     return q, k_cache, v_cache, inputs
@@ -69,9 +61,9 @@ def test_the_offered_formats_are_the_flags_choices():
 
 
 def test_int8_quantization_is_within_half_a_step_per_token_and_head():
-    x = torch.randn(50, 3, 64, generator=_gen("q")) * torch.rand(50, 3, 1, generator=_gen("s")) * 5
+    x = torch.randn(50, 3, 64, generator=seeded("q")) * torch.rand(50, 3, 1, generator=seeded("s")) * 5
     x[7, 1] = 0.0  # an all-zero row: scale 0, q 0
-    q, scale = quantize_int8(x)
+    q, scale = quantize("int8", x)
     assert q.dtype == torch.int8 and scale.shape == (50, 3) and int(q.abs().max()) <= 127
     assert torch.equal(scale, x.abs().amax(-1) / 127) and scale[7, 1] == 0 and not q[7, 1].any()
     error = (dequantize(q, scale) - x).abs()
@@ -79,10 +71,10 @@ def test_int8_quantization_is_within_half_a_step_per_token_and_head():
 
 
 def test_float8_quantization_is_e4m3_within_half_a_step_per_token_and_head():
-    x = torch.randn(50, 3, 64, generator=_gen("f8")) * torch.rand(50, 3, 1, generator=_gen("f8s")) * 5
+    x = torch.randn(50, 3, 64, generator=seeded("f8")) * torch.rand(50, 3, 1, generator=seeded("f8s")) * 5
     x[7, 1] = 0.0  # an all-zero row: scale 0, q 0
     x[9, 2, :8] = 1e-6  # tiny values beside the row's absmax: e4m3 subnormals, or 0
-    q, scale = quantize_float8(x)
+    q, scale = quantize("float8", x)
     assert q.dtype == torch.float8_e4m3fn and scale.shape == (50, 3)
     assert float(q.float().abs().max()) == FLOAT8_MAX  # each row's absmax lands on e4m3's largest value
     assert torch.equal(scale, x.abs().amax(-1) / FLOAT8_MAX) and scale[7, 1] == 0 and not q[7, 1].float().any()
@@ -96,12 +88,12 @@ def test_float8_rows_are_moved_by_their_bytes():
     """store / gather / take_rows on float8 pages (torch's CPU index_copy_ has no float8 kernel): what
     take_rows copies out is the stored bytes, and dequantizes as gather does."""
     pages = KVPages.zeros("float8", (4, 4, 2, 16), "cpu")
-    x = torch.randn(6, 2, 16, generator=_gen("bytes"))
+    x = torch.randn(6, 2, 16, generator=seeded("bytes"))
     slots = torch.tensor([13, 0, 5, 6, 2, 9])
     pages.store(slots, x)
     rows = pages.take_rows(slots)
     assert isinstance(rows, StoredRows) and rows.values.dtype == torch.float8_e4m3fn and rows.num_bytes == 6 * 2 * 20
-    assert torch.equal(rows.values.view(torch.uint8), quantize_float8(x)[0].view(torch.uint8))
+    assert torch.equal(rows.values.view(torch.uint8), quantize("float8", x)[0].view(torch.uint8))
     torch.testing.assert_close(rows.dequantized(torch.float32), pages.gather(slots, torch.float32), atol=0, rtol=0)
     torch.testing.assert_close(pages.gather(slots, torch.float32), x, atol=0.15, rtol=1 / 16)
     assert not pages.gather(torch.tensor([1, 15]), torch.float32).any()  # untouched slots stay zero
@@ -219,7 +211,7 @@ def test_the_c_store_quantizes_as_the_reference(ops, kv_dtype, num_threads):
     """rope_store_kv (q and k rotated, k and v stored) and rerotate_store_kv into pages of the format: the
     stored values are the reference's quantization of the same rotated rows (int8: at most one step apart
     where the rotation's last bit differs; scales within float rounding)."""
-    gen = _gen("store", kv_dtype)
+    gen = seeded("store", kv_dtype)
     num_heads, num_kv_heads, head_dim, rows = 6, 2, 64, 40
     qkv = torch.randn(rows, num_heads + 2 * num_kv_heads, head_dim, generator=gen)
     rotary = RotaryEmbedding(head_dim, 256, 10000.0, None, device="cpu")
@@ -260,7 +252,7 @@ def test_the_c_kernel_over_a_prefix_shared_by_the_batch(ops, k_dtype, v_dtype, w
     row that ends inside the prefix comes first."""
     page_size, num_kv_heads, group, head_dim = 16, 3, 3, 64
     prefix_pages, context_lens = 45, [700, 1500, 725, 2100, 33, 725, 1200, 64 * 16 + 5]
-    gen = _gen("shared prefix", k_dtype, v_dtype, window)
+    gen = seeded("shared prefix", k_dtype, v_dtype, window)
     own_pages = [math.ceil(c / page_size) for c in context_lens]
     num_pages = prefix_pages + sum(own_pages)
     page_table = torch.zeros(len(context_lens), max(own_pages), dtype=torch.int64)
