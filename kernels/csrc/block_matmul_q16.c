@@ -189,15 +189,19 @@ static void pair_layout(const int16_t* xq, int16_t* xp, int64_t m, int64_t cols)
 #ifdef __AVX2__
 #include "simd.h"  /* hsum256 */
 
-/* the 8 int32 pair sums of a group: q . xq */
-static inline __m256i group_dot(const __m256i q[2], const int16_t* xq) {
-  __m256i x0 = _mm256_loadu_si256((const __m256i*)xq), x1 = _mm256_loadu_si256((const __m256i*)(xq + 16));
+/* the 8 int32 pair sums of q[0] . (16 int16 at x0) + q[1] . (16 int16 at x1) */
+static inline __attribute__((always_inline)) __m256i two_vec_dot(const __m256i q[2], const int16_t* x0,
+                                                                 const int16_t* x1) {
+  __m256i a = _mm256_loadu_si256((const __m256i*)x0), b = _mm256_loadu_si256((const __m256i*)x1);
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpwssd_epi32(_mm256_madd_epi16(q[0], x0), q[1], x1);
+  return _mm256_dpwssd_epi32(_mm256_madd_epi16(q[0], a), q[1], b);
 #else
-  return _mm256_add_epi32(_mm256_madd_epi16(q[0], x0), _mm256_madd_epi16(q[1], x1));
+  return _mm256_add_epi32(_mm256_madd_epi16(q[0], a), _mm256_madd_epi16(q[1], b));
 #endif
 }
+
+/* the 8 int32 pair sums of a group: q . xq */
+static inline __m256i group_dot(const __m256i q[2], const int16_t* xq) { return two_vec_dot(q, xq, xq + 16); }
 
 /* A 32-weight block's term: the dot product scaled into acc; its min into min_acc (has_min formats). */
 #define GROUP_STEP(acc, min_acc, blk, g)                                                                   \
@@ -242,12 +246,7 @@ static inline __attribute__((always_inline)) __m256i bytes_dot(__m256i q, __m256
 /* The same lanes from int16 weights in quad_words_avx2's order against x in the quad layout
    (x0 at xquad, x1 at xquad + 32) */
 static inline __attribute__((always_inline)) __m256i quad_dot(const __m256i q[2], const int16_t* xquad) {
-  __m256i x0 = _mm256_loadu_si256((const __m256i*)xquad), x1 = _mm256_loadu_si256((const __m256i*)(xquad + 32));
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpwssd_epi32(_mm256_madd_epi16(q[0], x0), q[1], x1);
-#else
-  return _mm256_add_epi32(_mm256_madd_epi16(q[0], x0), _mm256_madd_epi16(q[1], x1));
-#endif
+  return two_vec_dot(q, xquad, xquad + 32);
 }
 
 /* One Q4_K or Q6_K block of a row (its first group is `group0` of the row) by byte products (m <=
