@@ -68,6 +68,7 @@ from engine.llm_engine import LLMEngine
 from engine.request_options import RequestOptions
 from engine.sampling_params import SamplingParams
 from kernels.kv_format import bytes_per_token_head
+from model.backends import chosen_backend_name
 from model.config import ModelConfig
 from store.model_store import pull
 
@@ -142,8 +143,8 @@ def _references_of(variant: str) -> tuple[str, ...]:
 
 
 def _backend_label(backend: str) -> str:
-    """The backend an engine of this bench runs ("auto" is cpu: the CPU, float32)."""
-    return "cpu" if backend == "auto" else backend
+    """The backend an engine of this bench runs (its engines: the CPU, float32)."""
+    return chosen_backend_name(backend, "cpu", torch.float32)
 
 
 def _print_file_summary(path: Path, num_prompts: int, seed: int, backend: str = "auto") -> None:

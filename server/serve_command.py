@@ -13,7 +13,7 @@ from engine.engine_config import EngineConfig, parse_kv_cache_memory, resolve_de
 from kernels.cpu_features import resolve_prefill_dtype, resolve_variant, this_cpu
 from kernels.packed_linear import bf16_is_available
 from kernels.kv_format import kv_dtype_name
-from model.backends import check_backend_choice, check_kv_dtypes
+from model.backends import check_kv_dtypes
 from engine.document_reuse_config import DocumentReuseConfig
 from engine.kv_disk_config import KVDiskConfig
 from engine.kv_dtype_config import KVDtypeConfig
@@ -56,9 +56,9 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
                 engine_fields[name] = getattr(args, name)
         device = resolve_device(args.device)
         dtype = resolve_dtype(args.dtype, device)
-        check_backend_choice(args.backend, device, dtype)
         kv_dtype = config_from_args(KVDtypeConfig, args)
-        check_kv_dtypes(args.backend, device, dtype, *kv_dtype.resolve(kv_dtype_name(dtype)))  # one line, not a load
+        # the backend asked for, and the KV formats it must hold: one line each, not a load
+        check_kv_dtypes(args.backend, device, dtype, *kv_dtype.resolve(kv_dtype_name(dtype)))
         resolve_variant(args.cpu_kernels, this_cpu())  # a variant this CPU lacks is refused here, in one line
         if args.decode_activations is not None:
             engine_fields["decode_activations"] = args.decode_activations

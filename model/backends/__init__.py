@@ -26,7 +26,7 @@ from model.backends.torch_backend import TorchBackend
 from model.config import ModelConfig
 
 __all__ = ["BACKEND_CHOICES", "PREFILL_ATTENTION_CHOICES", "Backend", "BackendPlan", "LinearPlan", "StepPolicy", "check_backend_choice",
-           "check_kv_dtypes",
+           "check_kv_dtypes", "chosen_backend_name",
            "select_backend"]
 
 
