@@ -9,8 +9,8 @@ the formats are kernels/block_formats.py's table).
   about 3x fewer instructions a weight than `matmul`. The weights are exact; x's rounding costs at
   most max|x over its group| / 65534 a value (Q16_TOLERANCE). Every build gives the same bits,
   and a row's bits do not depend on m. F16/BF16/F32 weights run `matmul`.
-- `dequantize_rows(weight, ...)`: float32 rows of the weight (the embedding's looked-up rows; the
-  tiles a prefill GEMM reads: kernels/block_linear.py).
+- `dequantize_rows(weight, ...)`: float32 (or bfloat16) rows of the weight (the embedding's looked-up
+  rows; the tiles a prefill GEMM reads: model/backends/cpu_linear.py).
 
 Builds (kernels/native_build.py): "avx512_vnni" (`vpdpwssd` in matmul_q16; Q4_K, Q6_K and Q8_0 rows two
 groups a 512-bit vector, the same bits as AVX2's; Q4_K and Q6_K at 1-2 rows as byte products, x split
@@ -49,6 +49,10 @@ class BlockKernels:
         self._dequantize.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                      ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
         self._dequantize.restype = ctypes.c_int
+        self._dequantize_bf16 = library.blocks_dequantize_rows_bf16
+        self._dequantize_bf16.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                          ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+        self._dequantize_bf16.restype = ctypes.c_int
 
     def matmul(self, x: Tensor, weight: BlockWeight) -> Tensor:
         """x (m, in) float32 @ weight^T -> (m, out), float32 activations."""
@@ -76,7 +80,8 @@ class BlockKernels:
     def dequantize_rows(self, weight: BlockWeight, row_ids: Tensor | None = None, first: int = 0,
                         count: int | None = None, out: Tensor | None = None) -> Tensor:
         """float32 rows of the weight: rows `row_ids` (int64, any shape -> (*shape, cols)), or rows
-        first .. first + count (into `out`, (count, cols), when given)."""
+        first .. first + count (into `out`, (count, cols), when given: float32, or bfloat16 for the
+        float32 values rounded to nearest even, as torch's .to(torch.bfloat16) rounds them)."""
         spec = weight.spec
         if row_ids is not None:
             ids = row_ids.reshape(-1).to(torch.int64).contiguous()
@@ -91,11 +96,17 @@ class BlockKernels:
             raise IndexError(f"rows {first}..{first + count} out of range for a weight of {weight.rows} rows")
         if out is None:
             out = torch.empty((count, weight.cols), dtype=torch.float32)
-        elif out.shape != (count, weight.cols) or out.dtype != torch.float32 or not out.is_contiguous():
-            raise ValueError(f"out must be contiguous float32 ({count}, {weight.cols}), got {tuple(out.shape)}")
+        elif (out.shape != (count, weight.cols) or out.dtype not in (torch.float32, torch.bfloat16)
+              or not out.is_contiguous()):
+            raise ValueError(f"out must be contiguous float32 or bfloat16 ({count}, {weight.cols}), "
+                             f"got {out.dtype} {tuple(out.shape)}")
         start = weight.blocks.data_ptr() + first * weight.blocks.shape[1]
-        self._dequantize(spec.code, spec.block_size, spec.bytes, start, None, count, weight.cols, out.data_ptr(),
-                         torch.get_num_threads())
+        if out.dtype == torch.bfloat16:
+            self._dequantize_bf16(spec.code, spec.block_size, spec.bytes, start, count, weight.cols, out.data_ptr(),
+                                  torch.get_num_threads())
+        else:
+            self._dequantize(spec.code, spec.block_size, spec.bytes, start, None, count, weight.cols,
+                             out.data_ptr(), torch.get_num_threads())
         return out
 
 

@@ -65,6 +65,28 @@ static inline void decode_group_any(int code, const uint8_t* block, int g, float
   for (int k = 0; k < 4; k++) _mm256_storeu_ps(w + 8 * k, v[k]);
 }
 
+/* 8 floats -> 8 bfloat16, rounded to nearest even (NaN -> 0x7FC0): torch's float -> bfloat16, bit for bit. */
+static inline __m128i to_bf16x8(__m256 v) {
+  __m256i bits = _mm256_castps_si256(v);
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+  __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  rounded = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7FC0), nan);
+  __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1));
+  return packed;
+}
+
+static inline void decode_group_any_bf16(int code, const uint8_t* block, int g, uint16_t* w) {
+  __m256 v[4];
+  switch (code) {
+#define DECODE_CASE(C) case C: decode_group_avx2(C, block, g, v); break;
+    DECODE_CASE(0) DECODE_CASE(1) DECODE_CASE(2) DECODE_CASE(3) DECODE_CASE(4) DECODE_CASE(5) DECODE_CASE(6)
+    DECODE_CASE(7) DECODE_CASE(8) DECODE_CASE(9) DECODE_CASE(10) DECODE_CASE(11) DECODE_CASE(12)
+#undef DECODE_CASE
+  }
+  for (int k = 0; k < 4; k++) _mm_storeu_si128((__m128i*)(w + 8 * k), to_bf16x8(v[k]));
+}
+
 #else  /* portable */
 
 static inline void row_dot(const int code, const int m, const uint8_t* row, int64_t num_blocks, int64_t block_bytes,
@@ -95,6 +117,19 @@ static inline void row_dot(const int code, const int m, const uint8_t* row, int6
 
 static inline void decode_group_any(int code, const uint8_t* block, int g, float* w) {
   decode_group_scalar(code, block, g, w);
+}
+
+static inline uint16_t to_bf16(float value) {
+  uint32_t bits;
+  memcpy(&bits, &value, 4);
+  if (value != value) return 0x7FC0;
+  return (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+}
+
+static inline void decode_group_any_bf16(int code, const uint8_t* block, int g, uint16_t* w) {
+  float v[GROUP];
+  decode_group_scalar(code, block, g, v);
+  for (int j = 0; j < GROUP; j++) w[j] = to_bf16(v[j]);
 }
 #endif
 
@@ -175,6 +210,27 @@ int blocks_dequantize_rows(int code, int64_t block_size, int64_t block_bytes, co
     for (int64_t blk = 0; blk < num_blocks; blk++)
       for (int g = 0; g < groups; g++)
         decode_group_any(code, row + blk * bytes, g, dst + (blk * groups + g) * GROUP);
+  }
+  return 0;
+}
+
+/* out (num_rows, cols) bfloat16 (as uint16) = rows 0..num_rows of W dequantized, each value its float32
+   value rounded to nearest even: what torch's .to(torch.bfloat16) of blocks_dequantize_rows' output holds,
+   without the float32 pass (the tiles of a bfloat16 prefill GEMM). Returns 0, or -1 for a bad format code. */
+int blocks_dequantize_rows_bf16(int code, int64_t block_size, int64_t block_bytes, const uint8_t* W, int64_t num_rows,
+                                int64_t cols, uint16_t* out, int num_threads) {
+  if (code < 0 || code >= NUM_FORMATS) return -1;
+  int64_t num_blocks, bytes;
+  int groups;
+  shape_of(code, cols, block_size, block_bytes, &num_blocks, &bytes, &groups);
+  int64_t row_bytes = num_blocks * bytes;
+  #pragma omp parallel for schedule(static) num_threads(num_threads)
+  for (int64_t i = 0; i < num_rows; i++) {
+    const uint8_t* row = W + i * row_bytes;
+    uint16_t* dst = out + i * cols;
+    for (int64_t blk = 0; blk < num_blocks; blk++)
+      for (int g = 0; g < groups; g++)
+        decode_group_any_bf16(code, row + blk * bytes, g, dst + (blk * groups + g) * GROUP);
   }
   return 0;
 }

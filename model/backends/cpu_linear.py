@@ -83,17 +83,13 @@ class BlockLinear(nn.Module):
     def _tiled(self, x: Tensor, part) -> Tensor:
         """x (M, in) contiguous, of prefill_dtype -> (M, part.rows) float32."""
         tile_rows = max(1, min(part.rows, TILE_WEIGHTS // part.cols))
-        scratch = torch.empty((tile_rows, part.cols), dtype=torch.float32)
-        # the dequantized float32 tile rounded to bf16 here (the C kernels write float32 only)
-        rounded = None if x.dtype == torch.float32 else torch.empty((tile_rows, part.cols), dtype=x.dtype)
-        out_t = torch.empty((part.rows, x.shape[0]), dtype=x.dtype)  # (out, M): each tile fills whole rows
+        tile = torch.empty((tile_rows, part.cols), dtype=x.dtype)  # dequantized straight to x's dtype by C
+        out = torch.empty((x.shape[0], part.rows), dtype=torch.float32)
         for first in range(0, part.rows, tile_rows):
             count = min(tile_rows, part.rows - first)
-            tile = self.dequantize_rows(part, first=first, count=count, out=scratch[:count])
-            if rounded is not None:
-                tile = rounded[:count].copy_(tile)
-            torch.mm(tile, x.T, out=out_t[first:first + count])
-        return torch.empty((x.shape[0], part.rows), dtype=torch.float32).copy_(out_t.T)
+            weights = self.dequantize_rows(part, first=first, count=count, out=tile[:count])
+            out[:, first:first + count].copy_(torch.mm(x, weights.T))
+        return out
 
 
 class BlockEmbedding(nn.Module):

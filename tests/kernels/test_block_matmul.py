@@ -64,6 +64,30 @@ def test_dequantized_rows_equal_gguf_dequantize(kernels, format_name):
 
 
 @pytest.mark.parametrize("format_name", sorted(FORMATS))
+def test_bfloat16_rows_are_the_float32_rows_rounded_as_torch_rounds(kernels, format_name):
+    rows, cols = 5, 512
+    weight = BlockWeight.from_gguf(format_name, random_gguf_rows(format_name, rows, cols, seed=3), cols)
+    expected = kernels.dequantize_rows(weight, first=1, count=4).to(torch.bfloat16)
+    got = kernels.dequantize_rows(weight, first=1, count=4, out=torch.empty((4, cols), dtype=torch.bfloat16))
+    assert torch.equal(got.view(torch.int16), expected.view(torch.int16))  # bit for bit
+
+
+def test_bfloat16_rows_round_ties_to_even_and_keep_nan():
+    values = torch.tensor([1.0 + 2.0 ** -8, 1.0 + 3 * 2.0 ** -8, -2.5, float("nan"), float("inf"), 0.0] * 6
+                          + [0.0] * 28, dtype=torch.float32).reshape(2, 32)  # ties between bf16 neighbours
+    weight = BlockWeight("F32", values.view(torch.uint8).reshape(2, -1).contiguous(), 32)
+    for build in BUILDS:
+        try:
+            kernels = _load(build)
+        except NativeUnavailable:
+            continue
+        got = kernels.dequantize_rows(weight, first=0, count=2, out=torch.empty((2, 32), dtype=torch.bfloat16))
+        finite = ~values.isnan()
+        assert torch.equal(got[finite].view(torch.int16), values[finite].to(torch.bfloat16).view(torch.int16)), build
+        assert got[~finite].isnan().all(), build
+
+
+@pytest.mark.parametrize("format_name", sorted(FORMATS))
 def test_products_equal_a_float64_product_of_the_dequantized_weights(kernels, format_name):
     rows, cols = 37, 768  # rows split unevenly between threads
     weight = BlockWeight.from_gguf(format_name, random_gguf_rows(format_name, rows, cols, seed=2), cols)
