@@ -14,13 +14,15 @@ AVX_VNNI (VEX-coded `vpdpbusd` of 256 bits, Alder Lake and later), AVX512_BF16 a
 are detected and named; no kernel of ours uses them (oneDNN picks AMX and BF16 itself
 where its GEMMs can use them).
 
-Prefill's dtype (`resolve_prefill_dtype`): bfloat16 GEMMs (oneDNN's, through torch) where the CPU
-multiplies bf16 natively (AVX512_BF16 or AMX-BF16: ~1.5-3x its float32 GEMM); elsewhere float32,
-since bf16 on AVX2 is emulated and slower than float32.
+Prefill's dtype (`resolve_prefill_dtype`): "auto" takes bfloat16 GEMMs (oneDNN's, through torch) where
+the CPU multiplies bf16 natively (AVX512_BF16 or AMX-BF16) and a bf16 GEMM measured on this machine ran
+at least BF16_MIN_SPEEDUP times its float32 GEMM; elsewhere float32. Native is not enough: an AMD EPYC with
+AVX512_BF16 ran bf16 ~3x float32, an Intel Xeon with AVX512_BF16 and no AMX 0.6x, one with AMX ~7x.
 """
 
 import functools
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +45,8 @@ VARIANT_CHOICES = ("auto", *VARIANTS, PORTABLE)
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 PREFILL_DTYPES = ("float32", "bfloat16")
 PREFILL_DTYPE_CHOICES = ("auto", *PREFILL_DTYPES)
+# "auto" takes bfloat16 where its GEMM ran at least this many times float32's (a margin over noise).
+BF16_MIN_SPEEDUP = 1.25
 
 
 @dataclass(frozen=True)
@@ -80,18 +84,29 @@ def resolve_variant(choice: str, features: "CpuFeatures") -> tuple[str, tuple[st
     return choice, (f"{best} kernels not used ({choice} asked for)",) if choice != best else ()
 
 
-def resolve_prefill_dtype(choice: str, features: "CpuFeatures", onednn_bf16: bool) -> tuple[str, tuple[str, ...]]:
-    """(the dtype prefill's GEMMs multiply in, the fallbacks on the way) for `choice` in PREFILL_DTYPE_CHOICES.
-    `onednn_bf16`: whether this torch's oneDNN runs bf16 GEMMs. "auto" takes bfloat16 where both the CPU
-    (NATIVE_BF16_FLAGS) and oneDNN have it; "bfloat16" asked for where either lacks it is an error."""
+def resolve_prefill_dtype(choice: str, features: "CpuFeatures", onednn_bf16: bool,
+                          bf16_speedup: Callable[[], float] | None = None) -> tuple[str, tuple[str, ...]]:
+    """(the dtype prefill's GEMMs multiply in, the fallbacks on the way) for `choice` in
+    PREFILL_DTYPE_CHOICES. `onednn_bf16`: whether this torch's oneDNN runs bf16 GEMMs; `bf16_speedup`:
+    measures bf16 GEMM time over float32's here (kernels.packed_linear.bf16_gemm_speedup), called for
+    "auto" only where bf16 is native. "auto" takes bfloat16 where the CPU (NATIVE_BF16_FLAGS) and oneDNN
+    have it and it measured >= BF16_MIN_SPEEDUP; "bfloat16" asked for where either lacks it is an error."""
     if choice not in PREFILL_DTYPE_CHOICES:
         raise ValueError(f"prefill dtype must be one of {', '.join(PREFILL_DTYPE_CHOICES)}, got {choice!r}")
     lacking = _bf16_lacking(features, onednn_bf16)
-    if choice == "auto":
-        return ("float32", (f"bfloat16 prefill off ({lacking}): float32 GEMMs",)) if lacking else ("bfloat16", ())
     if choice == "bfloat16" and lacking:
         raise ValueError(f"bfloat16 prefill needs native bf16 ({lacking})")
-    return choice, ()
+    if choice != "auto":
+        return choice, ()
+    if lacking:
+        return "float32", (f"bfloat16 prefill off ({lacking}): float32 GEMMs",)
+    if bf16_speedup is None:
+        raise ValueError("prefill dtype auto needs bf16_speedup to measure bf16 against float32")
+    speedup = bf16_speedup()
+    if speedup < BF16_MIN_SPEEDUP:
+        return "float32", (f"bfloat16 prefill off (a bf16 GEMM ran {speedup:.2f}x float32's here, under "
+                           f"{BF16_MIN_SPEEDUP}x): float32 GEMMs",)
+    return "bfloat16", ()
 
 
 def _bf16_lacking(features: "CpuFeatures", onednn_bf16: bool) -> str:

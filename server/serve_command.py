@@ -63,7 +63,7 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
         if args.decode_activations is not None:
             engine_fields["decode_activations"] = args.decode_activations
         if args.prefill_dtype is not None:  # bfloat16 on a CPU without native bf16 is refused here, in one line
-            resolve_prefill_dtype(args.prefill_dtype, this_cpu(), bf16_is_available())
+            resolve_prefill_dtype(args.prefill_dtype, this_cpu(), bf16_is_available(), bf16_gemm_speedup)
             engine_fields["prefill_dtype"] = args.prefill_dtype
         engine = EngineConfig(model_dir=model_dir, device=args.device, dtype=args.dtype, schedule=args.schedule,
                               eviction_policy=args.eviction_policy,

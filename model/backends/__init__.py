@@ -53,7 +53,8 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
     features = this_cpu()
     variant, skipped = resolve_variant(variant_choice, features)
     prefill_dtype, bf16_skipped = resolve_prefill_dtype(prefill_dtype_choice, features,
-                                                        packed_linear.bf16_is_available())
+                                                        packed_linear.bf16_is_available(),
+                                                        packed_linear.bf16_gemm_speedup)
     fallbacks = list(skipped) + list(bf16_skipped)
     gemm_q8 = None
     if int8_activations:

@@ -240,13 +240,28 @@ def test_prefill_dtype_auto_keeps_float32_on_an_avx2_machine(build_dir, monkeypa
         assert ops.plan().linears["layers.0.mlp.down_proj"].large == "torch GEMM over dequantized tiles of Q4_1 blocks"
 
 
+def test_prefill_dtype_auto_takes_bf16_only_where_it_measured_faster(build_dir, monkeypatch):
+    import model.backends as backends_module
+    from kernels.cpu_features import CpuFeatures
+
+    native = CpuFeatures("x86_64", frozenset({"avx2", "fma", "f16c", "avx512_bf16"}))
+    monkeypatch.setattr(backends_module, "this_cpu", lambda: native)
+    monkeypatch.setattr(backends_module.packed_linear, "bf16_is_available", lambda: True)
+    for speedup, chosen in ((0.6, "float32"), (4.0, "bfloat16")):
+        monkeypatch.setattr(backends_module.packed_linear, "bf16_gemm_speedup", lambda: speedup)
+        ops = select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, prefill_dtype="auto")
+        assert ops.prefill_dtype == chosen
+        slower = "bfloat16 prefill off (a bf16 GEMM ran 0.60x float32's here, under 1.25x): float32 GEMMs"
+        assert (slower in ops.plan().fallbacks) == (chosen == "float32")
+
+
 def test_bf16_prefill_tiles_round_to_bf16_and_decode_rows_stay_float32(build_dir):
     from kernels.cpu_features import this_cpu
     from kernels.packed_linear import bf16_is_available
 
     if not (this_cpu().has_native_bf16() and bf16_is_available()):
         pytest.skip("this CPU (or torch's oneDNN) has no native bf16 GEMM")
-    ops = select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, prefill_dtype="auto",
+    ops = select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, prefill_dtype="bfloat16",
                          decode_activations="float32")  # decode rows through the float kernel
     assert ops.prefill_dtype == "bfloat16" and "prefill GEMMs: bfloat16" in ops.describe()
     layer, blocks = _blocks_layer("Q4_1", 96, 64, seed=11)
