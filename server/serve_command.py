@@ -11,7 +11,7 @@ import uvicorn
 from assembly.chat_template import ChatTemplate, TemplateError
 from engine.engine_config import EngineConfig, parse_kv_cache_memory, resolve_device, resolve_dtype
 from kernels.cpu_features import resolve_prefill_dtype, resolve_variant, this_cpu
-from kernels.packed_linear import bf16_is_available
+from kernels.packed_linear import bf16_gemm_speedup, bf16_is_available
 from kernels.kv_format import kv_dtype_name
 from model.backends import check_kv_dtypes
 from engine.document_reuse_config import DocumentReuseConfig
