@@ -19,7 +19,7 @@ token-id prompts of random ids, greedy, ignore_eos):
   last chunk;
 - the server's peak RSS (VmHWM of /proc/PID/status, read before it is stopped).
 Then per model: prefill's linear layers as GOP/s (2 x their weights a token; the LM head runs for
-the last token only, attention not counted) against the int8 GEMM's measured rate, batch-1
+the last token only, attention not counted) against the fastest GEMM measured (the machine's limit), batch-1
 decode against the bandwidth limit (the file's bytes read once a token at the copy bandwidth), and each
 radixserve row's prefill over llama-server's at each length.
 Models: `default` (SmolLM2-135M-Instruct Q4_1, the pulled default) and the random files in
@@ -264,7 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     print("machine limits (2048 x 2048 weight, 512 rows):")
     for name, value in limits.items():
         print(f"  {name}: {value:.1f}" + ("" if "GB/s" in name else " GOP/s"))
-    int8_rate = next(v for k, v in limits.items() if k.startswith("int8 GEMM"))
+    # the machine's limit for prefill: its fastest GEMM measured (int8 or bf16; AMX makes bf16 the fastest)
+    best_gemm, best_rate = max(((k, v) for k, v in limits.items() if "GB/s" not in k), key=lambda item: item[1])
+    print(f"the machine's GEMM limit: {best_gemm}, {best_rate:.1f} GOP/s")
     copy_rate = limits["copy GB/s (read + write)"]
     tables = {}
     for model in filter(None, args.models.split(",")):
@@ -284,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         for values in rows.values():
             best_prefill = max(v for k, v in values.items() if k.startswith("prefill"))
             values["prefill linear GOP/s"] = best_prefill * linear_ops / 1e9
-            values["% of int8 GEMM rate"] = 100 * values["prefill linear GOP/s"] / int8_rate
+            values["% of best GEMM rate"] = 100 * values["prefill linear GOP/s"] / best_rate
             if not args.no_decode:
                 values["% of bandwidth limit @batch 1"] = (100 * values["decode tok/s @batch 1"]
                                                            * gguf_path.stat().st_size / (copy_rate * 1e9))
