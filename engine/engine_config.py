@@ -122,8 +122,9 @@ class EngineConfig:
     float_prefill_max_bytes: int = FLOAT_PREFILL_MAX_BYTES
     # cpu: what prefill's GEMMs over GGUF blocks multiply in (kernels.cpu_features.PREFILL_DTYPE_CHOICES):
     # "bfloat16" (x and weights rounded to bf16; needs native bf16: AVX512_BF16 or AMX), "float32", or
-    # "auto" (bfloat16 where native). float32 by default until bf16's top-1 agreement with float32 is
-    # measured >= 0.99 (bench/int8_activation_quality.py --paths bf16; docs/performance.md)
+    # "auto" (bfloat16 where native and measured faster). float32 by default: bf16's top-1 agreement with float32
+    # passed (0.9919 on 200 prompts), but its rows depend on the GEMM's row count and its rounding is coarse, so
+    # greedy answers could change with a batch or a cached prefix (docs/performance.md, "An AMX machine")
     prefill_dtype: str = "float32"
     # cpu: prefill attention on the C kernel over pages where it runs ("auto"), or torch's SDPA over gathered
     # K/V ("sdpa": the comparison bench/prefill_attention_bench.py makes) (model.backends.PREFILL_ATTENTION_CHOICES)

@@ -3,9 +3,9 @@ for few rows (CpuLinear); over weights held only as blocks, C kernels for few ro
 GEMM over dequantized rows for more (BlockLinear); and the embedding table as blocks (BlockEmbedding).
 
 Prefill's GEMM multiplies in `prefill_dtype`: float32, or bfloat16 where the CPU has native bf16
-(kernels/cpu_features.py): then x and the weight (the packed copy, or each dequantized tile) are
-rounded to bf16, oneDNN accumulates in float32 and rounds its output to bf16, and the result comes
-back as float32 (torch's CPU matmul has no float32 output for bf16 inputs). The few-rows kernels are
+(kernels/cpu_features.py): then x and the weight (the packed copy, or each tile, which C dequantizes
+straight to bf16) are rounded to bf16, oneDNN accumulates in float32 and rounds its output to bf16, and
+the result comes back as float32 (torch's CPU matmul has no float32 output for bf16 inputs). The few-rows kernels are
 float32 (or their own activations) either way.
 
 oneDNN reorders the weight once into the blocked layout its GEMM reads
@@ -47,7 +47,8 @@ class CpuLinear(nn.Module):
         return y + self.bias if self.bias is not None else y
 
 
-# A prefill tile: this many float32 weights dequantized at a time (4 MiB), then one GEMM over them.
+# A prefill tile: this many weights dequantized at a time in prefill's dtype (4 MiB of float32, 2 MiB of
+# bfloat16), then one GEMM over them (256K-2M weights measured alike: docs/performance.md, "An AMX machine").
 TILE_WEIGHTS = 1 << 20
 
 
