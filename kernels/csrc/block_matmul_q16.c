@@ -46,6 +46,17 @@
 #define GROUP 32
 #define MAX_M 8
 #define Q16_MAX 32767.0f
+/* Each thread reads its rows of W once, as one forward stream (rows are contiguous). At one row of x the
+   hardware prefetchers alone left a core waiting on memory: a 16384x2048 Q4_K weight read from memory at
+   ~5-6 GB/s on one thread of an Intel Xeon where the same kernel runs at ~17 GB/s from cache and a plain
+   read at ~15 GB/s. So every row loop asks for the bytes this far ahead of the block it decodes
+   (docs/performance.md, "Prefetching the weights"); prefetches never fault and change no result. */
+#define PREFETCH_DISTANCE 2048
+
+/* the cache lines of bytes at + PREFETCH_DISTANCE .. + bytes, read soon */
+static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t* at, int64_t bytes) {
+  for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(at + PREFETCH_DISTANCE + offset, 0, 3);
+}
 
 int blocks_matmul(int code, int64_t block_size, int64_t block_bytes, const uint8_t* W, const float* x, float* y,
                   int64_t m, int64_t rows, int64_t cols, int num_threads);
@@ -333,16 +344,20 @@ static inline __attribute__((always_inline)) void row_dot(const int code, const 
   if (groups == 1) {
     int64_t blk = 0;
     for (; blk + 2 <= num_blocks; blk += 2) {
+      prefetch_ahead(row + blk * block_bytes, 2 * block_bytes);
       GROUP_STEP(even, min_even, blk, 0);
       GROUP_STEP(odd, min_odd, blk + 1, 0);
     }
     if (blk < num_blocks) GROUP_STEP(even, min_even, blk, 0);
   } else if (code == FORMAT_Q4_K || code == FORMAT_Q6_K) {
-    for (int64_t blk = 0; blk < num_blocks; blk++)
+    for (int64_t blk = 0; blk < num_blocks; blk++) {
+      prefetch_ahead(row + blk * block_bytes, block_bytes);
       bytes_block_avx2(code, m, row + blk * block_bytes, blk * 8, x, cols, even, odd, min_lanes);
+    }
   } else {
     for (int64_t blk = 0; blk < num_blocks; blk++) {
       const uint8_t* block = row + blk * block_bytes;
+      prefetch_ahead(block, block_bytes);
       __m256 dl, ml, ml_hi, sdl[MAX_M];
       k_block_scales_avx2(code, block, &dl, &ml, &ml_hi);
       for (int i = 0; i < m; i++) {
@@ -387,6 +402,7 @@ static inline __attribute__((always_inline)) void row_dot_512(const int code, co
     int64_t blk = 0;
     for (; blk + 2 <= num_blocks; blk += 2) {
       const uint8_t* b0 = row + blk * block_bytes;
+      prefetch_ahead(b0, 2 * block_bytes);
       __m512i w[2];
       decode_q8_0_pair_512(b0, b0 + block_bytes, w);
       const float dl0 = f16c(b0), dl1 = f16c(b0 + block_bytes);
@@ -416,6 +432,7 @@ static inline __attribute__((always_inline)) void row_dot_512(const int code, co
     };
     for (int64_t blk = 0; blk < num_blocks; blk++) {
       const uint8_t* block = row + blk * block_bytes;
+      prefetch_ahead(block, block_bytes);
       __m512 sdl[MAX_M];  /* Q4_K: lane g < 8 the group's d sc s; Q6_K: lane l the 16-group's (d sc) s */
       if (code == FORMAT_Q4_K) {
         __m512 dl_ml = q4_k_scales_512(block);
@@ -509,6 +526,7 @@ static inline void row_dot(const int code, const int m, const uint8_t* row, int6
   const int64_t groups_per_row = cols / GROUP;
   if (code < FORMAT_Q2_K) {
     for (int64_t blk = 0; blk < num_blocks; blk++) {  /* the AVX2 build's order */
+      prefetch_ahead(row + blk * block_bytes, block_bytes);
       int16_t q[GROUP];
       float dl, ml[2], sdl[MAX_M], *min_acc = blk % 2 ? min_odd : min_even;
       decode_group_q16_scalar(code, row + blk * block_bytes, 0, q, &dl, ml);
@@ -521,6 +539,7 @@ static inline void row_dot(const int code, const int m, const uint8_t* row, int6
   } else {
     for (int64_t blk = 0; blk < num_blocks; blk++) {
       const uint8_t* block = row + blk * block_bytes;
+      prefetch_ahead(block, block_bytes);
       KBlockFactors factors;
       k_block_factors(code, block, &factors);
       float sdl[MAX_M][8];
