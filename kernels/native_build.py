@@ -57,7 +57,7 @@ FIND_COMPILER = "find"  # load_library's default: $CC, else cc, else gcc
 
 def openmp_waits() -> str:
     """How the OpenMP runtime's idle threads wait, as the environment set it when the runtime loaded
-    (the `radixserve` command sets OMP_WAIT_POLICY=PASSIVE unless told: server/omp_wait_policy.py)."""
+    (the `radixserve` command sets GOMP_SPINCOUNT=3000 unless told: server/omp_wait_policy.py)."""
     chosen = [f"{name}={os.environ[name]}" for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if name in os.environ]
     return "OpenMP waits: " + (", ".join(chosen) if chosen else "libgomp's default (spin, then sleep)")
 

@@ -15,7 +15,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from server.omp_wait_policy import choose_passive_waits
+from server.omp_wait_policy import choose_omp_waits
 from store.errors import RadixserveError
 
 # model.backends.BACKEND_CHOICES, spelled out so that `--help` does not import torch (a test holds them equal)
@@ -30,7 +30,7 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    wait_policy = choose_passive_waits()  # before anything loads torch (and with it libgomp)
+    wait_policy = choose_omp_waits()  # before anything loads torch (and with it libgomp)
     parser = _build_parser()
     args = parser.parse_args(argv)
     args.openmp_waits = wait_policy  # `serve` logs it once logging is set up
