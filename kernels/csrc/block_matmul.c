@@ -54,36 +54,35 @@ static inline __attribute__((always_inline)) void row_dot(const int code, const 
   for (int i = 0; i < m; i++) out[i * out_stride] = hsum256(acc[i]);
 }
 
-static inline void decode_group_any(int code, const uint8_t* block, int g, float* w) {
-  __m256 v[4];
+/* group g of `block` as four 8-lane vectors, for a code known only at run time */
+static inline void decode_group_vectors(int code, const uint8_t* block, int g, __m256 v[4]) {
   switch (code) {
 #define DECODE_CASE(C) case C: decode_group_avx2(C, block, g, v); break;
     DECODE_CASE(0) DECODE_CASE(1) DECODE_CASE(2) DECODE_CASE(3) DECODE_CASE(4) DECODE_CASE(5) DECODE_CASE(6)
     DECODE_CASE(7) DECODE_CASE(8) DECODE_CASE(9) DECODE_CASE(10) DECODE_CASE(11) DECODE_CASE(12)
 #undef DECODE_CASE
   }
+}
+
+static inline void decode_group_any(int code, const uint8_t* block, int g, float* w) {
+  __m256 v[4];
+  decode_group_vectors(code, block, g, v);
   for (int k = 0; k < 4; k++) _mm256_storeu_ps(w + 8 * k, v[k]);
 }
 
-/* 8 floats -> 8 bfloat16, rounded to nearest even (NaN -> 0x7FC0): torch's float -> bfloat16, bit for bit. */
+/* 8 floats -> 8 bfloat16, rounded to nearest even as torch rounds them; a NaN stays a NaN (0x7FC0). */
 static inline __m128i to_bf16x8(__m256 v) {
   __m256i bits = _mm256_castps_si256(v);
   __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
   __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
   __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
   rounded = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7FC0), nan);
-  __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1));
-  return packed;
+  return _mm_packus_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1));
 }
 
 static inline void decode_group_any_bf16(int code, const uint8_t* block, int g, uint16_t* w) {
   __m256 v[4];
-  switch (code) {
-#define DECODE_CASE(C) case C: decode_group_avx2(C, block, g, v); break;
-    DECODE_CASE(0) DECODE_CASE(1) DECODE_CASE(2) DECODE_CASE(3) DECODE_CASE(4) DECODE_CASE(5) DECODE_CASE(6)
-    DECODE_CASE(7) DECODE_CASE(8) DECODE_CASE(9) DECODE_CASE(10) DECODE_CASE(11) DECODE_CASE(12)
-#undef DECODE_CASE
-  }
+  decode_group_vectors(code, block, g, v);
   for (int k = 0; k < 4; k++) _mm_storeu_si128((__m128i*)(w + 8 * k), to_bf16x8(v[k]));
 }
 
@@ -194,11 +193,10 @@ int blocks_matmul(int code, int64_t block_size, int64_t block_bytes, const uint8
   return 0;
 }
 
-/* out (num_rows, cols) float32 = the dequantized rows of W: rows row_ids[0..num_rows) when row_ids
-   is given, else rows 0..num_rows. Returns 0, or -1 for a bad format code. */
-int blocks_dequantize_rows(int code, int64_t block_size, int64_t block_bytes, const uint8_t* W,
-                           const int64_t* row_ids, int64_t num_rows, int64_t cols, float* out, int num_threads) {
-  if (code < 0 || code >= NUM_FORMATS) return -1;
+/* out (num_rows, cols) = the dequantized rows of W, rows row_ids[0..num_rows) when row_ids is given, else
+   rows 0..num_rows: float32 values, or (out_bf16) those values rounded to bfloat16 (as uint16). */
+static void dequantize_rows(int code, int64_t block_size, int64_t block_bytes, const uint8_t* W, const int64_t* row_ids,
+                            int64_t num_rows, int64_t cols, void* out, int out_bf16, int num_threads) {
   int64_t num_blocks, bytes;
   int groups;
   shape_of(code, cols, block_size, block_bytes, &num_blocks, &bytes, &groups);
@@ -206,11 +204,21 @@ int blocks_dequantize_rows(int code, int64_t block_size, int64_t block_bytes, co
   #pragma omp parallel for schedule(static) num_threads(num_threads)
   for (int64_t i = 0; i < num_rows; i++) {
     const uint8_t* row = W + (row_ids ? row_ids[i] : i) * row_bytes;
-    float* dst = out + i * cols;
     for (int64_t blk = 0; blk < num_blocks; blk++)
-      for (int g = 0; g < groups; g++)
-        decode_group_any(code, row + blk * bytes, g, dst + (blk * groups + g) * GROUP);
+      for (int g = 0; g < groups; g++) {
+        int64_t first = i * cols + (blk * groups + g) * GROUP;
+        if (out_bf16) decode_group_any_bf16(code, row + blk * bytes, g, (uint16_t*)out + first);
+        else decode_group_any(code, row + blk * bytes, g, (float*)out + first);
+      }
   }
+}
+
+/* out (num_rows, cols) float32 = the dequantized rows of W: rows row_ids[0..num_rows) when row_ids
+   is given, else rows 0..num_rows. Returns 0, or -1 for a bad format code. */
+int blocks_dequantize_rows(int code, int64_t block_size, int64_t block_bytes, const uint8_t* W,
+                           const int64_t* row_ids, int64_t num_rows, int64_t cols, float* out, int num_threads) {
+  if (code < 0 || code >= NUM_FORMATS) return -1;
+  dequantize_rows(code, block_size, block_bytes, W, row_ids, num_rows, cols, out, 0, num_threads);
   return 0;
 }
 
@@ -220,17 +228,6 @@ int blocks_dequantize_rows(int code, int64_t block_size, int64_t block_bytes, co
 int blocks_dequantize_rows_bf16(int code, int64_t block_size, int64_t block_bytes, const uint8_t* W, int64_t num_rows,
                                 int64_t cols, uint16_t* out, int num_threads) {
   if (code < 0 || code >= NUM_FORMATS) return -1;
-  int64_t num_blocks, bytes;
-  int groups;
-  shape_of(code, cols, block_size, block_bytes, &num_blocks, &bytes, &groups);
-  int64_t row_bytes = num_blocks * bytes;
-  #pragma omp parallel for schedule(static) num_threads(num_threads)
-  for (int64_t i = 0; i < num_rows; i++) {
-    const uint8_t* row = W + i * row_bytes;
-    uint16_t* dst = out + i * cols;
-    for (int64_t blk = 0; blk < num_blocks; blk++)
-      for (int g = 0; g < groups; g++)
-        decode_group_any_bf16(code, row + blk * bytes, g, dst + (blk * groups + g) * GROUP);
-  }
+  dequantize_rows(code, block_size, block_bytes, W, NULL, num_rows, cols, out, 1, num_threads);
   return 0;
 }
