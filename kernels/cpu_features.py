@@ -88,7 +88,7 @@ def resolve_prefill_dtype(choice: str, features: "CpuFeatures", onednn_bf16: boo
                           bf16_speedup: Callable[[], float] | None = None) -> tuple[str, tuple[str, ...]]:
     """(the dtype prefill's GEMMs multiply in, the fallbacks on the way) for `choice` in
     PREFILL_DTYPE_CHOICES. `onednn_bf16`: whether this torch's oneDNN runs bf16 GEMMs; `bf16_speedup`:
-    measures bf16 GEMM time over float32's here (kernels.packed_linear.bf16_gemm_speedup), called for
+    measures bf16 GEMM time over float32's here (model.backends.crossover.bf16_gemm_speedup), called for
     "auto" only where bf16 is native. "auto" takes bfloat16 where the CPU (NATIVE_BF16_FLAGS) and oneDNN
     have it and it measured >= BF16_MIN_SPEEDUP; "bfloat16" asked for where either lacks it is an error."""
     if choice not in PREFILL_DTYPE_CHOICES:

@@ -9,10 +9,7 @@ plain path stays the reference: `is_available()` says whether this path can
 run, and tests compare the two.
 """
 
-import functools
 import os
-import statistics
-import time
 
 import torch
 from torch import Tensor
@@ -54,26 +51,3 @@ def packed_linear(x: Tensor, packed_weight: Tensor, bias: Tensor | None) -> Tens
     """x (M, in) -> (M, out) = x @ weight^T + bias, in the packed weight's dtype (x must have it)."""
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed_weight, bias, "none", [], "")
 
-
-@functools.cache
-def bf16_gemm_speedup(rows: int = 512, size: int = 2048, rounds: int = 3) -> float:
-    """float32 GEMM time over bfloat16's on this machine: (rows, size) @ (size, size)^T, both prepacked,
-    interleaved, the median of `rounds` rounds of best-of-3 (~0.3 s once per process). Native bf16 is not
-    always faster (kernels/cpu_features.py), so prefill's "auto" dtype asks this."""
-    generator = torch.Generator().manual_seed(0)
-    weight = torch.randn(size, size, generator=generator)
-    x = torch.randn(rows, size, generator=generator)
-    paths = {dtype: (x.to(dtype), pack_weight(weight.to(dtype))) for dtype in (torch.float32, torch.bfloat16)}
-    ratios = []
-    for _ in range(rounds):
-        best = {}
-        for dtype, (inputs, packed) in paths.items():
-            packed_linear(inputs, packed, None)  # warm-up: the primitive is made on the first call
-            times = []
-            for _ in range(3):
-                started = time.perf_counter()
-                packed_linear(inputs, packed, None)
-                times.append(time.perf_counter() - started)
-            best[dtype] = min(times)
-        ratios.append(best[torch.float32] / best[torch.bfloat16])
-    return statistics.median(ratios)

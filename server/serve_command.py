@@ -11,7 +11,7 @@ import uvicorn
 from assembly.chat_template import ChatTemplate, TemplateError
 from engine.engine_config import EngineConfig, parse_kv_cache_memory, resolve_device, resolve_dtype
 from kernels.cpu_features import resolve_prefill_dtype, resolve_variant, this_cpu
-from kernels.packed_linear import bf16_gemm_speedup, bf16_is_available
+from kernels.packed_linear import bf16_is_available
 from kernels.kv_format import kv_dtype_name
 from model.backends import check_kv_dtypes
 from engine.document_reuse_config import DocumentReuseConfig
@@ -62,9 +62,10 @@ def settings_from_args(args: argparse.Namespace, model_dir) -> ServerSettings:
         resolve_variant(args.cpu_kernels, this_cpu())  # a variant this CPU lacks is refused here, in one line
         if args.decode_activations is not None:
             engine_fields["decode_activations"] = args.decode_activations
-        if args.prefill_dtype is not None:  # bfloat16 on a CPU without native bf16 is refused here, in one line
-            resolve_prefill_dtype(args.prefill_dtype, this_cpu(), bf16_is_available(), bf16_gemm_speedup)
-            engine_fields["prefill_dtype"] = args.prefill_dtype
+        if args.prefill_dtype is not None:
+            if args.prefill_dtype != "auto":  # bfloat16 on a CPU without native bf16 is refused here, in one line
+                resolve_prefill_dtype(args.prefill_dtype, this_cpu(), bf16_is_available())
+            engine_fields["prefill_dtype"] = args.prefill_dtype  # auto: the backend measures, once, where it loads
         engine = EngineConfig(model_dir=model_dir, device=args.device, dtype=args.dtype, schedule=args.schedule,
                               eviction_policy=args.eviction_policy,
                               speculation=config_from_args(SpeculationConfig, args),

@@ -21,6 +21,7 @@ from kernels.cpu_features import PORTABLE, resolve_prefill_dtype, resolve_varian
 from kernels.native_build import FIND_COMPILER, NativeUnavailable, library_variant
 from model.backends.base import Backend, BackendPlan, LinearPlan, StepPolicy
 from model.backends.cpu_backend import FIXED, FLOAT_PREFILL_MAX_BYTES, CpuBackend
+from model.backends.crossover import bf16_gemm_speedup
 from model.backends.kv_formats import cpu_kv_unfit, torch_kv_unfit
 from model.backends.torch_backend import TorchBackend
 from model.config import ModelConfig
@@ -54,7 +55,7 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
     variant, skipped = resolve_variant(variant_choice, features)
     prefill_dtype, bf16_skipped = resolve_prefill_dtype(prefill_dtype_choice, features,
                                                         packed_linear.bf16_is_available(),
-                                                        packed_linear.bf16_gemm_speedup)
+                                                        bf16_gemm_speedup)
     fallbacks = list(skipped) + list(bf16_skipped)
     gemm_q8 = None
     if int8_activations:

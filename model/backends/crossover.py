@@ -14,14 +14,20 @@ depend on m, oneDNN's GEMM may.
 
 With int8 activations (the default) weights held as blocks run one kernel for every row
 count (kernels/cpu_gemm_q8.py): this measures only the float-activation kernels.
+
+`bf16_gemm_speedup` asks the same kind of question of prefill's dtype: native bf16 is not always faster
+than float32 (kernels/cpu_features.py), so prefill's "auto" dtype measures it, once a process.
 """
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
+
+from kernels.packed_linear import pack_weight, packed_linear
 
 # Row counts tried; the kernel's share ends at the first one it loses.
 CANDIDATE_ROWS = (1, 2, 4, 6, 8, 12, 16)
@@ -46,8 +52,23 @@ def measure_crossover(few_rows: Callable[[Tensor], Tensor], large: Callable[[Ten
     return best
 
 
-def _best_seconds(first: Callable[[Tensor], Tensor], second: Callable[[Tensor], Tensor],
-                  x: Tensor) -> tuple[float, float]:
+@functools.cache
+def bf16_gemm_speedup(rows: int = 512, size: int = 2048, rounds: int = ROUNDS) -> float:
+    """float32 GEMM time over bfloat16's on this machine: (rows, size) @ (size, size)^T, both prepacked,
+    the median of `rounds` rounds' ratio of the two interleaved best times (well under a second where
+    bf16 is native)."""
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(size, size, generator=generator)
+    x = torch.randn(rows, size, generator=generator)
+    (x32, w32), (x16, w16) = ((x.to(dtype), pack_weight(weight.to(dtype))) for dtype in (torch.float32, torch.bfloat16))
+    ratios = [float32 / bfloat16 for float32, bfloat16 in
+              (_best_seconds(lambda _: packed_linear(x32, w32, None), lambda _: packed_linear(x16, w16, None), None)
+               for _ in range(rounds))]
+    return statistics.median(ratios)
+
+
+def _best_seconds(first: Callable[[Tensor | None], Tensor], second: Callable[[Tensor | None], Tensor],
+                  x: Tensor | None) -> tuple[float, float]:
     """Best wall time of each, the two called in turn so that noise hits both alike."""
     first(x), second(x)
     best_first = best_second = float("inf")

@@ -74,7 +74,8 @@ def test_prefill_dtype_is_bf16_only_where_native_and_measured_faster():
 
 
 def test_bf16_gemm_speedup_is_a_measured_ratio():
-    from kernels.packed_linear import bf16_gemm_speedup, bf16_is_available
+    from kernels.packed_linear import bf16_is_available
+    from model.backends.crossover import bf16_gemm_speedup
 
     if not bf16_is_available():
         pytest.skip("this torch's oneDNN has no bf16 GEMM")

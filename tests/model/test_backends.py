@@ -248,7 +248,7 @@ def test_prefill_dtype_auto_takes_bf16_only_where_it_measured_faster(build_dir, 
     monkeypatch.setattr(backends_module, "this_cpu", lambda: native)
     monkeypatch.setattr(backends_module.packed_linear, "bf16_is_available", lambda: True)
     for speedup, chosen in ((0.6, "float32"), (4.0, "bfloat16")):
-        monkeypatch.setattr(backends_module.packed_linear, "bf16_gemm_speedup", lambda: speedup)
+        monkeypatch.setattr(backends_module, "bf16_gemm_speedup", lambda: speedup)
         ops = select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, prefill_dtype="auto")
         assert ops.prefill_dtype == chosen
         slower = "bfloat16 prefill off (a bf16 GEMM ran 0.60x float32's here, under 1.25x): float32 GEMMs"
