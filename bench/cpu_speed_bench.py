@@ -2,13 +2,13 @@
 against the machine's limits, side by side in one run.
 
     nice .venv/bin/python -m bench.cpu_speed_bench [--models default,q4_k_m,q8_0] [--lengths 1024,4096]
-        [--paths float32,bf16,int8] [--no-decode] [--prefill-repeats 1] [--threads N]
+        [--paths default,float32,bf16,int8] [--no-decode] [--prefill-repeats 1] [--threads N]
 
 First the machine's limits on one weight shape (2048 x 2048, 512 rows): our int8 GEMM over Q8_0 blocks
 (kernels/cpu_gemm_q8.py), torch's fbgemm dynamic int8 linear, oneDNN's bfloat16 and float32 GEMMs (GOP/s,
 interleaved, best of 3), and copy bandwidth (GB/s, read + write). Then, per model, each server started
 alone on the model's GGUF file: llama-server (bench/llama_server.py, prompt caching off per request) and
-radixserve once per prefill path (`--paths`: `serve --model FILE` with `--prefill-dtype float32`,
+radixserve once per prefill path (`--paths`: `serve --model FILE` with its defaults, `--prefill-dtype float32`,
 `--prefill-dtype bfloat16` (where the CPU has native bf16; elsewhere the row says why it is missing), or
 `--int8-activations`; prefix cache and KV disk tier off), the same client over HTTP (/v1/completions,
 token-id prompts of random ids, greedy, ignore_eos):
@@ -57,7 +57,8 @@ from store.model_store import radixserve_home
 DECODE_TOKENS = 64
 DECODE_PROMPT_TOKENS = 32
 # radixserve's prefill paths (a row each) -> the serve flags that choose it
-PREFILL_PATHS = {"float32": ["--prefill-dtype", "float32", "--no-int8-activations"],
+PREFILL_PATHS = {"default": [],  # serve as a new user starts it (prefill dtype auto)
+                 "float32": ["--prefill-dtype", "float32", "--no-int8-activations"],
                  "bf16": ["--prefill-dtype", "bfloat16", "--no-int8-activations"],
                  "int8": ["--int8-activations"]}
 CONTEXT = 4352  # tokens a llama-server slot holds: a 4096-token prompt and its answer

@@ -121,11 +121,13 @@ class EngineConfig:
     # prefill beside its blocks (model/backends/cpu_backend.py); 0: prefill over the blocks always
     float_prefill_max_bytes: int = FLOAT_PREFILL_MAX_BYTES
     # cpu: what prefill's GEMMs over GGUF blocks multiply in (kernels.cpu_features.PREFILL_DTYPE_CHOICES):
-    # "bfloat16" (x and weights rounded to bf16; needs native bf16: AVX512_BF16 or AMX), "float32", or
-    # "auto" (bfloat16 where native and measured faster). float32 by default: bf16's top-1 agreement with float32
-    # passed (0.9919 on 200 prompts), but its rows depend on the GEMM's row count and its rounding is coarse, so
-    # greedy answers could change with a batch or a cached prefix (docs/performance.md, "An AMX machine")
-    prefill_dtype: str = "float32"
+    # "auto" (the default: bfloat16 products where oneDNN runs them, AMX, and they measured >= 1.25x float32's
+    # GEMM; else float32), "bfloat16" (x and weights rounded to bf16; needs native bf16: AVX512_BF16 or AMX;
+    # bf16 tensors where bf16 products do not run) or "float32". bf16 products passed the quality bar (top-1
+    # agreement with float32 0.9942 on 200 prompts) and, with prompt rows always on the prefill path, give a
+    # prompt's rows the same bits however it was chunked, batched or cached (docs/performance.md, "bfloat16
+    # products")
+    prefill_dtype: str = "auto"
     # cpu: prefill attention on the C kernel over pages where it runs ("auto"), or torch's SDPA over gathered
     # K/V ("sdpa": the comparison bench/prefill_attention_bench.py makes) (model.backends.PREFILL_ATTENTION_CHOICES)
     prefill_attention: str = "auto"

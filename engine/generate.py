@@ -45,7 +45,9 @@ def greedy_generate(
     page_ids = list(range(num_pages))
 
     def step(token_ids: list[int], start: int) -> torch.Tensor:
-        batch = build_step_batch([SequenceChunk(token_ids, start, page_ids)], PAGE_SIZE, device)
+        num_generated = max(0, start + len(token_ids) - max(start, len(prompt_ids)))  # rows past the prompt
+        batch = build_step_batch([SequenceChunk(token_ids, start, page_ids, num_generated_rows=num_generated)],
+                                 PAGE_SIZE, device)
         return run_step(model, pool.layers, batch).sampled[0]  # (V,)
 
     output_ids: list[int] = []

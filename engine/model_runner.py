@@ -45,8 +45,10 @@ class ModelRunner:
                 prompt_spans.append((request, chunk.start + row_offset, num_prompt_rows))
             drafts = chunk.draft_token_ids  # a verify chunk: its last token, then the drafts
             token_ids = request.token_ids_between(chunk.start, end - len(drafts)) + list(drafts)
+            num_generated = max(0, end - max(chunk.start, len(request.prompt_token_ids)))  # rows past the prompt
             sequence_chunks.append(SequenceChunk(token_ids, chunk.start, request.page_ids, chunk.completes_request_tokens,
-                                                 num_prompt_rows, row_offset, num_draft_rows=len(drafts)))
+                                                 num_prompt_rows, row_offset, num_draft_rows=len(drafts),
+                                                 num_generated_rows=num_generated))
         logits = run_step(self.model, self.kv_pool.layers, build_step_batch(sequence_chunks, self.page_size, self.device))
         prompt_logits: list[PromptLogits] = []
         offset = 0

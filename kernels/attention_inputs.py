@@ -33,6 +33,8 @@ class AttentionInputs:
     query_starts: list[int]  # (B+1,) cumulative: sequence b's new tokens are rows [qs[b], qs[b+1])
     context_lens: list[int]  # (B,) tokens in sequence b's KV after this step, new tokens included
     page_table: Tensor  # (B, max_pages) int64, pages in order; padding: any valid page id
+    # (B,) whether sequence b's new tokens are prompt tokens (not a decode or verify chunk); () unknown
+    is_prompt: tuple[bool, ...] = ()
     _plans: dict[tuple[int, AttentionPolicy, int | None], AttentionPlan] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self):
@@ -41,6 +43,8 @@ class AttentionInputs:
             raise ValueError("query_starts must be cumulative, start at 0 and have B+1 entries")
         if self.page_table.dim() != 2 or self.page_table.shape[0] != num_seqs:
             raise ValueError(f"page_table must be (B={num_seqs}, max_pages), got {tuple(self.page_table.shape)}")
+        if self.is_prompt and len(self.is_prompt) != num_seqs:
+            raise ValueError(f"is_prompt must have B={num_seqs} entries, got {len(self.is_prompt)}")
         if self.slot_ids.shape != (self.query_starts[-1],):
             raise ValueError(f"slot_ids must be (N={self.query_starts[-1]},), got {tuple(self.slot_ids.shape)}")
         for b, (query_len, context_len) in enumerate(zip(self.query_lens, self.context_lens)):
@@ -55,6 +59,7 @@ class AttentionInputs:
         context_lens: list[int],
         page_ids_per_seq: list[list[int]],
         device,
+        is_prompt: list[bool] | None = None,
     ) -> AttentionInputs:
         """From plain lists: pads the page table with page 0 and puts tensors on `device`."""
         query_starts = [0]
@@ -67,17 +72,19 @@ class AttentionInputs:
             query_starts=query_starts,
             context_lens=list(context_lens),
             page_table=torch.tensor(padded, dtype=torch.int64, device=device).view(len(padded), max_pages),
+            is_prompt=tuple(is_prompt or ()),
         )
 
     @classmethod
-    def for_chunks(cls, chunks: list[tuple[list[int], int, int]], page_size: int, device) -> AttentionInputs:
+    def for_chunks(cls, chunks: list[tuple[list[int], int, int]], page_size: int, device,
+                   is_prompt: list[bool] | None = None) -> AttentionInputs:
         """One step of sequences given as (page_ids, start, end): each adds the tokens of
         positions [start, end) to its pages, attending to positions [0, end)."""
         slot_ids: list[int] = []
         for page_ids, start, end in chunks:
             slot_ids.extend(slot_ids_of(page_ids, start, end, page_size))
         return cls.build(slot_ids, [end - start for _, start, end in chunks], [end for _, _, end in chunks],
-                         [page_ids for page_ids, _, _ in chunks], device)
+                         [page_ids for page_ids, _, _ in chunks], device, is_prompt)
 
     @property
     def num_seqs(self) -> int:

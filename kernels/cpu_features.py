@@ -14,10 +14,12 @@ AVX_VNNI (VEX-coded `vpdpbusd` of 256 bits, Alder Lake and later), AVX512_BF16 a
 are detected and named; no kernel of ours uses them (oneDNN picks AMX and BF16 itself
 where its GEMMs can use them).
 
-Prefill's dtype (`resolve_prefill_dtype`): "auto" takes bfloat16 GEMMs (oneDNN's, through torch) where
-the CPU multiplies bf16 natively (AVX512_BF16 or AMX-BF16) and a bf16 GEMM measured on this machine ran
-at least BF16_MIN_SPEEDUP times its float32 GEMM; elsewhere float32. Native is not enough: an AMD EPYC with
-AVX512_BF16 ran bf16 ~3x float32, an Intel Xeon with AVX512_BF16 and no AMX 0.6x, one with AMX ~7x.
+Prefill's dtype (`resolve_prefill_dtype`): "auto" takes bfloat16 (oneDNN's GEMMs, through torch) where
+the CPU multiplies bf16 natively (AVX512_BF16 or AMX-BF16), oneDNN runs bf16 products inside float32
+GEMMs (kernels/bf16_products.py: AMX; a row's bits then do not depend on the row count) and such a GEMM
+measured on this machine ran at least BF16_MIN_SPEEDUP times float32's; elsewhere float32. Native is not
+enough: an AMD EPYC with AVX512_BF16 ran GEMMs over bf16 tensors ~3x float32 (but no bf16 products, so
+"bfloat16" there is asked for only), an Intel Xeon with AVX512_BF16 and no AMX 0.6x, one with AMX ~4x.
 """
 
 import functools
@@ -85,12 +87,15 @@ def resolve_variant(choice: str, features: "CpuFeatures") -> tuple[str, tuple[st
 
 
 def resolve_prefill_dtype(choice: str, features: "CpuFeatures", onednn_bf16: bool,
-                          bf16_speedup: Callable[[], float] | None = None) -> tuple[str, tuple[str, ...]]:
+                          bf16_speedup: Callable[[], float] | None = None,
+                          bf16_products: bool = False) -> tuple[str, tuple[str, ...]]:
     """(the dtype prefill's GEMMs multiply in, the fallbacks on the way) for `choice` in
-    PREFILL_DTYPE_CHOICES. `onednn_bf16`: whether this torch's oneDNN runs bf16 GEMMs; `bf16_speedup`:
-    measures bf16 GEMM time over float32's here (model.backends.crossover.bf16_gemm_speedup), called for
-    "auto" only where bf16 is native. "auto" takes bfloat16 where the CPU (NATIVE_BF16_FLAGS) and oneDNN
-    have it and it measured >= BF16_MIN_SPEEDUP; "bfloat16" asked for where either lacks it is an error."""
+    PREFILL_DTYPE_CHOICES. `onednn_bf16`: whether this torch's oneDNN runs bf16 GEMMs; `bf16_products`:
+    whether it runs bf16 products inside float32 GEMMs here (kernels/bf16_products.py: AMX), whose rows do
+    not depend on the row count; `bf16_speedup`: measures bf16 GEMM time over float32's here
+    (model.backends.crossover.bf16_gemm_speedup), called for "auto" only where bf16 products run. "auto"
+    takes bfloat16 where the CPU (NATIVE_BF16_FLAGS) and oneDNN have it, bf16 products run and it measured
+    >= BF16_MIN_SPEEDUP; "bfloat16" asked for where the CPU or oneDNN lacks it is an error."""
     if choice not in PREFILL_DTYPE_CHOICES:
         raise ValueError(f"prefill dtype must be one of {', '.join(PREFILL_DTYPE_CHOICES)}, got {choice!r}")
     lacking = _bf16_lacking(features, onednn_bf16)
@@ -100,6 +105,11 @@ def resolve_prefill_dtype(choice: str, features: "CpuFeatures", onednn_bf16: boo
         return choice, ()
     if lacking:
         return "float32", (f"bfloat16 prefill off ({lacking}): float32 GEMMs",)
+    if not bf16_products:
+        # GEMMs over bf16 tensors round each output to bf16 and their rows depend on the row count, so a
+        # greedy answer could change with a batch or a cached prefix: asked for only (docs/performance.md)
+        return "float32", ("bfloat16 prefill off (oneDNN runs no bf16 products in float32 GEMMs here, no AMX; "
+                           "bf16 tensors' rows would depend on the batch): float32 GEMMs",)
     if bf16_speedup is None:
         raise ValueError("prefill dtype auto needs bf16_speedup to measure bf16 against float32")
     speedup = bf16_speedup()

@@ -157,9 +157,10 @@ def _add_serve_parser(commands, default_model: str) -> None:
                        "decode). Default: off "
                        "(its quality against float32: docs/performance.md)")
     serve.add_argument("--prefill-dtype", choices=PREFILL_DTYPE_CHOICES,
-                       help="cpu backend: what prefill's GEMMs over GGUF blocks multiply in: bfloat16 (x and weights "
-                       "rounded to bf16; needs AVX512_BF16 or AMX), float32, or auto (bfloat16 where the CPU has native "
-                       "bf16); default: EngineConfig's, docs/performance.md has speed and agreement")
+                       help="cpu backend: what prefill's GEMMs over GGUF blocks multiply in: auto (the default: "
+                       "bfloat16 products where oneDNN runs them, AMX, and measured faster; else float32), bfloat16 "
+                       "(x and weights rounded to bf16; needs AVX512_BF16 or AMX) or float32; docs/performance.md "
+                       "has speed and agreement")
     serve.add_argument("--decode-activations", choices=("int16", "float32"),
                        help="cpu backend: what the decode kernels over GGUF blocks multiply with: int16 (activations "
                        "quantized per 32 values, integer dot products) or float32 (exact weights and activations); "

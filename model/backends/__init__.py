@@ -16,11 +16,13 @@ from pathlib import Path
 
 import torch
 
-from kernels import block_matmul, cpu_decode_ops, cpu_gemm_q8, cpu_matvec, cpu_prefill_attention, packed_linear
+from kernels import (bf16_products, block_matmul, cpu_decode_ops, cpu_gemm_q8, cpu_matvec, cpu_prefill_attention,
+                     packed_linear)
 from kernels.cpu_features import PORTABLE, resolve_prefill_dtype, resolve_variant, this_cpu
 from kernels.native_build import FIND_COMPILER, NativeUnavailable, library_variant
 from model.backends.base import Backend, BackendPlan, LinearPlan, StepPolicy
 from model.backends.cpu_backend import FIXED, FLOAT_PREFILL_MAX_BYTES, CpuBackend
+from model.backends.cpu_linear import BF16_PRODUCTS_MATH, BF16_TENSORS_MATH, FLOAT32_MATH
 from model.backends.crossover import bf16_gemm_speedup
 from model.backends.kv_formats import cpu_kv_unfit, torch_kv_unfit
 from model.backends.torch_backend import TorchBackend
@@ -53,9 +55,13 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
               prefill_dtype_choice: str, prefill_attention_choice: str) -> Backend:
     features = this_cpu()
     variant, skipped = resolve_variant(variant_choice, features)
+    products = bf16_products.run_here()
     prefill_dtype, bf16_skipped = resolve_prefill_dtype(prefill_dtype_choice, features,
                                                         packed_linear.bf16_is_available(),
-                                                        bf16_gemm_speedup)
+                                                        functools.partial(bf16_gemm_speedup, products=products),
+                                                        bf16_products=products)
+    prefill_math = FLOAT32_MATH if prefill_dtype == "float32" else (
+        BF16_PRODUCTS_MATH if products else BF16_TENSORS_MATH)
     fallbacks = list(skipped) + list(bf16_skipped)
     gemm_q8 = None
     if int8_activations:
@@ -96,11 +102,11 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
     builds = ", ".join(f"{label} {library_variant(library, variant)}" for label, library, kernels in loaded
                        if kernels is not None)
     instruction_sets = (f"{features.describe()}; kernels: {variant}" + (f" ({builds})" if builds else "")
-                        + f"; prefill GEMMs: {prefill_dtype}")
+                        + f"; prefill GEMMs: {prefill_math.name}")
     return CpuBackend(matvec, ops, tuple(fallbacks), crossover,
                       functools.partial(block_matmul.load_best, build_dir, compiler, variant), gemm_q8=gemm_q8,
                       instruction_sets=instruction_sets, float_prefill_max_bytes=float_prefill_max_bytes,
-                      decode_activations=decode_activations, prefill_dtype=prefill_dtype,
+                      decode_activations=decode_activations, prefill_math=prefill_math,
                       prefill_attention=prefill_attention)
 
 

@@ -10,8 +10,9 @@ instruction sets the CPU has, and which kernel variant was built: kernels/cpu_fe
 - weights held as GGUF blocks: decode over the blocks (C kernels); prefill over a copy of the
   projections in prefill's dtype when it fits in `float_prefill_max_bytes` (a small model), else a tiled
   GEMM over rows dequantized on the fly (no copy of a weight is ever whole). Prefill's dtype is float32,
-  or bfloat16 where the CPU has native bf16 and it is asked for (kernels/cpu_features.py,
-  resolve_prefill_dtype; model/backends/cpu_linear.py says how it rounds);
+  or bfloat16 where the CPU has native bf16 and it is asked for or measured faster (kernels/cpu_features.py,
+  resolve_prefill_dtype): bf16 products inside float32 GEMMs where oneDNN runs them (AMX), else bf16
+  tensors (model/backends/cpu_linear.py, PrefillMath, says how each rounds);
 - oneDNN prepacked linear layers always (kernels/packed_linear.py);
 - with the C kernels built (kernels/native_build.py: a C compiler, AVX2/FMA/F16C):
   few-row products read the GGUF blocks of a converted model (or, without blocks, a kept
@@ -28,10 +29,11 @@ instruction sets the CPU has, and which kernel variant was built: kernels/cpu_fe
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -48,7 +50,7 @@ from kernels.native_build import NativeUnavailable, openmp_waits
 from kernels.packed_linear import pack_weight, packed_linear
 from kernels.paged_attention import paged_attention
 from model.backends.base import BackendPlan, LinearPlan, StepPolicy
-from model.backends.cpu_linear import BlockEmbedding, BlockLinear, CpuLinear
+from model.backends.cpu_linear import FLOAT32_MATH, BlockEmbedding, BlockLinear, CpuLinear, PrefillMath, StepRows
 from model.backends.crossover import measure_crossover
 from model.backends.torch_backend import TorchBackend
 
@@ -84,7 +86,6 @@ INT8_FLOAT_ACTIVATION_LAYERS: tuple[str, ...] = ()
 # copy costs a small model little (SmolLM2-135M: 513 MiB as float32, 257 MiB as bfloat16). Larger models
 # keep blocks only.
 FLOAT_PREFILL_MAX_BYTES = 1 << 30
-PREFILL_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # With bfloat16 prefill, the projections (last part of the name) that prefill in float32 all the same. The LM
 # head's output is the logits sampling reads: rounded to bf16 (steps of 1/16 at 16) near-ties flip; and in
 # serving it runs on one row per prefilling sequence, so float32 costs it nothing there.
@@ -99,14 +100,15 @@ class CpuBackend(TorchBackend):
                  gemm_q8: CpuGemmQ8 | None = None, instruction_sets: str = "",
                  float_activation_layers: tuple[str, ...] = INT8_FLOAT_ACTIVATION_LAYERS,
                  float_prefill_max_bytes: int = FLOAT_PREFILL_MAX_BYTES,
-                 decode_activations: str = "int16", prefill_dtype: str = "float32",
+                 decode_activations: str = "int16", prefill_math: PrefillMath = FLOAT32_MATH,
                  bf16_float_layers: tuple[str, ...] = BF16_FLOAT_LAYERS,
                  prefill_attention: CpuPrefillAttention | None = None):
         super().__init__(torch.device("cpu"), torch.float32, fallbacks)
-        if prefill_dtype not in PREFILL_TORCH_DTYPES:
-            raise ValueError(f"prefill dtype must be one of {', '.join(PREFILL_TORCH_DTYPES)}, got {prefill_dtype!r}")
-        # what prefill's GEMMs over GGUF blocks multiply in (resolved: kernels.cpu_features.resolve_prefill_dtype)
-        self.prefill_dtype = prefill_dtype
+        # how prefill's GEMMs over GGUF blocks multiply (resolved: kernels.cpu_features.resolve_prefill_dtype,
+        # then model.backends.prefill_math_for)
+        self.prefill_math = prefill_math
+        self.prefill_dtype = "float32" if prefill_math == FLOAT32_MATH else "bfloat16"
+        self.step_rows = StepRows()  # the running step's prompt and generated rows (read under bf16 products)
         self.bf16_float_layers = bf16_float_layers  # with bfloat16 prefill, these stay float32 (last name part)
         if crossover not in (MEASURE, FIXED):
             raise ValueError(f"crossover must be {MEASURE!r} or {FIXED!r}, got {crossover!r}")
@@ -139,7 +141,10 @@ class CpuBackend(TorchBackend):
                                                  self.policy.attention.prefill_block_rows,
                                                  fused_decode=ops is not None,
                                                  max_rows_as_decode=MAX_VERIFY_ROWS_AS_DECODE,
-                                                 fused_prefill=prefill_attention is not None),
+                                                 fused_prefill=prefill_attention is not None,
+                                                 # under bf16 products prompt rows run as prefill (StepRows)
+                                                 prompts_as_prefill=(prefill_math.bf16_products
+                                                                     and prefill_attention is not None)),
                                  verify_row_costs=CPU_VERIFY_ROW_COSTS,
                                  max_verify_rows_per_step=BLOCKS_MAX_ROWS["Q4_1"])
         if ops is not None:  # chosen once: the fused kernels replace the torch ops
@@ -211,8 +216,8 @@ class CpuBackend(TorchBackend):
         else:
             kernel = "C matvec" if tuned else f"C block matmul ({self.block_kernels.instruction_set})"
         limit = min(BLOCKS_MAX_ROWS.get(p.format, BLOCK_KERNEL_MAX_ROWS) for p in parts)
-        dtype = self._prefill_dtype_of(name)
-        tiles = "" if dtype == "float32" else f" ({dtype})"
+        math = self._prefill_math_of(name)
+        tiles = "" if math == FLOAT32_MATH else f" ({math.name})"
         self._linears[name] = LinearPlan(f"torch GEMM over dequantized tiles of {formats} blocks{tiles}",
                                          f"{kernel} over {formats} blocks", limit)
         if limit < self.policy.max_verify_rows_per_step:
@@ -220,13 +225,18 @@ class CpuBackend(TorchBackend):
         if self._float_prefill:
             return self._float_copy_over_blocks(name, layer, parts, formats, kernel, limit)
         return BlockLinear(parts, layer.bias, self._few_rows_over_blocks, self.block_kernels.dequantize_rows, limit,
-                           PREFILL_TORCH_DTYPES[dtype])
+                           math, self.step_rows, self._grouped_rows(name))
 
-    def _prefill_dtype_of(self, name: str) -> str:
-        return "float32" if name.rsplit(".", 1)[-1] in self.bf16_float_layers else self.prefill_dtype
+    def _grouped_rows(self, name: str) -> bool:
+        """Under bf16 products the layers kept float32 (the LM head) run every row on the few-rows kernel, in
+        groups, so that no logit's bits depend on what shares its call (StepRows)."""
+        return self.prefill_math.bf16_products and name.rsplit(".", 1)[-1] in self.bf16_float_layers
+
+    def _prefill_math_of(self, name: str) -> PrefillMath:
+        return FLOAT32_MATH if name.rsplit(".", 1)[-1] in self.bf16_float_layers else self.prefill_math
 
     def prepare(self, model: nn.Module, blocks: dict[str, list]) -> None:
-        projection_bytes = sum(PREFILL_TORCH_DTYPES[self._prefill_dtype_of(name)].itemsize * part.rows * part.cols
+        projection_bytes = sum(self._prefill_math_of(name).dtype.itemsize * part.rows * part.cols
                                for name, parts in blocks.items() if name != "embed_tokens" for part in parts)
         self._float_prefill = 0 < projection_bytes <= self.float_prefill_max_bytes
         super().prepare(model, blocks)
@@ -234,14 +244,17 @@ class CpuBackend(TorchBackend):
     def _float_copy_over_blocks(self, name: str, layer: nn.Module, parts: list[BlockWeight], formats: str,
                                 kernel: str, limit: int) -> nn.Module:
         """oneDNN over a copy in prefill's dtype for more than `limit` rows; the blocks for up to `limit` (decode)."""
-        dtype = PREFILL_TORCH_DTYPES[self._prefill_dtype_of(name)]
+        math = self._prefill_math_of(name)
+        dtype = math.dtype
         weight = torch.cat([self.block_kernels.dequantize_rows(part, first=0, count=part.rows).to(dtype)
                             for part in parts])
         self._float_prefill_bytes += weight.numel() * weight.element_size()
-        self._linears[name] = LinearPlan(f"oneDNN prepacked over a {self._prefill_dtype_of(name)} copy of {formats} blocks",
+        self._linears[name] = LinearPlan(f"oneDNN prepacked over a {str(dtype).removeprefix('torch.')} copy of {formats} blocks"
+                                         + ("" if math == FLOAT32_MATH else f" ({math.name})"),
                                          f"{kernel} over {formats} blocks", limit)
         return CpuLinear(pack_weight(weight), layer.bias, weight.shape[0],
-                         functools.partial(self._few_rows_over_parts, parts=parts), limit, dtype)
+                         functools.partial(self._few_rows_over_parts, parts=parts), limit, math, self.step_rows,
+                         self._grouped_rows(name))
 
     def _few_rows_over_parts(self, x: Tensor, parts: list[BlockWeight]) -> Tensor:
         outputs = [self._few_rows_over_blocks(x, part) for part in parts]
@@ -269,6 +282,17 @@ class CpuBackend(TorchBackend):
         self._linears[name] = LinearPlan("oneDNN prepacked", f"C matvec over {kind}" if limit else "", limit)
         return CpuLinear(packed, bias, out_features, few_rows if limit else None, limit)
 
+    @contextlib.contextmanager
+    def step(self, num_rows: int, generated_rows: Tensor | None) -> Iterator[None]:
+        if not self.prefill_math.bf16_products:  # only bf16 products read the step's rows
+            yield
+            return
+        self.step_rows.set(num_rows, generated_rows)
+        try:
+            yield
+        finally:
+            self.step_rows.clear()
+
     def plan(self) -> BackendPlan:
         notes = (f"cpu: {self.instruction_sets}",) if self.instruction_sets else ()
         notes += (openmp_waits(),)
@@ -276,13 +300,15 @@ class CpuBackend(TorchBackend):
             notes += ("weights resident as blocks: " + ", ".join(
                 f"{fmt} {size / 2**20:.0f} MiB" for fmt, size in sorted(self._resident.items())),)
         if self._float_prefill_bytes:
-            notes += (f"prefill over {self.prefill_dtype} copies of the projections, "
+            notes += (f"prefill over {str(self.prefill_math.dtype).removeprefix('torch.')} copies of the projections, "
                       f"{self._float_prefill_bytes / 2**20:.0f} MiB (they fit in "
                       f"{self.float_prefill_max_bytes / 2**20:.0f} MiB)",)
-        if self.prefill_dtype == "bfloat16":
-            notes += ("prefill GEMMs over blocks in bfloat16 (x and weights rounded to bf16, float32 accumulation, "
-                      "output rounded to bf16)" + (f", but {'/'.join(self.bf16_float_layers)} in float32"
-                                                   if self.bf16_float_layers else ""),)
+        if self.prefill_math != FLOAT32_MATH:
+            rounding = ("float32 accumulation and output; a row's bits do not depend on the row count"
+                        if self.prefill_math.bf16_products else "float32 accumulation, output rounded to bf16")
+            notes += (f"prefill GEMMs over blocks in {self.prefill_math.name} (x and weights rounded to bf16, "
+                      f"{rounding})" + (f", but {'/'.join(self.bf16_float_layers)} in float32"
+                                        if self.bf16_float_layers else ""),)
         if self._embedding:
             notes += (f"embedding: {self._embedding}",)
         if self._crossovers:

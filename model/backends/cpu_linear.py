@@ -2,11 +2,13 @@
 for few rows (CpuLinear); over weights held only as blocks, C kernels for few rows and a tiled
 GEMM over dequantized rows for more (BlockLinear); and the embedding table as blocks (BlockEmbedding).
 
-Prefill's GEMM multiplies in `prefill_dtype`: float32, or bfloat16 where the CPU has native bf16
-(kernels/cpu_features.py): then x and the weight (the packed copy, or each tile, which C dequantizes
-straight to bf16) are rounded to bf16, oneDNN accumulates in float32 and rounds its output to bf16, and
-the result comes back as float32 (torch's CPU matmul has no float32 output for bf16 inputs). The few-rows kernels are
-float32 (or their own activations) either way.
+Prefill's GEMM multiplies as its PrefillMath says: in float32; in bf16 products inside float32 GEMMs
+where oneDNN runs them (AMX: kernels/bf16_products.py), x and the weight (the packed copy, or each tile)
+rounded to bf16 by oneDNN, float32 accumulation and output, a row's bits independent of the row count; or,
+asked for where those do not run, over bf16 tensors (x and the weight rounded to bf16, each tile dequantized
+by C straight to bf16), oneDNN rounding its output to bf16 before it comes back as float32 (torch's CPU
+matmul has no float32 output for bf16 tensors). The few-rows kernels are float32 (or their own
+activations) either way.
 
 oneDNN reorders the weight once into the blocked layout its GEMM reads
 (kernels/packed_linear.py). Inputs of up to `few_rows_max` rows (decode) go to a C
@@ -15,46 +17,144 @@ kernel over the GGUF blocks of the weight, or over a row-major float32 copy
 (crossover.py).
 """
 
+import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
+from kernels.bf16_products import bf16_products
 from kernels.packed_linear import packed_linear
 
 
-class CpuLinear(nn.Module):
-    """x (M, in) -> x @ W^T + bias (M, out), float32 in and out."""
+@dataclass(frozen=True)
+class PrefillMath:
+    """How prefill's GEMMs multiply: `dtype` is what x and the weight copies or tiles are held in for the
+    GEMM; `bf16_products`, float32 GEMMs with bf16 products (kernels/bf16_products.py)."""
+
+    name: str  # said in describe(): "float32", "bfloat16 products", "bfloat16 tensors"
+    dtype: torch.dtype = torch.float32
+    bf16_products: bool = False
+
+    def products(self) -> contextlib.AbstractContextManager:
+        return bf16_products() if self.bf16_products else contextlib.nullcontext()
+
+
+FLOAT32_MATH = PrefillMath("float32")
+BF16_PRODUCTS_MATH = PrefillMath("bfloat16 products", torch.float32, bf16_products=True)
+BF16_TENSORS_MATH = PrefillMath("bfloat16 tensors", torch.bfloat16)
+
+
+class StepRows:
+    """Which rows of the running step's batch are prompt rows and which hold generated tokens (a decode, a
+    verify chunk's token and drafts): set around each forward (CpuBackend.step), read by the linear layers
+    under bf16 products. A prompt row then always runs the prefill GEMM, whatever its chunk's size, so its
+    bits do not depend on how the prompt was chunked or what was cached (the GEMM's rows do not depend on
+    the row count); generated rows run the few-rows kernel in groups (`grouped`), so a decode's bits do not
+    depend on the batch or the prompts that shared its step."""
+
+    def __init__(self):
+        self.num_rows = -1  # the step's rows (-1: no step running)
+        self.prompt: Tensor | None = None  # (P,) int64 row indices, when some rows are generated and some not
+        self.generated: Tensor | None = None  # (G,) int64 likewise
+        self.all_generated = False
+
+    def set(self, num_rows: int, generated_rows: Tensor | None) -> None:
+        self.num_rows = num_rows
+        self.prompt = self.generated = None
+        num_generated = 0 if generated_rows is None else generated_rows.numel()
+        self.all_generated = num_generated == num_rows
+        if 0 < num_generated < num_rows:
+            is_prompt = torch.ones(num_rows, dtype=torch.bool)
+            is_prompt[generated_rows] = False
+            self.prompt, self.generated = is_prompt.nonzero().flatten(), generated_rows
+
+    def clear(self) -> None:
+        self.set(-1, None)
+
+
+class _PrefillLinear(nn.Module):
+    """x (M, in) -> x @ W^T + bias (M, out), float32 in and out: up to `few_rows_max` rows a few-rows
+    kernel, more a GEMM that multiplies as `prefill_math` says. Under bf16 products (`step_rows` given), by
+    the step's rows (StepRows) where a step is running; with `grouped_rows` (the float32 layers under bf16
+    products: the LM head), the few-rows kernel for every row count, in groups."""
+
+    def __init__(self, bias: Tensor | None, out_features: int, few_rows_max: int, prefill_math: PrefillMath,
+                 step_rows: StepRows | None, grouped_rows: bool = False):
+        super().__init__()
+        self.bias = bias
+        self.out_features = out_features
+        self.few_rows_max = few_rows_max
+        self.prefill_math = prefill_math
+        self.step_rows = step_rows if prefill_math.bf16_products else None
+        self.grouped_rows = grouped_rows and few_rows_max > 0
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = self.step_rows
+        if self.grouped_rows:
+            y = self._grouped(x)
+        elif rows is None or rows.num_rows != x.shape[0]:  # by the row count
+            y = self._few_rows(x) if x.shape[0] <= self.few_rows_max else self._gemm(x, self.prefill_math)
+        elif rows.all_generated:
+            y = self._grouped(x)
+        elif rows.prompt is None:  # prompt rows only
+            y = self._gemm(x, self.prefill_math)
+        else:
+            y = x.new_empty((x.shape[0], self.out_features))
+            y.index_copy_(0, rows.generated, self._grouped(x.index_select(0, rows.generated)))
+            y.index_copy_(0, rows.prompt, self._gemm(x.index_select(0, rows.prompt), self.prefill_math))
+        return y + self.bias if self.bias is not None else y
+
+    def _grouped(self, x: Tensor) -> Tensor:
+        """The few-rows kernel over groups of at most few_rows_max rows: its rows do not depend on how many
+        share a call (kernels/block_matmul.py), so neither do these (float32's GEMM without such a kernel)."""
+        limit = self.few_rows_max
+        if limit == 0:
+            return self._gemm(x, FLOAT32_MATH)
+        if x.shape[0] <= limit:
+            return self._few_rows(x)
+        return torch.cat([self._few_rows(x[first:first + limit]) for first in range(0, x.shape[0], limit)])
+
+    def _few_rows(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def _gemm(self, x: Tensor, math: PrefillMath) -> Tensor:
+        """x (M, in) float32 -> x @ W^T (M, out) float32, multiplied as `math` says."""
+        raise NotImplementedError
+
+
+class CpuLinear(_PrefillLinear):
+    """Over a oneDNN-packed weight (float32, or bfloat16 under bf16 tensors); `few_rows` for up to
+    `few_rows_max` rows."""
 
     def __init__(self, packed_weight: Tensor, bias: Tensor | None, out_features: int,
                  few_rows: Callable[[Tensor], Tensor] | None = None, few_rows_max: int = 0,
-                 prefill_dtype: torch.dtype = torch.float32):
-        super().__init__()
-        self.packed_weight = packed_weight  # opaque oneDNN tensor of prefill_dtype
-        self.prefill_dtype = prefill_dtype
-        self.bias = bias
-        self.out_features = out_features
+                 prefill_math: PrefillMath = FLOAT32_MATH, step_rows: StepRows | None = None,
+                 grouped_rows: bool = False):
+        super().__init__(bias, out_features, few_rows_max if few_rows is not None else 0, prefill_math, step_rows,
+                         grouped_rows)
+        self.packed_weight = packed_weight  # opaque oneDNN tensor of prefill_math.dtype
         self.few_rows = few_rows  # x (m, in) -> x @ W^T (m, out), for m <= few_rows_max
-        self.few_rows_max = few_rows_max if few_rows is not None else 0
 
-    def forward(self, x: Tensor) -> Tensor:
-        if x.shape[0] <= self.few_rows_max:
-            y = self.few_rows(x)
-            return y + self.bias if self.bias is not None else y
-        if self.prefill_dtype == torch.float32:
-            return packed_linear(x, self.packed_weight, self.bias)
-        y = packed_linear(x.to(self.prefill_dtype), self.packed_weight, None).float()
-        return y + self.bias if self.bias is not None else y
+    def _few_rows(self, x: Tensor) -> Tensor:
+        return self.few_rows(x)
+
+    def _gemm(self, x: Tensor, math: PrefillMath) -> Tensor:
+        with math.products():
+            return packed_linear(x.to(math.dtype), self.packed_weight, None).float()
 
 
-# A prefill tile: this many weights dequantized at a time in prefill's dtype (4 MiB of float32, 2 MiB of
-# bfloat16), then one GEMM over them (256K-2M weights measured alike: docs/performance.md, "An AMX machine").
-TILE_WEIGHTS = 1 << 20
+# A prefill tile: this many weights dequantized at a time in prefill's dtype (8 MiB of float32, 4 MiB of
+# bfloat16), then one GEMM over them. 256K-2M weights measured alike over bf16 tensors; with bf16 products
+# oneDNN rounds x to bf16 in every GEMM, and 2M-4M weights ran 1.3-1.6x 1M on a 2048 x 8192 weight
+# (docs/performance.md, "bfloat16 products").
+TILE_WEIGHTS = 1 << 21
 
 
-class BlockLinear(nn.Module):
-    """x (M, in) -> x @ W^T + bias, W held only as blocks (kernels/block_formats.py): `parts`, the
-    weight's rows in order (a fused projection whose parts differ in format has several).
+class BlockLinear(_PrefillLinear):
+    """W held only as blocks (kernels/block_formats.py): `parts`, the weight's rows in order (a fused
+    projection whose parts differ in format has several).
 
     Up to `few_rows_max` rows (decode, verify chunks) a C kernel reads the blocks (`few_rows`, per
     part); more rows (prefill) dequantize a tile of rows at a time into a scratch buffer and run
@@ -62,27 +162,28 @@ class BlockLinear(nn.Module):
 
     def __init__(self, parts: list, bias: Tensor | None, few_rows: Callable[[Tensor, object], Tensor],
                  dequantize_rows: Callable[..., Tensor], few_rows_max: int,
-                 prefill_dtype: torch.dtype = torch.float32):
-        super().__init__()
+                 prefill_math: PrefillMath = FLOAT32_MATH, step_rows: StepRows | None = None,
+                 grouped_rows: bool = False):
+        super().__init__(bias, sum(part.rows for part in parts), few_rows_max, prefill_math, step_rows,
+                         grouped_rows)
         self.parts = parts  # BlockWeight, row-wise
-        self.bias = bias
-        self.out_features = sum(part.rows for part in parts)
         self.few_rows = few_rows  # (x (m, in), part) -> (m, part.rows)
         self.dequantize_rows = dequantize_rows  # (part, first=, count=, out=) -> (count, in) float32
-        self.few_rows_max = few_rows_max
-        self.prefill_dtype = prefill_dtype  # what the tiles and x are rounded to for the GEMM
 
-    def forward(self, x: Tensor) -> Tensor:
-        if x.shape[0] <= self.few_rows_max:
-            outputs = [self.few_rows(x, part) for part in self.parts]
-        else:
-            x_prefill = x.to(self.prefill_dtype).contiguous()  # once for every part
-            outputs = [self._tiled(x_prefill, part) for part in self.parts]
-        y = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
-        return y + self.bias if self.bias is not None else y
+    def _few_rows(self, x: Tensor) -> Tensor:
+        return self._joined([self.few_rows(x, part) for part in self.parts])
+
+    def _gemm(self, x: Tensor, math: PrefillMath) -> Tensor:
+        x_prefill = x.to(math.dtype).contiguous()  # once for every part
+        with math.products():
+            return self._joined([self._tiled(x_prefill, part) for part in self.parts])
+
+    @staticmethod
+    def _joined(outputs: list[Tensor]) -> Tensor:
+        return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
 
     def _tiled(self, x: Tensor, part) -> Tensor:
-        """x (M, in) contiguous, of prefill_dtype -> (M, part.rows) float32."""
+        """x (M, in) contiguous, of the tiles' dtype -> (M, part.rows) float32."""
         tile_rows = max(1, min(part.rows, TILE_WEIGHTS // part.cols))
         tile = torch.empty((tile_rows, part.cols), dtype=x.dtype)  # dequantized straight to x's dtype by C
         out = torch.empty((x.shape[0], part.rows), dtype=torch.float32)

@@ -27,6 +27,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from kernels.bf16_products import bf16_products
 from kernels.packed_linear import pack_weight, packed_linear
 
 # Row counts tried; the kernel's share ends at the first one it loses.
@@ -53,17 +54,26 @@ def measure_crossover(few_rows: Callable[[Tensor], Tensor], large: Callable[[Ten
 
 
 @functools.cache
-def bf16_gemm_speedup(rows: int = 512, size: int = 2048, rounds: int = ROUNDS) -> float:
+def bf16_gemm_speedup(rows: int = 512, size: int = 2048, rounds: int = ROUNDS, products: bool = True) -> float:
     """float32 GEMM time over bfloat16's on this machine: (rows, size) @ (size, size)^T, both prepacked,
     the median of `rounds` rounds' ratio of the two interleaved best times (well under a second where
-    bf16 is native)."""
+    bf16 is native). bfloat16 is what prefill would run: bf16 products inside the float32 GEMM
+    (kernels/bf16_products.py) with `products`, else a GEMM over bf16 tensors."""
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(size, size, generator=generator)
     x = torch.randn(rows, size, generator=generator)
-    (x32, w32), (x16, w16) = ((x.to(dtype), pack_weight(weight.to(dtype))) for dtype in (torch.float32, torch.bfloat16))
-    ratios = [float32 / bfloat16 for float32, bfloat16 in
-              (_best_seconds(lambda _: packed_linear(x32, w32, None), lambda _: packed_linear(x16, w16, None), None)
-               for _ in range(rounds))]
+    x32, w32 = x, pack_weight(weight)
+    if products:
+        def bfloat16(_):
+            with bf16_products():
+                return packed_linear(x32, w32, None)
+    else:
+        x16, w16 = x.bfloat16(), pack_weight(weight.bfloat16())
+
+        def bfloat16(_):
+            return packed_linear(x16, w16, None)
+    ratios = [float32 / bf16 for float32, bf16 in
+              (_best_seconds(lambda _: packed_linear(x32, w32, None), bfloat16, None) for _ in range(rounds))]
     return statistics.median(ratios)
 
 

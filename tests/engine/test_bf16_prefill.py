@@ -34,26 +34,40 @@ def _engine(model_dir, prefill_dtype: str, float_prefill_max_bytes: int) -> LLME
                                   float_prefill_max_bytes=float_prefill_max_bytes))
 
 
-@pytest.mark.parametrize("copy_bytes, path", [(1 << 30, "oneDNN prepacked over a bfloat16 copy of Q4_1 blocks"),
-                                               (0, "torch GEMM over dequantized tiles of Q4_1 blocks (bfloat16)")])
-def test_bf16_prefill_is_named_close_to_float32_and_batched_equals_alone(quantized_tiny_dir, copy_bytes, path):
+@pytest.fixture(params=["products", "tensors"])
+def bf16_math(request, monkeypatch):
+    """bf16 products where oneDNN runs them (AMX); bf16 tensors, forced by hiding them, on any native-bf16 CPU."""
+    from kernels import bf16_products
+
+    if request.param == "products" and not bf16_products.run_here():
+        pytest.skip("oneDNN runs no bf16 products in float32 GEMMs here (needs AMX)")
+    if request.param == "tensors":
+        monkeypatch.setattr(bf16_products, "run_here", lambda: False)
+    return request.param
+
+
+@pytest.mark.parametrize("copy_bytes, path", [(1 << 30, "oneDNN prepacked over a {} copy of Q4_1 blocks"),
+                                               (0, "torch GEMM over dequantized tiles of Q4_1 blocks")])
+def test_bf16_prefill_is_named_close_to_float32_and_batched_equals_alone(quantized_tiny_dir, copy_bytes, path,
+                                                                          bf16_math):
     """A budget of 24 tokens: prefill chunks of many rows (bf16) and decodes of few (float32 blocks kernels)
     share steps."""
     engine = _engine(quantized_tiny_dir, "bfloat16", copy_bytes)
     plan = engine.backend.plan()
-    assert plan.linears["layers.0.mlp.gate_up_proj"].large == path
-    assert "prefill GEMMs: bfloat16" in engine.backend.describe()
+    copy_dtype = "float32" if bf16_math == "products" else "bfloat16"
+    assert plan.linears["layers.0.mlp.gate_up_proj"].large == path.format(copy_dtype) + f" (bfloat16 {bf16_math})"
+    assert f"prefill GEMMs: bfloat16 {bf16_math}" in engine.backend.describe()
     reference = _engine(quantized_tiny_dir, "float32", copy_bytes)
-    if copy_bytes:  # the copy in bf16 holds half the bytes of the float32 one
+    if copy_bytes:  # a copy in bf16 holds half the bytes of the float32 one; bf16 products read float32's
         notes = [[n for n in e.backend.plan().notes if "copies of the projections" in n][0] for e in (engine, reference)]
-        assert "prefill over bfloat16 copies" in notes[0] and "prefill over float32 copies" in notes[1]
-        assert engine.backend._float_prefill_bytes < reference.backend._float_prefill_bytes
+        assert f"prefill over {copy_dtype} copies" in notes[0] and "prefill over float32 copies" in notes[1]
+        assert (engine.backend._float_prefill_bytes < reference.backend._float_prefill_bytes) == (bf16_math == "tensors")
     # the logits stay float32 (cpu_backend.BF16_FLOAT_LAYERS)
     assert "bfloat16" not in plan.linears["lm_head"].large
 
     ids = torch.tensor(_mixed_prompts(256)[0])
     bf16_logits, float_logits = (e.prompt_tail_logits(ids.tolist(), 40) for e in (engine, reference))
-    # x and weights rounded to bf16 (8 bits of mantissa) and the outputs too, layer after layer
+    # x and weights rounded to bf16 (8 bits of mantissa), and the outputs too over bf16 tensors, layer after layer
     assert (bf16_logits - float_logits).abs().max() < 0.05 * float_logits.abs().max()
     assert not torch.equal(bf16_logits, float_logits)  # the bf16 GEMM did run
 
@@ -61,3 +75,29 @@ def test_bf16_prefill_is_named_close_to_float32_and_batched_equals_alone(quantiz
     expected = [greedy_generate(engine.model, p, 8) for p in prompts]
     outputs = engine.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     assert outputs == expected
+
+
+@pytest.mark.parametrize("copy_bytes", [1 << 30, 0])
+def test_bf16_products_give_a_prompts_last_row_the_same_bits_however_chunked_or_cached(smollm2_dir, copy_bytes):
+    """Prompt rows run the bf16 GEMM and the prefill attention kernel at any chunk size, and both compute a row
+    alike whatever rows share the call: so chunking and a cached prefix change no bit of the logits. (The default
+    model: every projection is blocks; a float weight, as the tiny model's down_proj, multiplies in float32.)"""
+    from kernels import bf16_products
+
+    if not bf16_products.run_here():
+        pytest.skip("oneDNN runs no bf16 products in float32 GEMMs here (needs AMX)")
+    ids = sum(_mixed_prompts(256)[:4], [])[:150]
+
+    def engine(budget: int, prefix_cache: bool) -> LLMEngine:
+        return LLMEngine(EngineConfig(model_dir=smollm2_dir, device="cpu", dtype="float32", backend="cpu",
+                                      kv_cache_bytes=64 << 20, max_num_batched_tokens=budget,
+                                      prefill_dtype="bfloat16", float_prefill_max_bytes=copy_bytes,
+                                      enable_prefix_cache=prefix_cache))
+
+    # one chunk; chunks of 24 (the last of 6 rows); chunks of 7
+    logits = [engine(budget, False).prompt_tail_logits(ids, 1) for budget in (512, 24, 7)]
+    cached = engine(512, True)
+    for shared in (100, 147, 149):  # a cached prefix of that many tokens' full pages, the rest computed
+        cached.prompt_tail_logits(ids[:shared] + [3, 4, 5], 1)
+        logits.append(cached.prompt_tail_logits(ids, 1))
+    assert all(torch.equal(other, logits[0]) for other in logits[1:])

@@ -49,21 +49,24 @@ def test_libraries_take_their_best_variant_at_or_below_the_one_asked():
     assert native_build.library_variant("matvec", PORTABLE) is None
 
 
-def test_prefill_dtype_is_bf16_only_where_native_and_measured_faster():
+def test_prefill_dtype_is_bf16_only_where_native_products_run_and_measured_faster():
     faster, slower = (lambda: 6.8), (lambda: 0.6)
-    assert resolve_prefill_dtype("auto", AVX512, onednn_bf16=True, bf16_speedup=faster) == ("bfloat16", ())
+    assert resolve_prefill_dtype("auto", AVX512, True, faster, bf16_products=True) == ("bfloat16", ())
     amx_only = CpuFeatures("x86_64", frozenset({"avx2", "fma", "f16c", "amx_tile", "amx_bf16"}))
-    assert resolve_prefill_dtype("auto", amx_only, onednn_bf16=True, bf16_speedup=faster) == ("bfloat16", ())
-    # native but measured slower (an Intel Xeon with AVX512_BF16 and no AMX): float32, said with the number
-    assert resolve_prefill_dtype("auto", AVX512, onednn_bf16=True, bf16_speedup=slower) == (
+    assert resolve_prefill_dtype("auto", amx_only, True, faster, bf16_products=True) == ("bfloat16", ())
+    # native but measured slower: float32, said with the number
+    assert resolve_prefill_dtype("auto", AVX512, True, slower, bf16_products=True) == (
         "float32", ("bfloat16 prefill off (a bf16 GEMM ran 0.60x float32's here, under 1.25x): float32 GEMMs",))
     # an AVX2 machine keeps today's float32 path, says why, and measures nothing
     def never():
-        raise AssertionError("measured where bf16 is not native")
+        raise AssertionError("measured where bf16 products do not run")
     assert resolve_prefill_dtype("auto", AVX2_ONLY, onednn_bf16=True, bf16_speedup=never) == (
         "float32", ("bfloat16 prefill off (this CPU lacks AVX512_BF16/AMX-BF16): float32 GEMMs",))
     assert resolve_prefill_dtype("auto", AVX512, onednn_bf16=False, bf16_speedup=never)[1] == (
         "bfloat16 prefill off (this torch's oneDNN has no bf16 GEMM): float32 GEMMs",)
+    # native bf16 without bf16 products (no AMX): bf16 tensors' rows depend on the batch, so not by default
+    dtype, why = resolve_prefill_dtype("auto", AVX512, True, never, bf16_products=False)
+    assert dtype == "float32" and "no bf16 products" in why[0]
     assert resolve_prefill_dtype("auto", CpuFeatures("aarch64", AVX512.flags), True, never)[0] == "float32"
     assert resolve_prefill_dtype("float32", AVX512, onednn_bf16=True) == ("float32", ())
     assert resolve_prefill_dtype("bfloat16", AVX512, onednn_bf16=True, bf16_speedup=never) == ("bfloat16", ())
@@ -79,5 +82,6 @@ def test_bf16_gemm_speedup_is_a_measured_ratio():
 
     if not bf16_is_available():
         pytest.skip("this torch's oneDNN has no bf16 GEMM")
-    speedup = bf16_gemm_speedup(rows=64, size=256, rounds=1)
-    assert 0.01 < speedup < 100
+    for products in (True, False):
+        speedup = bf16_gemm_speedup(rows=64, size=256, rounds=1, products=products)
+        assert 0.01 < speedup < 100

@@ -240,34 +240,50 @@ def test_prefill_dtype_auto_keeps_float32_on_an_avx2_machine(build_dir, monkeypa
         assert ops.plan().linears["layers.0.mlp.down_proj"].large == "torch GEMM over dequantized tiles of Q4_1 blocks"
 
 
-def test_prefill_dtype_auto_takes_bf16_only_where_it_measured_faster(build_dir, monkeypatch):
+def test_prefill_dtype_auto_takes_bf16_only_where_products_run_and_measured_faster(build_dir, monkeypatch):
     import model.backends as backends_module
+    from kernels import bf16_products
     from kernels.cpu_features import CpuFeatures
 
     native = CpuFeatures("x86_64", frozenset({"avx2", "fma", "f16c", "avx512_bf16"}))
     monkeypatch.setattr(backends_module, "this_cpu", lambda: native)
     monkeypatch.setattr(backends_module.packed_linear, "bf16_is_available", lambda: True)
+    monkeypatch.setattr(bf16_products, "run_here", lambda: True)
     for speedup, chosen in ((0.6, "float32"), (4.0, "bfloat16")):
-        monkeypatch.setattr(backends_module, "bf16_gemm_speedup", lambda: speedup)
+        monkeypatch.setattr(backends_module, "bf16_gemm_speedup", lambda products: speedup)
         ops = select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, prefill_dtype="auto")
         assert ops.prefill_dtype == chosen
         slower = "bfloat16 prefill off (a bf16 GEMM ran 0.60x float32's here, under 1.25x): float32 GEMMs"
         assert (slower in ops.plan().fallbacks) == (chosen == "float32")
+        assert ops.prefill_math.bf16_products == (chosen == "bfloat16")
+        assert ops.policy.attention.prompts_as_prefill == (chosen == "bfloat16")
+    # without bf16 products (no AMX) auto keeps float32 however fast bf16 tensors are, and says why
+    monkeypatch.setattr(bf16_products, "run_here", lambda: False)
+    ops = select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, prefill_dtype="auto")
+    assert ops.prefill_dtype == "float32" and any("no bf16 products" in f for f in ops.plan().fallbacks)
 
 
-def test_bf16_prefill_tiles_round_to_bf16_and_decode_rows_stay_float32(build_dir):
+def _native_bf16_or_skip():
     from kernels.cpu_features import this_cpu
     from kernels.packed_linear import bf16_is_available
 
     if not (this_cpu().has_native_bf16() and bf16_is_available()):
         pytest.skip("this CPU (or torch's oneDNN) has no native bf16 GEMM")
+
+
+def test_bf16_tensor_tiles_round_to_bf16_and_decode_rows_stay_float32(build_dir, monkeypatch):
+    """Asked for where bf16 products do not run (forced here): GEMMs over bf16 tensors."""
+    from kernels import bf16_products
+
+    _native_bf16_or_skip()
+    monkeypatch.setattr(bf16_products, "run_here", lambda: False)
     ops = select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, prefill_dtype="bfloat16",
                          decode_activations="float32")  # decode rows through the float kernel
-    assert ops.prefill_dtype == "bfloat16" and "prefill GEMMs: bfloat16" in ops.describe()
+    assert ops.prefill_dtype == "bfloat16" and "prefill GEMMs: bfloat16 tensors" in ops.describe()
     layer, blocks = _blocks_layer("Q4_1", 96, 64, seed=11)
     linear = ops.make_linear("layers.0.mlp.down_proj", layer, [blocks])
     assert ops.plan().linears["layers.0.mlp.down_proj"].large == (
-        "torch GEMM over dequantized tiles of Q4_1 blocks (bfloat16)")
+        "torch GEMM over dequantized tiles of Q4_1 blocks (bfloat16 tensors)")
     x = torch.randn(40, 64, generator=_gen(6))
     rounded = (x.bfloat16().double() @ layer.weight.bfloat16().double().t())  # bf16 inputs, exact sums
     prefill = linear(x)
@@ -278,3 +294,39 @@ def test_bf16_prefill_tiles_round_to_bf16_and_decode_rows_stay_float32(build_dir
     head = ops.make_linear("lm_head", layer, [blocks])  # the logits: float32 (cpu_backend.BF16_FLOAT_LAYERS)
     assert ops.plan().linears["lm_head"].large == "torch GEMM over dequantized tiles of Q4_1 blocks"
     torch.testing.assert_close(head(x), layer(x), atol=1e-4, rtol=1e-4)
+
+
+def test_bf16_products_run_prompt_rows_on_the_gemm_and_generated_rows_as_float32(build_dir):
+    """Under bf16 products a step's prompt rows take the bf16 GEMM at any count, its generated rows the float32
+    path by their own count; outside a step, by the row count."""
+    from kernels import bf16_products
+
+    _native_bf16_or_skip()
+    if not bf16_products.run_here():
+        pytest.skip("oneDNN runs no bf16 products in float32 GEMMs here (needs AMX)")
+    ops = select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, prefill_dtype="bfloat16",
+                         decode_activations="float32")
+    assert "prefill GEMMs: bfloat16 products" in ops.describe()
+    layer, blocks = _blocks_layer("Q4_1", 96, 64, seed=12)
+    linear = ops.make_linear("layers.0.mlp.down_proj", layer, [blocks])
+    assert ops.plan().linears["layers.0.mlp.down_proj"].large == (
+        "torch GEMM over dequantized tiles of Q4_1 blocks (bfloat16 products)")
+    x = torch.randn(40, 64, generator=_gen(7))
+    rounded = x.bfloat16().double() @ layer.weight.bfloat16().double().t()
+    prefill = linear(x)
+    torch.testing.assert_close(prefill.double(), rounded, atol=1e-5, rtol=1e-5)  # float32 output: no bf16 rounding
+    # a row's bits do not depend on the row count
+    assert all(torch.equal(linear(x[first:first + 9]), prefill[first:first + 9]) for first in (0, 5, 31))
+    float_rows = linear(x[:3])  # few rows outside a step: the float32 kernel
+    torch.testing.assert_close(float_rows, layer(x[:3]), atol=1e-4, rtol=1e-4)
+    with ops.step(3, None):  # three prompt rows: the bf16 GEMM
+        assert torch.equal(linear(x[:3]), prefill[:3])
+    generated = torch.tensor([1, 38], dtype=torch.int64)
+    with ops.step(40, generated):  # mixed: rows 1 and 38 on the float32 kernel, the rest bf16
+        mixed = linear(x)
+    assert torch.equal(mixed[generated], linear(x[generated]))
+    keep = torch.ones(40, dtype=torch.bool)
+    keep[generated] = False
+    assert torch.equal(mixed[keep], prefill[keep])
+    with ops.step(40, torch.arange(40)):  # every row generated: float32, by their count (the GEMM here)
+        torch.testing.assert_close(linear(x), layer(x), atol=1e-4, rtol=1e-4)

@@ -89,7 +89,10 @@ def _engine(model_dir, backend: str, gguf_blocks: bool = True, float_prefill_max
                                   max_num_batched_tokens=2048, gguf_blocks=gguf_blocks, backend=backend,
                                   few_rows_crossover="fixed", speculation=SpeculationConfig("off"),
                                   float_prefill_max_bytes=float_prefill_max_bytes,
-                                  decode_activations=decode_activations))
+                                  decode_activations=decode_activations,
+                                  # float32 products throughout: the greedy answers are compared with the torch
+                                  # backend's over the dequantized weights (bf16 prefill: tests/engine/test_bf16_prefill.py)
+                                  prefill_dtype="float32"))
 
 
 @pytest.mark.parametrize("tie, embedding_format", [(True, "Q6_K"), (False, "F16")])
