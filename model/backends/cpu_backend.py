@@ -60,6 +60,11 @@ MATVEC_F32_MAX_ROWS = 1  # the float32 matvec kernel takes one row
 # A speculative verify chunk (a decode's last token + its drafts) of at most this many rows runs its
 # attention in the fused decode kernel, one row per token (kernels/attention_plan.py).
 MAX_VERIFY_ROWS_AS_DECODE = 16
+# Under bf16 products, up to this many rows (a decode batch, the LM head's rows) run the few-rows block kernels
+# in groups of their limit (8), whose rows do not depend on how many share a call: so a decode batch up to
+# it gives each request the bits it gets alone. The default model decoded at batch 16 as fast this way as over
+# the float32 GEMM, at batch 32 at 0.67x (docs/performance.md, "bfloat16 products"); past it the float32 GEMM.
+GROUPED_ROWS_MAX = 16
 # A step of one sequence's 1..8 rows after a 600-token prefix, relative to 1 row (measured by
 # bench/verify_row_costs.py; the run is in docs/performance.md, "Verify row costs"): the blocks kernels decode each
 # weight block once for all rows, but their multiply-adds grow with the rows, and so does attention (each row
@@ -218,19 +223,22 @@ class CpuBackend(TorchBackend):
         limit = min(BLOCKS_MAX_ROWS.get(p.format, BLOCK_KERNEL_MAX_ROWS) for p in parts)
         math = self._prefill_math_of(name)
         tiles = "" if math == FLOAT32_MATH else f" ({math.name})"
-        self._linears[name] = LinearPlan(f"torch GEMM over dequantized tiles of {formats} blocks{tiles}",
-                                         f"{kernel} over {formats} blocks", limit)
         if limit < self.policy.max_verify_rows_per_step:
             self.policy = dataclasses.replace(self.policy, max_verify_rows_per_step=limit)
+        grouped = self._grouped_rows_max(limit)
+        few_rows = f"{kernel} over {formats} blocks" + (f" (in groups of {limit} rows)" if grouped > limit else "")
         if self._float_prefill:
-            return self._float_copy_over_blocks(name, layer, parts, formats, kernel, limit)
+            return self._float_copy_over_blocks(name, layer, parts, formats, few_rows, limit, grouped)
+        self._linears[name] = LinearPlan(f"torch GEMM over dequantized tiles of {formats} blocks{tiles}",
+                                         few_rows, grouped)
         return BlockLinear(parts, layer.bias, self._few_rows_over_blocks, self.block_kernels.dequantize_rows, limit,
-                           math, self.step_rows, self._grouped_rows(name))
+                           math, self.step_rows, grouped)
 
-    def _grouped_rows(self, name: str) -> bool:
-        """Under bf16 products the layers kept float32 (the LM head) run every row on the few-rows kernel, in
-        groups, so that no logit's bits depend on what shares its call (StepRows)."""
-        return self.prefill_math.bf16_products and name.rsplit(".", 1)[-1] in self.bf16_float_layers
+    def _grouped_rows_max(self, limit: int) -> int:
+        """Up to how many rows the few-rows kernel runs, in groups of `limit`: under bf16 products
+        GROUPED_ROWS_MAX, so that a decode batch up to it (and the LM head's rows) is computed alike whatever
+        its size (StepRows); else `limit`."""
+        return max(limit, GROUPED_ROWS_MAX) if self.prefill_math.bf16_products and limit else limit
 
     def _prefill_math_of(self, name: str) -> PrefillMath:
         return FLOAT32_MATH if name.rsplit(".", 1)[-1] in self.bf16_float_layers else self.prefill_math
@@ -242,19 +250,18 @@ class CpuBackend(TorchBackend):
         super().prepare(model, blocks)
 
     def _float_copy_over_blocks(self, name: str, layer: nn.Module, parts: list[BlockWeight], formats: str,
-                                kernel: str, limit: int) -> nn.Module:
-        """oneDNN over a copy in prefill's dtype for more than `limit` rows; the blocks for up to `limit` (decode)."""
+                                few_rows: str, limit: int, grouped: int) -> nn.Module:
+        """oneDNN over a copy in prefill's dtype for more than `grouped` rows; the blocks for up to `grouped`
+        (decode), in groups of `limit`."""
         math = self._prefill_math_of(name)
         dtype = math.dtype
         weight = torch.cat([self.block_kernels.dequantize_rows(part, first=0, count=part.rows).to(dtype)
                             for part in parts])
         self._float_prefill_bytes += weight.numel() * weight.element_size()
         self._linears[name] = LinearPlan(f"oneDNN prepacked over a {str(dtype).removeprefix('torch.')} copy of {formats} blocks"
-                                         + ("" if math == FLOAT32_MATH else f" ({math.name})"),
-                                         f"{kernel} over {formats} blocks", limit)
+                                         + ("" if math == FLOAT32_MATH else f" ({math.name})"), few_rows, grouped)
         return CpuLinear(pack_weight(weight), layer.bias, weight.shape[0],
-                         functools.partial(self._few_rows_over_parts, parts=parts), limit, math, self.step_rows,
-                         self._grouped_rows(name))
+                         functools.partial(self._few_rows_over_parts, parts=parts), limit, math, self.step_rows, grouped)
 
     def _few_rows_over_parts(self, x: Tensor, parts: list[BlockWeight]) -> Tensor:
         outputs = [self._few_rows_over_blocks(x, part) for part in parts]

@@ -51,8 +51,8 @@ class StepRows:
     verify chunk's token and drafts): set around each forward (CpuBackend.step), read by the linear layers
     under bf16 products. A prompt row then always runs the prefill GEMM, whatever its chunk's size, so its
     bits do not depend on how the prompt was chunked or what was cached (the GEMM's rows do not depend on
-    the row count); generated rows run the few-rows kernel in groups (`grouped`), so a decode's bits do not
-    depend on the batch or the prompts that shared its step."""
+    the row count); generated rows run float32's path by their own count (`_PrefillLinear._by_count`), so
+    a decode's bits do not depend on the prompts that shared its step."""
 
     def __init__(self):
         self.num_rows = -1  # the step's rows (-1: no step running)
@@ -76,45 +76,42 @@ class StepRows:
 
 class _PrefillLinear(nn.Module):
     """x (M, in) -> x @ W^T + bias (M, out), float32 in and out: up to `few_rows_max` rows a few-rows
-    kernel, more a GEMM that multiplies as `prefill_math` says. Under bf16 products (`step_rows` given), by
-    the step's rows (StepRows) where a step is running; with `grouped_rows` (the float32 layers under bf16
-    products: the LM head), the few-rows kernel for every row count, in groups."""
+    kernel, up to `grouped_rows_max` that kernel over groups of few_rows_max rows (its rows do not depend on
+    how many share a call, so neither do these), more a GEMM that multiplies as `prefill_math` says. Under
+    bf16 products (`step_rows` given) by the step's rows where a step is running: prompt rows the GEMM at
+    any count, generated rows float32's path by their count."""
 
     def __init__(self, bias: Tensor | None, out_features: int, few_rows_max: int, prefill_math: PrefillMath,
-                 step_rows: StepRows | None, grouped_rows: bool = False):
+                 step_rows: StepRows | None, grouped_rows_max: int = 0):
         super().__init__()
         self.bias = bias
         self.out_features = out_features
         self.few_rows_max = few_rows_max
+        self.kernel_rows_max = max(few_rows_max, grouped_rows_max) if few_rows_max else 0
         self.prefill_math = prefill_math
         self.step_rows = step_rows if prefill_math.bf16_products else None
-        self.grouped_rows = grouped_rows and few_rows_max > 0
 
     def forward(self, x: Tensor) -> Tensor:
         rows = self.step_rows
-        if self.grouped_rows:
-            y = self._grouped(x)
-        elif rows is None or rows.num_rows != x.shape[0]:  # by the row count
-            y = self._few_rows(x) if x.shape[0] <= self.few_rows_max else self._gemm(x, self.prefill_math)
+        if rows is None or rows.num_rows != x.shape[0]:  # not a step's rows: by the row count
+            y = self._by_count(x, self.prefill_math)
         elif rows.all_generated:
-            y = self._grouped(x)
+            y = self._by_count(x, FLOAT32_MATH)
         elif rows.prompt is None:  # prompt rows only
             y = self._gemm(x, self.prefill_math)
         else:
             y = x.new_empty((x.shape[0], self.out_features))
-            y.index_copy_(0, rows.generated, self._grouped(x.index_select(0, rows.generated)))
+            y.index_copy_(0, rows.generated, self._by_count(x.index_select(0, rows.generated), FLOAT32_MATH))
             y.index_copy_(0, rows.prompt, self._gemm(x.index_select(0, rows.prompt), self.prefill_math))
         return y + self.bias if self.bias is not None else y
 
-    def _grouped(self, x: Tensor) -> Tensor:
-        """The few-rows kernel over groups of at most few_rows_max rows: its rows do not depend on how many
-        share a call (kernels/block_matmul.py), so neither do these (float32's GEMM without such a kernel)."""
-        limit = self.few_rows_max
-        if limit == 0:
-            return self._gemm(x, FLOAT32_MATH)
-        if x.shape[0] <= limit:
+    def _by_count(self, x: Tensor, math: PrefillMath) -> Tensor:
+        rows, limit = x.shape[0], self.few_rows_max
+        if rows > self.kernel_rows_max:
+            return self._gemm(x, math)
+        if rows <= limit:
             return self._few_rows(x)
-        return torch.cat([self._few_rows(x[first:first + limit]) for first in range(0, x.shape[0], limit)])
+        return torch.cat([self._few_rows(x[first:first + limit]) for first in range(0, rows, limit)])
 
     def _few_rows(self, x: Tensor) -> Tensor:
         raise NotImplementedError
@@ -131,9 +128,9 @@ class CpuLinear(_PrefillLinear):
     def __init__(self, packed_weight: Tensor, bias: Tensor | None, out_features: int,
                  few_rows: Callable[[Tensor], Tensor] | None = None, few_rows_max: int = 0,
                  prefill_math: PrefillMath = FLOAT32_MATH, step_rows: StepRows | None = None,
-                 grouped_rows: bool = False):
+                 grouped_rows_max: int = 0):
         super().__init__(bias, out_features, few_rows_max if few_rows is not None else 0, prefill_math, step_rows,
-                         grouped_rows)
+                         grouped_rows_max)
         self.packed_weight = packed_weight  # opaque oneDNN tensor of prefill_math.dtype
         self.few_rows = few_rows  # x (m, in) -> x @ W^T (m, out), for m <= few_rows_max
 
@@ -163,9 +160,9 @@ class BlockLinear(_PrefillLinear):
     def __init__(self, parts: list, bias: Tensor | None, few_rows: Callable[[Tensor, object], Tensor],
                  dequantize_rows: Callable[..., Tensor], few_rows_max: int,
                  prefill_math: PrefillMath = FLOAT32_MATH, step_rows: StepRows | None = None,
-                 grouped_rows: bool = False):
+                 grouped_rows_max: int = 0):
         super().__init__(bias, sum(part.rows for part in parts), few_rows_max, prefill_math, step_rows,
-                         grouped_rows)
+                         grouped_rows_max)
         self.parts = parts  # BlockWeight, row-wise
         self.few_rows = few_rows  # (x (m, in), part) -> (m, part.rows)
         self.dequantize_rows = dequantize_rows  # (part, first=, count=, out=) -> (count, in) float32
