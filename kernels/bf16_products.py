@@ -4,9 +4,11 @@
 Under it oneDNN rounds a float32 GEMM's x and weight to bf16 (to nearest even, as `.bfloat16()` does),
 multiplies them on AMX, and accumulates and writes float32. Against GEMMs over bf16 tensors (x.bfloat16() @
 w.bfloat16().T) the products are the same, but the output is not rounded to bf16, and a row's bits do not
-depend on how many rows share the GEMM: measured on an AMX Xeon for 1..1024 rows, prepacked weights or not,
-1 or 2 threads (tests/kernels/test_bf16_products.py), where a GEMM over bf16 tensors agreed only up to 3 rows
-(docs/performance.md, "bfloat16 products").
+depend on how many rows share the GEMM once it has MIN_ROWS rows: measured on an AMX Xeon for 16..1024 rows,
+weights 32..8192 wide and deep, prepacked or not, 1 or 2 threads (tests/kernels/test_bf16_products.py),
+where a GEMM over bf16 tensors agreed only up to 3 rows (docs/performance.md, "bfloat16 products"). Fewer
+rows of a narrow weight (m * out up to ~2048) took another oneDNN kernel whose rows differed, so callers
+pad to MIN_ROWS (`padded_rows`).
 
 The mode is the process's (every thread's float32 GEMMs, bmm included), so `bf16_products()` sets it only
 around the GEMMs that ask for it; the server runs all its torch work on the engine thread
@@ -19,8 +21,12 @@ import functools
 from collections.abc import Iterator
 
 import torch
+from torch import Tensor
 
 _MATMUL = torch.backends.mkldnn.matmul
+# The fewest rows a GEMM under bf16 products is given (zeros padded), so that every row count takes the same
+# oneDNN kernel.
+MIN_ROWS = 16
 
 
 @contextlib.contextmanager
@@ -49,3 +55,12 @@ def run_here() -> bool:
     tolerance = 1e-4 * float(exact.abs().max())
     return (float((product - rounded).abs().max()) <= tolerance
             and float((product - exact).abs().max()) > 10 * tolerance)
+
+
+def padded_rows(x: Tensor) -> Tensor:
+    """x (M, in) with zero rows appended up to MIN_ROWS (x itself when it has that many)."""
+    if x.shape[0] >= MIN_ROWS:
+        return x
+    padded = x.new_zeros((MIN_ROWS, x.shape[1]))
+    padded[:x.shape[0]] = x
+    return padded

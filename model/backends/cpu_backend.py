@@ -60,10 +60,13 @@ MATVEC_F32_MAX_ROWS = 1  # the float32 matvec kernel takes one row
 # A speculative verify chunk (a decode's last token + its drafts) of at most this many rows runs its
 # attention in the fused decode kernel, one row per token (kernels/attention_plan.py).
 MAX_VERIFY_ROWS_AS_DECODE = 16
-# Under bf16 products, up to this many rows (a decode batch, the LM head's rows) run the few-rows block kernels
-# in groups of their limit (8), whose rows do not depend on how many share a call: so a decode batch up to
-# it gives each request the bits it gets alone. The default model decoded at batch 16 as fast this way as over
-# the float32 GEMM, at batch 32 at 0.67x (docs/performance.md, "bfloat16 products"); past it the float32 GEMM.
+# Up to these many rows (a decode batch, the LM head's rows) the few-rows block kernels run, in groups of their
+# limit (8), before a GEMM: their rows do not depend on how many share a call. Over tiles (a model without a
+# prefill copy) every GEMM dequantizes the whole weight again: grouped decode of the 1B-shaped files at batch 16
+# / 32 / 64 ran 2.4x / 1.5x / 1.0x (Q4_K_M) and 1.9x / 1.2x / 0.82x (Q8_0) the tiles' (docs/performance.md,
+# "bfloat16 products"). Over a copy, only under bf16 products, so that a decode batch up to it gives each
+# request the bits it gets alone: the default model decoded at batch 16 as fast this way, at 32 at 0.67x.
+TILE_GROUPED_ROWS_MAX = 32
 GROUPED_ROWS_MAX = 16
 # A step of one sequence's 1..8 rows after a 600-token prefix, relative to 1 row (measured by
 # bench/verify_row_costs.py; the run is in docs/performance.md, "Verify row costs"): the blocks kernels decode each
@@ -225,7 +228,7 @@ class CpuBackend(TorchBackend):
         tiles = "" if math == FLOAT32_MATH else f" ({math.name})"
         if limit < self.policy.max_verify_rows_per_step:
             self.policy = dataclasses.replace(self.policy, max_verify_rows_per_step=limit)
-        grouped = self._grouped_rows_max(limit)
+        grouped = self._grouped_rows_max(limit, over_tiles=not self._float_prefill)
         few_rows = f"{kernel} over {formats} blocks" + (f" (in groups of {limit} rows)" if grouped > limit else "")
         if self._float_prefill:
             return self._float_copy_over_blocks(name, layer, parts, formats, few_rows, limit, grouped)
@@ -234,11 +237,13 @@ class CpuBackend(TorchBackend):
         return BlockLinear(parts, layer.bias, self._few_rows_over_blocks, self.block_kernels.dequantize_rows, limit,
                            math, self.step_rows, grouped)
 
-    def _grouped_rows_max(self, limit: int) -> int:
-        """Up to how many rows the few-rows kernel runs, in groups of `limit`: under bf16 products
-        GROUPED_ROWS_MAX, so that a decode batch up to it (and the LM head's rows) is computed alike whatever
-        its size (StepRows); else `limit`."""
-        return max(limit, GROUPED_ROWS_MAX) if self.prefill_math.bf16_products and limit else limit
+    def _grouped_rows_max(self, limit: int, over_tiles: bool) -> int:
+        """Up to how many rows the few-rows kernel runs, in groups of `limit` (0: none)."""
+        if not limit:
+            return 0
+        if over_tiles:
+            return max(limit, TILE_GROUPED_ROWS_MAX)
+        return max(limit, GROUPED_ROWS_MAX) if self.prefill_math.bf16_products else limit
 
     def _prefill_math_of(self, name: str) -> PrefillMath:
         return FLOAT32_MATH if name.rsplit(".", 1)[-1] in self.bf16_float_layers else self.prefill_math

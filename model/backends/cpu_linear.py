@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from kernels.bf16_products import bf16_products
+from kernels.bf16_products import bf16_products, padded_rows
 from kernels.packed_linear import packed_linear
 
 
@@ -98,17 +98,24 @@ class _PrefillLinear(nn.Module):
         elif rows.all_generated:
             y = self._by_count(x, FLOAT32_MATH)
         elif rows.prompt is None:  # prompt rows only
-            y = self._gemm(x, self.prefill_math)
+            y = self._prefill_gemm(x, self.prefill_math)
         else:
             y = x.new_empty((x.shape[0], self.out_features))
             y.index_copy_(0, rows.generated, self._by_count(x.index_select(0, rows.generated), FLOAT32_MATH))
-            y.index_copy_(0, rows.prompt, self._gemm(x.index_select(0, rows.prompt), self.prefill_math))
+            y.index_copy_(0, rows.prompt, self._prefill_gemm(x.index_select(0, rows.prompt), self.prefill_math))
         return y + self.bias if self.bias is not None else y
+
+    def _prefill_gemm(self, x: Tensor, math: PrefillMath) -> Tensor:
+        """The GEMM; under bf16 products over at least bf16_products.MIN_ROWS rows, so that a row's bits do
+        not depend on the row count."""
+        if not math.bf16_products:
+            return self._gemm(x, math)
+        return self._gemm(padded_rows(x), math)[:x.shape[0]]
 
     def _by_count(self, x: Tensor, math: PrefillMath) -> Tensor:
         rows, limit = x.shape[0], self.few_rows_max
         if rows > self.kernel_rows_max:
-            return self._gemm(x, math)
+            return self._prefill_gemm(x, math)
         if rows <= limit:
             return self._few_rows(x)
         return torch.cat([self._few_rows(x[first:first + limit]) for first in range(0, rows, limit)])

@@ -1,6 +1,6 @@
 """The cpu backend's bfloat16 prefill over GGUF blocks (EngineConfig.prefill_dtype): named in describe(),
-a copy of the projections at half float32's bytes, close to float32, and a path that agrees with itself
-batched and alone."""
+close to float32; bf16 products (AMX) agree with themselves batched and alone, chunked and cached, bit for
+bit; bf16 tensors hold a copy of the projections at half float32's bytes."""
 
 import pytest
 import torch
@@ -30,7 +30,7 @@ def quantized_tiny_dir(tmp_path_factory):
 
 def _engine(model_dir, prefill_dtype: str, float_prefill_max_bytes: int) -> LLMEngine:
     return LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", backend="cpu",
-                                  kv_cache_bytes=64 << 20, max_num_batched_tokens=24, prefill_dtype=prefill_dtype,
+                                  kv_cache_bytes=64 << 20, max_num_batched_tokens=48, prefill_dtype=prefill_dtype,
                                   float_prefill_max_bytes=float_prefill_max_bytes))
 
 
@@ -50,7 +50,7 @@ def bf16_math(request, monkeypatch):
                                                (0, "torch GEMM over dequantized tiles of Q4_1 blocks")])
 def test_bf16_prefill_is_named_close_to_float32_and_batched_equals_alone(quantized_tiny_dir, copy_bytes, path,
                                                                           bf16_math):
-    """A budget of 24 tokens: prefill chunks of many rows (bf16) and decodes of few (float32 blocks kernels)
+    """A budget of 48 tokens: prefill chunks of many rows (bf16; over tiles above 32) and decodes of few (float32 blocks kernels)
     share steps."""
     engine = _engine(quantized_tiny_dir, "bfloat16", copy_bytes)
     plan = engine.backend.plan()
@@ -71,6 +71,8 @@ def test_bf16_prefill_is_named_close_to_float32_and_batched_equals_alone(quantiz
     assert (bf16_logits - float_logits).abs().max() < 0.05 * float_logits.abs().max()
     assert not torch.equal(bf16_logits, float_logits)  # the bf16 GEMM did run
 
+    if bf16_math == "tensors":  # their rows depend on the GEMM's row count: batched need not equal alone
+        return
     prompts = _mixed_prompts(256)[:8]
     expected = [greedy_generate(engine.model, p, 8) for p in prompts]
     outputs = engine.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))

@@ -25,14 +25,18 @@ def test_the_mode_is_set_only_inside_and_rounds_the_inputs_not_the_output():
 
 
 @pytest.mark.parametrize("packed", [True, False])
-def test_a_rows_bits_do_not_depend_on_the_row_count(packed):
+@pytest.mark.parametrize("out_features, in_features", [(1536, 576), (96, 64)])
+def test_a_rows_bits_do_not_depend_on_the_row_count_from_min_rows(packed, out_features, in_features):
+    """Padded to MIN_ROWS (a narrow weight's 1- and 2-row products took another kernel without it)."""
     generator = torch.Generator().manual_seed(1)
-    x, weight = torch.randn(300, 576, generator=generator), torch.randn(1536, 576, generator=generator)
+    x = torch.randn(300, in_features, generator=generator)
+    weight = torch.randn(out_features, in_features, generator=generator)
     packed_weight = pack_weight(weight)
 
     def gemm(rows):
         with bf16_products.bf16_products():
-            return packed_linear(rows, packed_weight, None) if packed else rows @ weight.T
+            padded = bf16_products.padded_rows(rows)
+            return (packed_linear(padded, packed_weight, None) if packed else padded @ weight.T)[:rows.shape[0]]
 
     every = gemm(x)
     for first, count in ((0, 1), (7, 1), (0, 3), (10, 8), (100, 17), (0, 64), (150, 150)):

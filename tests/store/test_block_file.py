@@ -36,7 +36,10 @@ def _engine(model_dir, gguf_blocks: bool, speculative: str = "off") -> LLMEngine
     return LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", kv_cache_bytes=16 << 20,
                                   max_num_batched_tokens=2048, gguf_blocks=gguf_blocks, backend="cpu",
                                   few_rows_crossover="fixed",
-                                  speculation=SpeculationConfig(speculative)))
+                                  speculation=SpeculationConfig(speculative),
+                                  # float32 products: greedy answers over blocks are compared with float32 weights'
+                                  # (bf16 prefill: tests/engine/test_bf16_prefill.py)
+                                  prefill_dtype="float32"))
 
 
 def test_the_store_keeps_the_formats_the_kernels_read():
