@@ -14,7 +14,8 @@ oneDNN reorders the weight once into the blocked layout its GEMM reads
 (kernels/packed_linear.py). Inputs of up to `few_rows_max` rows (decode) go to a C
 kernel over the GGUF blocks of the weight, or over a row-major float32 copy
 (kernels/cpu_matvec.py); where that limit lies is measured per weight shape at load
-(crossover.py).
+(crossover.py). The backend may let the kernel serve more rows in groups of that limit
+(`grouped_rows_max`: over tiles, and for a copy under bf16 products; model/backends/cpu_backend.py).
 """
 
 import contextlib
