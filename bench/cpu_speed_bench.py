@@ -5,7 +5,8 @@ against the machine's limits, side by side in one run.
         [--paths default,float32,bf16,int8] [--no-decode] [--prefill-repeats 1] [--threads N]
 
 First the machine's limits on one weight shape (2048 x 2048, 512 rows): our int8 GEMM over Q8_0 blocks
-(kernels/cpu_gemm_q8.py), torch's fbgemm dynamic int8 linear, oneDNN's bfloat16 and float32 GEMMs (GOP/s,
+(kernels/cpu_gemm_q8.py), torch's fbgemm dynamic int8 linear, oneDNN's bfloat16 and float32 GEMMs and, where they run, bf16
+products in a float32 GEMM (what bf16 prefill runs: kernels/bf16_products.py) (GOP/s,
 interleaved, best of 3), and copy bandwidth (GB/s, read + write). Then, per model, each server started
 alone on the model's GGUF file: llama-server (bench/llama_server.py, prompt caching off per request) and
 radixserve once per prefill path (`--paths`: `serve --model FILE` with its defaults, `--prefill-dtype float32`,
@@ -47,7 +48,7 @@ from bench.llama_server import find_or_build_llama_server, llama_server_version
 from bench.local_server import stop_process
 from bench.quant_memory_bench import peak_rss_bytes, start
 from bench.random_gguf import random_gguf
-from kernels import cpu_gemm_q8
+from kernels import bf16_products, cpu_gemm_q8
 from kernels.block_formats import BlockWeight
 from kernels.cpu_features import this_cpu
 from kernels.packed_linear import pack_weight, packed_linear
@@ -100,6 +101,9 @@ def machine_limits() -> dict[str, float]:
         "oneDNN bfloat16 GEMM": lambda: torch.nn.functional.linear(x_bf16, w_bf16),
         "oneDNN float32 GEMM (prepacked)": lambda: packed_linear(x, packed_f32, None),
     }
+    if bf16_products.run_here():  # what bf16 prefill runs where it does (kernels/bf16_products.py)
+        paths["oneDNN bf16 products in a float32 GEMM (prepacked)"] = lambda: _in_bf16_products(
+            packed_linear, x, packed_f32, None)
     best = {name: float("inf") for name in paths}
     for _ in range(3):  # interleaved: noise hits every path alike
         for name, fn in paths.items():
@@ -109,6 +113,11 @@ def machine_limits() -> dict[str, float]:
     target = torch.empty_like(source)
     limits["copy GB/s (read + write)"] = 2 * source.numel() * 4 / _best_of(lambda: target.copy_(source), 5) / 1e9
     return limits
+
+
+def _in_bf16_products(fn, *args):
+    with bf16_products.bf16_products():
+        return fn(*args)
 
 
 def model_file(name: str) -> Path:
