@@ -8,7 +8,8 @@ New fast paths (document stitching, speculative verification, CUDA graphs) are a
 to a backend, not as branches in the model.
 
 Calls happen under torch.inference_mode from the engine's single thread; a backend
-holds no per-step state.
+holds no per-step state beyond what `step` sets for the one forward it wraps (which rows
+are prompt rows).
 """
 
 from __future__ import annotations
