@@ -27,7 +27,9 @@ TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5
 
 def _engine(model_dir, backend: str) -> LLMEngine:
     return LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", kv_cache_bytes=16 << 20,
-                                  backend=backend, few_rows_crossover="fixed", speculation=SpeculationConfig("off")))
+                                  backend=backend, few_rows_crossover="fixed", speculation=SpeculationConfig("off"),
+                                  # float32 products: the answers are compared with the torch backend's
+                                  prefill_dtype="float32"))
 
 
 @pytest.mark.parametrize("type_name", TYPES)
