@@ -13,7 +13,7 @@ import torch
 
 from cache.kv_pool import KVPool, KVPoolShape
 from engine.engine_config import resolve_device, resolve_dtype
-from engine.step_batch import SequenceChunk, build_step_batch, run_step
+from engine.step_batch import SequenceChunk, build_step_batch, rows_past_prompt, run_step
 from model.decoder import DecoderForCausalLM
 from model.weights import load_model
 
@@ -45,7 +45,7 @@ def greedy_generate(
     page_ids = list(range(num_pages))
 
     def step(token_ids: list[int], start: int) -> torch.Tensor:
-        num_generated = max(0, start + len(token_ids) - max(start, len(prompt_ids)))  # rows past the prompt
+        num_generated = rows_past_prompt(start, start + len(token_ids), len(prompt_ids))
         batch = build_step_batch([SequenceChunk(token_ids, start, page_ids, num_generated_rows=num_generated)],
                                  PAGE_SIZE, device)
         return run_step(model, pool.layers, batch).sampled[0]  # (V,)

@@ -12,7 +12,7 @@ from cache.kv_pool import KVPool
 from engine.prompt_tail_logits import tail_logit_rows
 from engine.request import Request
 from engine.scheduler import ScheduledChunk
-from engine.step_batch import SequenceChunk, build_step_batch, run_step
+from engine.step_batch import SequenceChunk, build_step_batch, rows_past_prompt, run_step
 from model.decoder import DecoderForCausalLM
 
 # (request, position p of its first row, logits (R, V) float32 of positions p..p+R-1)
@@ -45,7 +45,7 @@ class ModelRunner:
                 prompt_spans.append((request, chunk.start + row_offset, num_prompt_rows))
             drafts = chunk.draft_token_ids  # a verify chunk: its last token, then the drafts
             token_ids = request.token_ids_between(chunk.start, end - len(drafts)) + list(drafts)
-            num_generated = max(0, end - max(chunk.start, len(request.prompt_token_ids)))  # rows past the prompt
+            num_generated = rows_past_prompt(chunk.start, end, len(request.prompt_token_ids))
             sequence_chunks.append(SequenceChunk(token_ids, chunk.start, request.page_ids, chunk.completes_request_tokens,
                                                  num_prompt_rows, row_offset, num_draft_rows=len(drafts),
                                                  num_generated_rows=num_generated))

@@ -29,7 +29,7 @@ class SequenceChunk:
     # the last 1 + num_draft_rows rows are needed, not only the last one's.
     num_draft_rows: int = 0
     # Its last rows hold generated tokens (a decode; a verify chunk's token and drafts), the others prompt
-    # tokens: the backend may multiply the two kinds differently (Backend.step)
+    # tokens: the backend may multiply the two kinds differently (AttentionInputs.num_generated)
     num_generated_rows: int = 0
 
 
@@ -39,14 +39,17 @@ class StepBatch:
     attn: AttentionInputs
     logit_rows: Tensor  # (M,) int64: the rows whose logits are needed, in chunk order (a verify chunk's all)
     prompt_logit_rows: Tensor  # (P,) int64: the chunks' prompt-logprob rows, in chunk order
-    generated_rows: Tensor  # (G,) int64: the rows of generated tokens (SequenceChunk.num_generated_rows)
+
+
+def rows_past_prompt(start: int, end: int, prompt_len: int) -> int:
+    """How many of positions [start, end) of a sequence come after its prompt of prompt_len tokens."""
+    return max(0, end - max(start, prompt_len))
 
 
 def build_step_batch(chunks: list[SequenceChunk], page_size: int, device: torch.device) -> StepBatch:
     input_ids: list[int] = []
     logit_rows: list[int] = []
     prompt_logit_rows: list[int] = []
-    generated_rows: list[int] = []
     for chunk in chunks:
         first_row = len(input_ids)
         input_ids.extend(chunk.token_ids)
@@ -54,14 +57,12 @@ def build_step_batch(chunks: list[SequenceChunk], page_size: int, device: torch.
         prompt_logit_rows.extend(range(first_prompt_row, first_prompt_row + chunk.num_prompt_logit_rows))
         if chunk.wants_logits:
             logit_rows.extend(range(len(input_ids) - 1 - chunk.num_draft_rows, len(input_ids)))
-        generated_rows.extend(range(len(input_ids) - chunk.num_generated_rows, len(input_ids)))
     attn = AttentionInputs.for_chunks(
         [(chunk.page_ids, chunk.start, chunk.start + len(chunk.token_ids)) for chunk in chunks], page_size, device,
-        [chunk.num_generated_rows == 0 for chunk in chunks])
+        [chunk.num_generated_rows for chunk in chunks])
     return StepBatch(torch.tensor(input_ids, dtype=torch.int64, device=device), attn,
                      torch.tensor(logit_rows, dtype=torch.int64, device=device),
-                     torch.tensor(prompt_logit_rows, dtype=torch.int64, device=device),
-                     torch.tensor(generated_rows, dtype=torch.int64, device=device))
+                     torch.tensor(prompt_logit_rows, dtype=torch.int64, device=device))
 
 
 class StepLogits(NamedTuple):
@@ -71,8 +72,7 @@ class StepLogits(NamedTuple):
 
 def run_step(model, kv_caches: list[tuple[Tensor, Tensor]], batch: StepBatch) -> StepLogits:
     """The model over `batch`; logits only for the rows that need them."""
-    hidden = model(batch.input_ids, batch.attn.positions, kv_caches, batch.attn,
-                   generated_rows=batch.generated_rows)  # (N, d)
+    hidden = model(batch.input_ids, batch.attn.positions, kv_caches, batch.attn)  # (N, d)
     return StepLogits(_logits_of(model, hidden, batch.logit_rows), _logits_of(model, hidden, batch.prompt_logit_rows))
 
 

@@ -33,8 +33,9 @@ class AttentionInputs:
     query_starts: list[int]  # (B+1,) cumulative: sequence b's new tokens are rows [qs[b], qs[b+1])
     context_lens: list[int]  # (B,) tokens in sequence b's KV after this step, new tokens included
     page_table: Tensor  # (B, max_pages) int64, pages in order; padding: any valid page id
-    # (B,) whether sequence b's new tokens are prompt tokens (not a decode or verify chunk); () unknown
-    is_prompt: tuple[bool, ...] = ()
+    # (B,) how many of sequence b's new tokens, its last, are generated tokens (a decode; a verify chunk's token
+    # and drafts), the rest prompt tokens; () unknown. A backend may multiply the two kinds differently.
+    num_generated: tuple[int, ...] = ()
     _plans: dict[tuple[int, AttentionPolicy, int | None], AttentionPlan] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self):
@@ -43,13 +44,16 @@ class AttentionInputs:
             raise ValueError("query_starts must be cumulative, start at 0 and have B+1 entries")
         if self.page_table.dim() != 2 or self.page_table.shape[0] != num_seqs:
             raise ValueError(f"page_table must be (B={num_seqs}, max_pages), got {tuple(self.page_table.shape)}")
-        if self.is_prompt and len(self.is_prompt) != num_seqs:
-            raise ValueError(f"is_prompt must have B={num_seqs} entries, got {len(self.is_prompt)}")
+        if self.num_generated and len(self.num_generated) != num_seqs:
+            raise ValueError(f"num_generated must have B={num_seqs} entries, got {len(self.num_generated)}")
         if self.slot_ids.shape != (self.query_starts[-1],):
             raise ValueError(f"slot_ids must be (N={self.query_starts[-1]},), got {tuple(self.slot_ids.shape)}")
         for b, (query_len, context_len) in enumerate(zip(self.query_lens, self.context_lens)):
             if not 1 <= query_len <= context_len:
                 raise ValueError(f"sequence {b}: need 1 <= query_len ({query_len}) <= context_len ({context_len})")
+            if self.num_generated and not 0 <= self.num_generated[b] <= query_len:
+                raise ValueError(f"sequence {b}: need 0 <= num_generated ({self.num_generated[b]}) <= query_len "
+                                 f"({query_len})")
 
     @classmethod
     def build(
@@ -59,7 +63,7 @@ class AttentionInputs:
         context_lens: list[int],
         page_ids_per_seq: list[list[int]],
         device,
-        is_prompt: list[bool] | None = None,
+        num_generated: list[int] | None = None,
     ) -> AttentionInputs:
         """From plain lists: pads the page table with page 0 and puts tensors on `device`."""
         query_starts = [0]
@@ -72,19 +76,19 @@ class AttentionInputs:
             query_starts=query_starts,
             context_lens=list(context_lens),
             page_table=torch.tensor(padded, dtype=torch.int64, device=device).view(len(padded), max_pages),
-            is_prompt=tuple(is_prompt or ()),
+            num_generated=tuple(num_generated or ()),
         )
 
     @classmethod
     def for_chunks(cls, chunks: list[tuple[list[int], int, int]], page_size: int, device,
-                   is_prompt: list[bool] | None = None) -> AttentionInputs:
+                   num_generated: list[int] | None = None) -> AttentionInputs:
         """One step of sequences given as (page_ids, start, end): each adds the tokens of
         positions [start, end) to its pages, attending to positions [0, end)."""
         slot_ids: list[int] = []
         for page_ids, start, end in chunks:
             slot_ids.extend(slot_ids_of(page_ids, start, end, page_size))
         return cls.build(slot_ids, [end - start for _, start, end in chunks], [end for _, _, end in chunks],
-                         [page_ids for page_ids, _, _ in chunks], device, is_prompt)
+                         [page_ids for page_ids, _, _ in chunks], device, num_generated)
 
     @property
     def num_seqs(self) -> int:
@@ -98,6 +102,21 @@ class AttentionInputs:
     def query_lens(self) -> list[int]:
         starts = self.query_starts
         return [starts[b + 1] - starts[b] for b in range(len(starts) - 1)]
+
+    @functools.cached_property
+    def generated_rows(self) -> Tensor:
+        """(G,) int64: the rows of generated tokens (num_generated; empty when unknown)."""
+        rows = [row for b, count in enumerate(self.num_generated)
+                for row in range(self.query_starts[b + 1] - count, self.query_starts[b + 1])]
+        return torch.tensor(rows, dtype=torch.int64, device=self.slot_ids.device)
+
+    @functools.cached_property
+    def prompt_rows(self) -> Tensor:
+        """(P,) int64: the rows of prompt tokens (every row when num_generated is unknown)."""
+        counts = self.num_generated or (0,) * self.num_seqs
+        rows = [row for b, count in enumerate(counts)
+                for row in range(self.query_starts[b], self.query_starts[b + 1] - count)]
+        return torch.tensor(rows, dtype=torch.int64, device=self.slot_ids.device)
 
     @functools.cached_property
     def max_context_len(self) -> int:

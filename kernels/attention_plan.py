@@ -45,7 +45,7 @@ class AttentionPolicy:
     max_rows_as_decode: int = 1
     # Every prefill sequence (more new tokens than a decode) to one kernel that reads the pages itself.
     fused_prefill: bool = False
-    # A sequence of prompt tokens (AttentionInputs.is_prompt) goes to the prefill path however few its new
+    # A sequence of prompt tokens only (AttentionInputs.num_generated 0) goes to the prefill path however few its new
     # tokens, so a prompt row's attention is computed alike whatever its chunk (the prefill kernel's rows do
     # not depend on how a prompt is chunked); decode and verify chunks as above.
     prompts_as_prefill: bool = False
@@ -118,9 +118,9 @@ def make_plan(inputs: AttentionInputs, page_size: int, policy: AttentionPolicy,
     """`window`: a sliding-window layer's W (a query at position p sees keys in (p - W, p]), or None.
     A fused decode or prefill batch carries no mask: its kernel applies the window itself."""
     max_decode_rows = policy.max_rows_as_decode if policy.fused_decode else 1
-    prompt = inputs.is_prompt if policy.prompts_as_prefill else ()
+    generated = inputs.num_generated if policy.prompts_as_prefill else ()
     is_decode = [(query_len == 1 or (query_len <= max_decode_rows and inputs.context_lens[b] > query_len))
-                 and not (prompt and prompt[b]) for b, query_len in enumerate(inputs.query_lens)]
+                 and not (generated and generated[b] == 0) for b, query_len in enumerate(inputs.query_lens)]
     decode_seqs = [b for b, decode in enumerate(is_decode) if decode]
     decode_chunks, decode_batch = [], None
     if policy.fused_decode and decode_seqs:

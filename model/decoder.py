@@ -183,14 +183,12 @@ class DecoderForCausalLM(nn.Module):
         kv_caches: list[LayerKV],  # per layer K and V pages (num_pages, page_size, KVH, D), any KV format
         attn: AttentionInputs,
         num_layers: int | None = None,
-        generated_rows: Tensor | None = None,  # (G,) int64: the rows of generated tokens; None: none
     ) -> Tensor:
         """-> (N, d): the final norm of the last layer's stream. With `num_layers`, only the first
         num_layers layers run (each writing its K/V as usual) and the stream after them is returned,
         not normed: a probe that wants those layers' K/V only (engine/selective_recompute.py).
-        `generated_rows` tells the backend which rows are generated tokens and which prompt rows
-        (Backend.step)."""
-        with self.backend.step(input_ids.shape[0], generated_rows):
+        The backend sees the step's rows for the whole forward (Backend.step)."""
+        with self.backend.step(attn):
             return self._forward(input_ids, positions, kv_caches, attn, num_layers)
 
     def _forward(self, input_ids: Tensor, positions: Tensor, kv_caches: list[LayerKV], attn: AttentionInputs,

@@ -132,10 +132,9 @@ class Backend(ABC):
                     full_name = f"{name}.{child_name}" if name else child_name
                     setattr(module, child_name, self.make_linear(full_name, child, blocks.get(full_name)))
 
-    def step(self, num_rows: int, generated_rows: Tensor | None) -> contextlib.AbstractContextManager:
-        """Around one forward over `num_rows` rows, of which `generated_rows` ((G,) int64, or None: none) hold
-        generated tokens (a decode, a verify chunk's token and drafts) and the rest prompt tokens; a backend
-        whose products differ by kind of row reads it (cpu under bf16 products)."""
+    def step(self, attn: AttentionInputs) -> contextlib.AbstractContextManager:
+        """Around one forward over the step `attn` describes, for a backend whose products differ by kind of
+        row (prompt or generated: AttentionInputs.num_generated; cpu under bf16 products)."""
         return contextlib.nullcontext()
 
     @abstractmethod

@@ -113,9 +113,8 @@ class CpuBackend(TorchBackend):
                  prefill_attention: CpuPrefillAttention | None = None):
         super().__init__(torch.device("cpu"), torch.float32, fallbacks)
         # how prefill's GEMMs over GGUF blocks multiply (resolved: kernels.cpu_features.resolve_prefill_dtype,
-        # then model.backends.prefill_math_for)
+        # then model.backends._make_cpu)
         self.prefill_math = prefill_math
-        self.prefill_dtype = "float32" if prefill_math == FLOAT32_MATH else "bfloat16"
         self.step_rows = StepRows()  # the running step's prompt and generated rows (read under bf16 products)
         self.bf16_float_layers = bf16_float_layers  # with bfloat16 prefill, these stay float32 (last name part)
         if crossover not in (MEASURE, FIXED):
@@ -237,6 +236,11 @@ class CpuBackend(TorchBackend):
         return BlockLinear(parts, layer.bias, self._few_rows_over_blocks, self.block_kernels.dequantize_rows, limit,
                            math, self.step_rows, grouped)
 
+    @property
+    def prefill_dtype(self) -> str:
+        """The resolved prefill dtype: "float32" or "bfloat16" (kernels.cpu_features.PREFILL_DTYPES)."""
+        return "float32" if self.prefill_math == FLOAT32_MATH else "bfloat16"
+
     def _grouped_rows_max(self, limit: int, over_tiles: bool) -> int:
         """Up to how many rows the few-rows kernel runs, in groups of `limit` (0: none)."""
         if not limit:
@@ -294,16 +298,17 @@ class CpuBackend(TorchBackend):
         self._linears[name] = LinearPlan("oneDNN prepacked", f"C matvec over {kind}" if limit else "", limit)
         return CpuLinear(packed, bias, out_features, few_rows if limit else None, limit)
 
+    def step(self, attn: AttentionInputs) -> contextlib.AbstractContextManager:
+        # only bf16 products read the step's rows (StepRows)
+        return self._rows_of(attn) if self.prefill_math.bf16_products else contextlib.nullcontext()
+
     @contextlib.contextmanager
-    def step(self, num_rows: int, generated_rows: Tensor | None) -> Iterator[None]:
-        if not self.prefill_math.bf16_products:  # only bf16 products read the step's rows
-            yield
-            return
-        self.step_rows.set(num_rows, generated_rows)
+    def _rows_of(self, attn: AttentionInputs) -> Iterator[None]:
+        self.step_rows.inputs = attn
         try:
             yield
         finally:
-            self.step_rows.clear()
+            self.step_rows.inputs = None
 
     def plan(self) -> BackendPlan:
         notes = (f"cpu: {self.instruction_sets}",) if self.instruction_sets else ()

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from kernels.attention_inputs import AttentionInputs
 from kernels.bf16_products import bf16_products, padded_rows
 from kernels.packed_linear import packed_linear
 
@@ -48,31 +49,15 @@ BF16_TENSORS_MATH = PrefillMath("bfloat16 tensors", torch.bfloat16)
 
 
 class StepRows:
-    """Which rows of the running step's batch are prompt rows and which hold generated tokens (a decode, a
-    verify chunk's token and drafts): set around each forward (CpuBackend.step), read by the linear layers
-    under bf16 products. A prompt row then always runs the prefill GEMM, whatever its chunk's size, so its
-    bits do not depend on how the prompt was chunked or what was cached (the GEMM's rows do not depend on
-    the row count); generated rows run float32's path by their own count (`_PrefillLinear._by_count`), so
-    a decode's bits do not depend on the prompts that shared its step."""
+    """The running step's rows (`inputs`: its AttentionInputs, None between steps), set around each forward
+    (CpuBackend.step) and read by the linear layers under bf16 products. A prompt row then always runs the
+    prefill GEMM, whatever its chunk's size, so its bits do not depend on how the prompt was chunked or what
+    was cached (the GEMM's rows do not depend on the row count); generated rows run float32's path by their
+    own count (`_PrefillLinear._by_count`), so a decode's bits do not depend on the prompts that shared its
+    step. The row indices are the inputs' own, built once a step (AttentionInputs.prompt_rows)."""
 
     def __init__(self):
-        self.num_rows = -1  # the step's rows (-1: no step running)
-        self.prompt: Tensor | None = None  # (P,) int64 row indices, when some rows are generated and some not
-        self.generated: Tensor | None = None  # (G,) int64 likewise
-        self.all_generated = False
-
-    def set(self, num_rows: int, generated_rows: Tensor | None) -> None:
-        self.num_rows = num_rows
-        self.prompt = self.generated = None
-        num_generated = 0 if generated_rows is None else generated_rows.numel()
-        self.all_generated = num_generated == num_rows
-        if 0 < num_generated < num_rows:
-            is_prompt = torch.ones(num_rows, dtype=torch.bool)
-            is_prompt[generated_rows] = False
-            self.prompt, self.generated = is_prompt.nonzero().flatten(), generated_rows
-
-    def clear(self) -> None:
-        self.set(-1, None)
+        self.inputs: AttentionInputs | None = None
 
 
 class _PrefillLinear(nn.Module):
@@ -93,17 +78,18 @@ class _PrefillLinear(nn.Module):
         self.step_rows = step_rows if prefill_math.bf16_products else None
 
     def forward(self, x: Tensor) -> Tensor:
-        rows = self.step_rows
-        if rows is None or rows.num_rows != x.shape[0]:  # not a step's rows: by the row count
+        step = self.step_rows.inputs if self.step_rows is not None else None
+        if step is None or not step.num_generated or step.num_tokens != x.shape[0]:  # by the row count
             y = self._by_count(x, self.prefill_math)
-        elif rows.all_generated:
+        elif not step.prompt_rows.numel():
             y = self._by_count(x, FLOAT32_MATH)
-        elif rows.prompt is None:  # prompt rows only
+        elif not step.generated_rows.numel():
             y = self._prefill_gemm(x, self.prefill_math)
         else:
+            prompt, generated = step.prompt_rows, step.generated_rows
             y = x.new_empty((x.shape[0], self.out_features))
-            y.index_copy_(0, rows.generated, self._by_count(x.index_select(0, rows.generated), FLOAT32_MATH))
-            y.index_copy_(0, rows.prompt, self._prefill_gemm(x.index_select(0, rows.prompt), self.prefill_math))
+            y.index_copy_(0, generated, self._by_count(x.index_select(0, generated), FLOAT32_MATH))
+            y.index_copy_(0, prompt, self._prefill_gemm(x.index_select(0, prompt), self.prefill_math))
         return y + self.bias if self.bias is not None else y
 
     def _prefill_gemm(self, x: Tensor, math: PrefillMath) -> Tensor:
@@ -152,8 +138,8 @@ class CpuLinear(_PrefillLinear):
 
 # A prefill tile: this many weights dequantized at a time in prefill's dtype (8 MiB of float32, 4 MiB of
 # bfloat16), then one GEMM over them. 256K-2M weights measured alike over bf16 tensors; with bf16 products
-# oneDNN rounds x to bf16 in every GEMM, and 2M-4M weights ran 1.3-1.6x 1M on a 2048 x 8192 weight
-# (docs/performance.md, "bfloat16 products").
+# oneDNN rounds x to bf16 in every GEMM, and 2M weights ran 1.0-1.9x 1M on 2048 x 8192 and 8192 x 2048
+# weights at 512 and 2048 rows, 8M slower again (docs/performance.md, "bfloat16 products").
 TILE_WEIGHTS = 1 << 21
 
 

@@ -68,14 +68,17 @@ def test_prompt_chunks_go_to_prefill_however_few_their_rows_under_prompts_as_pre
     # seqs: prompt tail of 1 row, prompt chunk of 3 rows, a decode, a verify chunk of 3 rows
     inputs = AttentionInputs.build([10, 11, 12, 13, 5, 20, 21, 22], [1, 3, 1, 3], [9, 12, 5, 7],
                                    [[2, 3, 6], [4, 7, 8], [1, 9], [5, 10]], "cpu",
-                                   is_prompt=[True, True, False, False])
+                                   num_generated=[0, 0, 1, 3])
     by_count = inputs.plan(4, fused)
     assert by_count.prefill_batch is None and by_count.decode_batch.rows.tolist() == list(range(8))
     prompts = inputs.plan(4, dataclasses.replace(fused, prompts_as_prefill=True))
     assert prompts.prefill_batch.q_starts.tolist() == [0, 1] and prompts.prefill_batch.query_lens.tolist() == [1, 3]
     assert prompts.decode_batch.rows.tolist() == [4, 5, 6, 7]
-    with pytest.raises(ValueError, match="is_prompt"):
-        AttentionInputs.build([0], [1], [1], [[0]], "cpu", is_prompt=[True, False])
+    assert inputs.prompt_rows.tolist() == [0, 1, 2, 3] and inputs.generated_rows.tolist() == [4, 5, 6, 7]
+    with pytest.raises(ValueError, match="num_generated"):
+        AttentionInputs.build([0], [1], [1], [[0]], "cpu", num_generated=[0, 0])
+    with pytest.raises(ValueError, match="num_generated"):
+        AttentionInputs.build([0], [1], [1], [[0]], "cpu", num_generated=[2])
 
 
 @pytest.mark.parametrize(

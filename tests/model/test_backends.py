@@ -296,6 +296,14 @@ def test_bf16_tensor_tiles_round_to_bf16_and_decode_rows_stay_float32(build_dir,
     torch.testing.assert_close(head(x), layer(x), atol=1e-4, rtol=1e-4)
 
 
+def _step(query_lens: list[int], num_generated: list[int]):
+    """The AttentionInputs of a step of sequences with these new tokens, the last num_generated of each generated."""
+    from kernels.attention_inputs import AttentionInputs
+
+    return AttentionInputs.build(list(range(sum(query_lens))), query_lens, query_lens, [[0]] * len(query_lens), "cpu",
+                                 num_generated)
+
+
 def test_bf16_products_run_prompt_rows_on_the_gemm_and_generated_rows_as_float32(build_dir):
     """Under bf16 products a step's prompt rows take the bf16 GEMM at any count, its generated rows the float32
     path by their own count (over tiles the few-rows kernel, in groups of 8, up to 32 rows); outside a step, by the
@@ -318,19 +326,19 @@ def test_bf16_products_run_prompt_rows_on_the_gemm_and_generated_rows_as_float32
     torch.testing.assert_close(prefill.double(), rounded, atol=1e-5, rtol=1e-5)  # float32 output: no bf16 rounding
     # a prompt row's bits do not depend on the row count
     for first, count in ((0, 1), (5, 17), (23, 17)):
-        with ops.step(count, None):
+        with ops.step(_step([count], [0])):
             assert torch.equal(linear(x[first:first + count]), prefill[first:first + count])
     float_rows = linear(x[:12])  # up to 32 rows outside a step: the float32 kernel, in groups of 8
     torch.testing.assert_close(float_rows, layer(x[:12]), atol=1e-4, rtol=1e-4)
     assert all(torch.equal(linear(x[row:row + 1]), float_rows[row:row + 1]) for row in (0, 7, 8, 11))
-    with ops.step(3, None):  # three prompt rows: the bf16 GEMM
+    with ops.step(_step([3], [0])):  # three prompt rows: the bf16 GEMM
         assert torch.equal(linear(x[:3]), prefill[:3])
     generated = torch.tensor([1, 38], dtype=torch.int64)
-    with ops.step(40, generated):  # mixed: rows 1 and 38 on the float32 kernel, the rest bf16
+    with ops.step(_step([2, 37, 1], [1, 1, 0])):  # mixed: rows 1 and 38 on the float32 kernel, the rest bf16
         mixed = linear(x)
     assert torch.equal(mixed[generated], linear(x[generated]))
     keep = torch.ones(40, dtype=torch.bool)
     keep[generated] = False
     assert torch.equal(mixed[keep], prefill[keep])
-    with ops.step(40, torch.arange(40)):  # every row generated: float32, by their count (the GEMM here)
+    with ops.step(_step([1] * 40, [1] * 40)):  # every row generated: float32, by their count (the GEMM here)
         torch.testing.assert_close(linear(x), layer(x), atol=1e-4, rtol=1e-4)
