@@ -58,8 +58,7 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
     products = bf16_products.run_here()
     prefill_dtype, bf16_skipped = resolve_prefill_dtype(prefill_dtype_choice, features,
                                                         packed_linear.bf16_is_available(),
-                                                        functools.partial(bf16_gemm_speedup, products=products),
-                                                        bf16_products=products)
+                                                        bf16_gemm_speedup, bf16_products=products)
     prefill_math = FLOAT32_MATH if prefill_dtype == "float32" else (
         BF16_PRODUCTS_MATH if products else BF16_TENSORS_MATH)
     fallbacks = list(skipped) + list(bf16_skipped)

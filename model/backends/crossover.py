@@ -54,26 +54,21 @@ def measure_crossover(few_rows: Callable[[Tensor], Tensor], large: Callable[[Ten
 
 
 @functools.cache
-def bf16_gemm_speedup(rows: int = 512, size: int = 2048, rounds: int = ROUNDS, products: bool = True) -> float:
-    """float32 GEMM time over bfloat16's on this machine: (rows, size) @ (size, size)^T, both prepacked,
-    the median of `rounds` rounds' ratio of the two interleaved best times (well under a second where
-    bf16 is native). bfloat16 is what prefill would run: bf16 products inside the float32 GEMM
-    (kernels/bf16_products.py) with `products`, else a GEMM over bf16 tensors."""
+def bf16_gemm_speedup(rows: int = 512, size: int = 2048, rounds: int = ROUNDS) -> float:
+    """float32 GEMM time over the same GEMM's with bf16 products (kernels/bf16_products.py, what bf16 prefill
+    runs) on this machine: (rows, size) @ (size, size)^T, prepacked, the median of `rounds` rounds' ratio of
+    the two interleaved best times (well under a second where bf16 is native)."""
     generator = torch.Generator().manual_seed(0)
-    weight = torch.randn(size, size, generator=generator)
+    packed = pack_weight(torch.randn(size, size, generator=generator))
     x = torch.randn(rows, size, generator=generator)
-    x32, w32 = x, pack_weight(weight)
-    if products:
-        def bfloat16(_):
-            with bf16_products():
-                return packed_linear(x32, w32, None)
-    else:
-        x16, w16 = x.bfloat16(), pack_weight(weight.bfloat16())
 
-        def bfloat16(_):
-            return packed_linear(x16, w16, None)
+    def with_bf16_products(_):
+        with bf16_products():
+            return packed_linear(x, packed, None)
+
     ratios = [float32 / bf16 for float32, bf16 in
-              (_best_seconds(lambda _: packed_linear(x32, w32, None), bfloat16, None) for _ in range(rounds))]
+              (_best_seconds(lambda _: packed_linear(x, packed, None), with_bf16_products, None)
+               for _ in range(rounds))]
     return statistics.median(ratios)
 
 

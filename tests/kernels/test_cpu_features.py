@@ -82,6 +82,5 @@ def test_bf16_gemm_speedup_is_a_measured_ratio():
 
     if not bf16_is_available():
         pytest.skip("this torch's oneDNN has no bf16 GEMM")
-    for products in (True, False):
-        speedup = bf16_gemm_speedup(rows=64, size=256, rounds=1, products=products)
-        assert 0.01 < speedup < 100
+    speedup = bf16_gemm_speedup(rows=64, size=256, rounds=1)
+    assert 0.01 < speedup < 100

@@ -250,7 +250,7 @@ def test_prefill_dtype_auto_takes_bf16_only_where_products_run_and_measured_fast
     monkeypatch.setattr(backends_module.packed_linear, "bf16_is_available", lambda: True)
     monkeypatch.setattr(bf16_products, "run_here", lambda: True)
     for speedup, chosen in ((0.6, "float32"), (4.0, "bfloat16")):
-        monkeypatch.setattr(backends_module, "bf16_gemm_speedup", lambda products: speedup)
+        monkeypatch.setattr(backends_module, "bf16_gemm_speedup", lambda: speedup)
         ops = select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, prefill_dtype="auto")
         assert ops.prefill_dtype == chosen
         slower = "bfloat16 prefill off (a bf16 GEMM ran 0.60x float32's here, under 1.25x): float32 GEMMs"
