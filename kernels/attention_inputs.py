@@ -1,4 +1,4 @@
-"""Per-step description of a batch for paged attention (which tokens, which pages)."""
+"""Per-step description of a batch for paged attention (which tokens, which pages, which rows are prompt rows)."""
 
 from __future__ import annotations
 
