@@ -132,6 +132,21 @@ class AttentionInputs:
         ]
         return torch.tensor(positions, dtype=torch.int64, device=self.slot_ids.device)
 
+    def widened(self, max_pages: int) -> AttentionInputs:
+        """The same step with its page table padded with page 0 to `max_pages` columns (>= its own)."""
+        width = self.page_table.shape[1]
+        if max_pages < width:
+            raise ValueError(f"cannot narrow a page table of {width} columns to {max_pages}")
+        table = torch.zeros((self.num_seqs, max_pages), dtype=torch.int64, device=self.page_table.device)
+        table[:, :width] = self.page_table
+        return AttentionInputs(self.slot_ids.clone(), list(self.query_starts), list(self.context_lens), table,
+                               self.num_generated)
+
+    @property
+    def plan_keys(self) -> list[tuple[int, AttentionPolicy, int | None]]:
+        """The (page_size, policy, window) of every plan built so far."""
+        return list(self._plans)
+
     def plan(self, page_size: int, policy: AttentionPolicy, window: int | None = None) -> AttentionPlan:
         """Gather indices and masks for this step, built on the first call of each kind of layer
         (`window`: a sliding-window layer's, else None)."""

@@ -20,6 +20,7 @@ the byte products at 1 row with `vpmaddubsw`) and "portable" (plain C); `load_be
 """
 
 import ctypes
+import struct
 from pathlib import Path
 
 import torch
@@ -27,24 +28,22 @@ from torch import Tensor
 
 from kernels.block_formats import BlockWeight
 from kernels.cpu_features import PORTABLE
+from kernels.kernel_program import PackedKernel, note_unrecorded
 from kernels.native_build import FIND_COMPILER, NativeUnavailable, library_variant, load_library
 
 # |matmul_q16 - exact product| <= Q16_TOLERANCE * sum_j |w_j| * max|x over j's group of 32|:
 # each x value is off by at most half a step of max|x| / 32767 (plus float32 sums' rounding).
 Q16_TOLERANCE = 1.0 / 65534 + 1e-6
+# blocks_matmul(_q16)_packed's fields: format code, block size, block bytes, W, x, y, m, rows, cols, threads
+_PRODUCT_ARGS = struct.Struct("<10q").pack
 
 
 class BlockKernels:
     def __init__(self, library: ctypes.CDLL, instruction_set: str):
         self.instruction_set = instruction_set  # "avx512_vnni", "avx2" or "portable"
-        product_args = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 3 \
-            + [ctypes.c_int64] * 3 + [ctypes.c_int]
-        self._matmul = library.blocks_matmul
-        self._matmul.argtypes = product_args
-        self._matmul.restype = ctypes.c_int
-        self._matmul_q16 = library.blocks_matmul_q16
-        self._matmul_q16.argtypes = product_args
-        self._matmul_q16.restype = ctypes.c_int
+        # packed-argument entry points: recordable (kernels/kernel_program.py)
+        self._matmul = PackedKernel(library.blocks_matmul_packed)
+        self._matmul_q16 = PackedKernel(library.blocks_matmul_q16_packed)
         self._dequantize = library.blocks_dequantize_rows
         self._dequantize.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                      ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
@@ -69,8 +68,8 @@ class BlockKernels:
             raise ValueError(f"blocks matmul wants x (m, {weight.cols}) float32, got {tuple(x.shape)} {x.dtype}")
         spec = weight.spec
         out = torch.empty((x.shape[0], weight.rows), dtype=torch.float32)
-        status = kernel(spec.code, spec.block_size, spec.bytes, weight.blocks.data_ptr(), x.data_ptr(),
-                        out.data_ptr(), x.shape[0], weight.rows, weight.cols, torch.get_num_threads())
+        status = kernel(_PRODUCT_ARGS(spec.code, spec.block_size, spec.bytes, weight.blocks.data_ptr(), x.data_ptr(),
+                                      out.data_ptr(), x.shape[0], weight.rows, weight.cols, torch.get_num_threads()))
         if status == -2:
             raise MemoryError("blocks matmul: no memory for the quantized activations")
         if status:
@@ -88,6 +87,7 @@ class BlockKernels:
             if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= weight.rows):
                 raise IndexError(f"row ids out of range for a weight of {weight.rows} rows")
             result = torch.empty((ids.numel(), weight.cols), dtype=torch.float32)
+            note_unrecorded("blocks_dequantize_rows")
             self._dequantize(spec.code, spec.block_size, spec.bytes, weight.blocks.data_ptr(), ids.data_ptr(),
                              ids.numel(), weight.cols, result.data_ptr(), torch.get_num_threads())
             return result.reshape(*row_ids.shape, weight.cols)
@@ -101,6 +101,7 @@ class BlockKernels:
             raise ValueError(f"out must be contiguous float32 or bfloat16 ({count}, {weight.cols}), "
                              f"got {out.dtype} {tuple(out.shape)}")
         start = weight.blocks.data_ptr() + first * weight.blocks.shape[1]
+        note_unrecorded("blocks_dequantize_rows")
         if out.dtype == torch.bfloat16:
             self._dequantize_bf16(spec.code, spec.block_size, spec.bytes, start, count, weight.cols, out.data_ptr(),
                                   torch.get_num_threads())

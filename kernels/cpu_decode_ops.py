@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from kernels import native_build
+from kernels.kernel_program import PackedKernel, bind_runner
 from kernels.kv_format import KVPages, as_pages
 from kernels.paged_kernel_args import (check_caches, check_index, check_out, check_page_table, check_query,
                                        check_window_softcap, pages_args)
@@ -77,6 +78,7 @@ class CpuDecodeOps:
         self._rope_store_kv = _bind(library.rope_store_kv_packed)
         self._rerotate_store_kv = _bind(library.rerotate_store_kv_packed)
         self._attention = _bind(library.paged_decode_attention_packed)
+        self.run_program = bind_runner(library)  # runs a recorded step (kernels/kernel_program.py)
 
     # ------------------------------------------------------------ predicates
 
@@ -280,10 +282,8 @@ def load(build_dir: Path, compiler: str | None = native_build.FIND_COMPILER, var
     return CpuDecodeOps(native_build.load_library("decode_ops", build_dir, compiler, variant))
 
 
-def _bind(function):
-    function.argtypes = [ctypes.c_char_p]
-    function.restype = ctypes.c_int64
-    return function
+def _bind(function) -> PackedKernel:
+    return PackedKernel(function)  # recordable (kernels/kernel_program.py)
 
 
 def _check_rows(name: str, t: Tensor, multiple: int = 8) -> int:

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from kernels.block_formats import FORMATS, BlockWeight
+from kernels.kernel_program import note_unrecorded
 from kernels.native_build import FIND_COMPILER, library_variant, load_library
 
 # The block formats (kernels/block_formats.py) the kernels repack: Q4_1 and Q4_K into 32-weight groups
@@ -86,6 +87,7 @@ class CpuGemmQ8:
         if weight.variant != self.variant:
             raise ValueError(f"weight packed for {weight.variant}, kernels are {self.variant}")
         out = torch.empty((x.shape[0], weight.rows), dtype=torch.float32)
+        note_unrecorded("gemm_q8")
         status = self._gemm(weight.layout, weight.packed.data_ptr(), x.data_ptr(), out.data_ptr(),
                             x.shape[0], weight.rows, weight.cols, torch.get_num_threads())
         if status:

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from kernels.block_formats import FORMATS, BlockWeight
+from kernels.kernel_program import note_unrecorded
 from kernels.native_build import FIND_COMPILER, load_library
 
 # The fixed crossover (the default): up to this many rows the blocks beat oneDNN's float32 GEMM on
@@ -62,6 +63,7 @@ class CpuMatvec:
         if x.shape != (1, cols) or x.dtype != torch.float32:
             raise ValueError(f"matvec wants x (1, {cols}) float32, got {tuple(x.shape)} {x.dtype}")
         out = torch.empty((1, rows), dtype=torch.float32)
+        note_unrecorded("matvec_f32")
         self._matvec(weight.data_ptr(), x.data_ptr(), out.data_ptr(), rows, cols, torch.get_num_threads())
         return out
 
@@ -73,6 +75,7 @@ class CpuMatvec:
         if x.dim() != 2 or x.shape[1] != weight.cols or x.dtype != torch.float32:
             raise ValueError(f"matmul_blocks wants x (m, {weight.cols}) float32, got {tuple(x.shape)} {x.dtype}")
         out = torch.empty((x.shape[0], weight.rows), dtype=torch.float32)
+        note_unrecorded("matvec_blocks")
         status = self._matmul_blocks(FORMATS[weight.format].code, weight.blocks.data_ptr(), x.data_ptr(),
                                      out.data_ptr(), x.shape[0], weight.rows, weight.cols, torch.get_num_threads())
         if status:

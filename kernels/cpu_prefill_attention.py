@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from kernels.cpu_features import PORTABLE
+from kernels.kernel_program import note_unrecorded
 from kernels.kv_format import KVPages, as_pages
 from kernels.native_build import FIND_COMPILER, NativeUnavailable, library_variant, load_library
 from kernels.paged_kernel_args import (check_caches, check_index, check_out, check_page_table, check_query,
@@ -89,6 +90,7 @@ class CpuPrefillAttention:
         for name, index in (("q_starts", q_starts), ("query_lens", query_lens), ("context_lens", context_lens)):
             check_index(name, index, num_seqs)
         check_window_softcap(window, softcap)
+        note_unrecorded("paged_prefill_attention")
         status = self._attention(_ARGS(
             q.data_ptr(), q_row_stride, *pages_args(k_cache), *pages_args(v_cache), page_table.data_ptr(),
             max_pages, q_starts.data_ptr(), query_lens.data_ptr(), context_lens.data_ptr(), num_seqs, num_heads,

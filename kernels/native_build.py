@@ -36,7 +36,7 @@ PORTABLE_COMPILE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")
 # library name -> its C sources in SOURCE_DIR
 LIBRARIES = {
     "matvec": ("matvec.c",),
-    "decode_ops": ("row_ops.c", "decode_attention.c"),
+    "decode_ops": ("row_ops.c", "decode_attention.c", "kernel_program.c"),
     "blocks": ("block_matmul.c", "block_matmul_q16.c"),
     "gemm_q8": ("gemm_q8.c",),
     "prefill_attention": ("prefill_attention.c",),

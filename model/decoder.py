@@ -200,13 +200,22 @@ class DecoderForCausalLM(nn.Module):
         ropes = [self.rotary.cos_sin(positions, hidden.dtype)]
         if self.sliding_rotary is not None:
             ropes.append(self.sliding_rotary.cos_sin(positions, hidden.dtype))
+        if num_layers is not None:
+            hidden, residual = self._run_layers(self.layers[:num_layers], hidden, ropes, kv_caches, attn)
+            return hidden if residual is None else residual + hidden
+        return self.backend.run_layers(self._layers_and_norm, hidden, ropes, kv_caches, attn)
+
+    def _layers_and_norm(self, hidden: Tensor, ropes: list[tuple[Tensor, Tensor]], kv_caches: list[LayerKV],
+                         attn: AttentionInputs) -> Tensor:
+        return self.norm(*self._run_layers(self.layers, hidden, ropes, kv_caches, attn))[0]
+
+    @staticmethod
+    def _run_layers(layers, hidden: Tensor, ropes: list[tuple[Tensor, Tensor]], kv_caches: list[LayerKV],
+                    attn: AttentionInputs) -> tuple[Tensor, Tensor | None]:
         residual = None
-        layers = self.layers if num_layers is None else self.layers[:num_layers]
         for layer, kv_cache in zip(layers, kv_caches):
             hidden, residual = layer(hidden, residual, ropes, kv_cache, attn)
-        if num_layers is not None:
-            return hidden if residual is None else residual + hidden
-        return self.norm(hidden, residual)[0]
+        return hidden, residual
 
     @torch.inference_mode()
     def compute_logits(self, hidden: Tensor) -> Tensor:

@@ -651,3 +651,16 @@ int blocks_matmul_q16(int code, int64_t block_size, int64_t block_bytes, const u
   }
   return 0;
 }
+
+/* Packed-argument entry points (kernels/kernel_program.py records them): the fields of blocks_matmul(_q16)'s
+   parameters in order, 8 bytes each. */
+
+int64_t blocks_matmul_packed(const int64_t* a) {
+  return blocks_matmul((int)a[0], a[1], a[2], (const uint8_t*)(intptr_t)a[3], (const float*)(intptr_t)a[4],
+                       (float*)(intptr_t)a[5], a[6], a[7], a[8], (int)a[9]);
+}
+
+int64_t blocks_matmul_q16_packed(const int64_t* a) {
+  return blocks_matmul_q16((int)a[0], a[1], a[2], (const uint8_t*)(intptr_t)a[3], (const float*)(intptr_t)a[4],
+                           (float*)(intptr_t)a[5], a[6], a[7], a[8], (int)a[9]);
+}

@@ -18,11 +18,16 @@ import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+from collections.abc import Callable
+
 from torch import Tensor, nn
 
 from kernels.attention_inputs import AttentionInputs
 from kernels.attention_plan import AttentionPolicy
 from model.linear import Linear
+
+# the decoder layers and final norm of one step: (hidden, ropes, kv_caches, attn) -> (N, d)
+LayersFn = Callable[[Tensor, list, list, AttentionInputs], Tensor]
 
 
 @dataclass(frozen=True)
@@ -136,6 +141,13 @@ class Backend(ABC):
         """Around one forward over the step `attn` describes, for a backend whose products differ by kind of
         row (prompt or generated: AttentionInputs.num_generated; cpu under bf16 products)."""
         return contextlib.nullcontext()
+
+    def run_layers(self, layers: LayersFn, hidden: Tensor, ropes: list[tuple[Tensor, Tensor]], kv_caches: list,
+                   attn: AttentionInputs) -> Tensor:
+        """`layers(hidden, ropes, kv_caches, attn)`: the decoder layers and the final norm over one step,
+        hidden (N, d) -> (N, d). A backend may run a step it has seen the like of some faster way with the
+        same result (cpu: a recorded decode step replayed in C, model/backends/decode_programs.py)."""
+        return layers(hidden, ropes, kv_caches, attn)
 
     @abstractmethod
     def plan(self) -> BackendPlan:

@@ -49,9 +49,10 @@ from kernels.cpu_matvec import BLOCKS_MAX_ROWS, MATVEC_FORMATS, CpuMatvec
 from kernels.native_build import NativeUnavailable, openmp_waits
 from kernels.packed_linear import pack_weight, packed_linear
 from kernels.paged_attention import paged_attention
-from model.backends.base import BackendPlan, LinearPlan, StepPolicy
+from model.backends.base import BackendPlan, LayersFn, LinearPlan, StepPolicy
 from model.backends.cpu_linear import FLOAT32_MATH, BlockEmbedding, BlockLinear, CpuLinear, PrefillMath, StepRows
 from model.backends.crossover import measure_crossover
+from model.backends.decode_programs import DecodePrograms
 from model.backends.torch_backend import TorchBackend
 
 MEASURE = "measure"  # few-rows limits timed per weight shape at load
@@ -163,6 +164,8 @@ class CpuBackend(TorchBackend):
             self.store_rerotated_kv = ops.rerotate_store_kv
             self.silu_and_mul = ops.silu_and_mul
             self.gelu_tanh_and_mul = ops.gelu_tanh_and_mul
+        # plain decode steps recorded per batch size and replayed in one C call (decode_programs.py)
+        self.decode_programs = DecodePrograms(ops.run_program) if ops is not None else None
 
     # ------------------------------------------------------------ load time
 
@@ -310,6 +313,12 @@ class CpuBackend(TorchBackend):
         finally:
             self.step_rows.inputs = None
 
+    def run_layers(self, layers: LayersFn, hidden: Tensor, ropes: list[tuple[Tensor, Tensor]], kv_caches: list,
+                   attn: AttentionInputs) -> Tensor:
+        if self.decode_programs is None:
+            return layers(hidden, ropes, kv_caches, attn)
+        return self.decode_programs.run(layers, hidden, ropes, kv_caches, attn)
+
     def plan(self) -> BackendPlan:
         notes = (f"cpu: {self.instruction_sets}",) if self.instruction_sets else ()
         notes += (openmp_waits(),)
@@ -331,6 +340,9 @@ class CpuBackend(TorchBackend):
         if self._crossovers:
             notes += ("measured few-rows limits " + ", ".join(
                 f"{kind} ({rows}x{cols}): {limit}" for (kind, rows, cols), limit in sorted(self._crossovers.items())),)
+        if self.decode_programs is not None:
+            notes += (f"decode steps of up to {self.decode_programs.max_batch} sequences recorded once per batch size "
+                      "and replayed in one C call",)
         notes += self.weight_notes
         return BackendPlan(
             self.name, "cpu", "float32", dict(self._linears),
