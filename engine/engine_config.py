@@ -14,7 +14,6 @@ from engine.setting import SIZE_UNITS
 from engine.speculation_config import SpeculationConfig
 from kernels.cpu_features import PREFILL_DTYPE_CHOICES
 from model.backends import PREFILL_ATTENTION_CHOICES
-from model.backends.cpu_backend import FLOAT_PREFILL_MAX_BYTES
 
 # The KV pool when not told its size: this many full contexts (room for that many requests at full length, or
 # many short ones beside their cached prefixes; pages beyond it live on in the disk tier), as llama.cpp sizes by
@@ -118,8 +117,9 @@ class EngineConfig:
     # value; exact up to summation order)
     decode_activations: str = "int16"
     # cpu: a model whose projections fit in this many bytes in prefill's dtype keeps a copy of them for
-    # prefill beside its blocks (model/backends/cpu_backend.py); 0: prefill over the blocks always
-    float_prefill_max_bytes: int = FLOAT_PREFILL_MAX_BYTES
+    # prefill beside its blocks (model/backends/cpu_backend.py); 0: prefill over the blocks always; None (the
+    # default): FLOAT_PREFILL_MAX_BYTES, but 0 where prefill runs bf16 products (their tiles are nearly as fast)
+    float_prefill_max_bytes: int | None = None
     # cpu: what prefill's GEMMs over GGUF blocks multiply in (kernels.cpu_features.PREFILL_DTYPE_CHOICES):
     # "auto" (the default: bfloat16 products where oneDNN runs them, AMX, and they measured >= 1.25x float32's
     # GEMM; else float32), "bfloat16" (x and weights rounded to bf16; needs native bf16: AVX512_BF16 or AMX;

@@ -51,7 +51,7 @@ def _cpu_unfit(device: torch.device, dtype: torch.dtype) -> str | None:
 
 
 def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crossover: str, variant_choice: str,
-              int8_activations: bool, float_prefill_max_bytes: int, decode_activations: str,
+              int8_activations: bool, float_prefill_max_bytes: int | None, decode_activations: str,
               prefill_dtype_choice: str, prefill_attention_choice: str) -> Backend:
     features = this_cpu()
     variant, skipped = resolve_variant(variant_choice, features)
@@ -61,6 +61,8 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
                                                         bf16_gemm_speedup, bf16_products=products)
     prefill_math = FLOAT32_MATH if prefill_dtype == "float32" else (
         BF16_PRODUCTS_MATH if products else BF16_TENSORS_MATH)
+    if float_prefill_max_bytes is None:  # bf16 products need no copy (cpu_backend.FLOAT_PREFILL_MAX_BYTES: why)
+        float_prefill_max_bytes = 0 if prefill_math.bf16_products else FLOAT_PREFILL_MAX_BYTES
     fallbacks = list(skipped) + list(bf16_skipped)
     gemm_q8 = None
     if int8_activations:
@@ -153,7 +155,7 @@ def check_kv_dtypes(choice: str, device: torch.device | str, dtype: torch.dtype,
 def select_backend(device: torch.device | str, dtype: torch.dtype, config: ModelConfig, choice: str = "auto", *,
                    build_dir: Path, compiler: str | None = FIND_COMPILER, crossover: str = FIXED,
                    cpu_kernels: str = "auto", int8_activations: bool = False,
-                   float_prefill_max_bytes: int = FLOAT_PREFILL_MAX_BYTES,
+                   float_prefill_max_bytes: int | None = None,
                    decode_activations: str = "int16", prefill_dtype: str = "float32",
                    prefill_attention: str = "auto") -> Backend:
     """The backend for a model of `config` on `device` in `dtype`. `build_dir` caches the C
@@ -163,7 +165,8 @@ def select_backend(device: torch.device | str, dtype: torch.dtype, config: Model
     runs, "avx2" or "portable" force a lower one); `int8_activations` whether `cpu` runs the products over
     GGUF blocks with int8 activations (kernels/cpu_gemm_q8.py), prefill and decode, instead of oneDNN float32
     for prefill and the float-activation blocks kernel for decode; `float_prefill_max_bytes` up to which
-    size of its projections in prefill's dtype `cpu` keeps a copy of them for prefill (CpuBackend);
+    size of its projections in prefill's dtype `cpu` keeps a copy of them for prefill (CpuBackend; None:
+    cpu_backend.FLOAT_PREFILL_MAX_BYTES, but no copy under bf16 products);
     `decode_activations` what `cpu`'s few-rows kernels over blocks multiply with
     (cpu_backend.DECODE_ACTIVATIONS: "int16" or "float32"); `prefill_dtype` what `cpu`'s prefill GEMMs
     over GGUF blocks multiply in (kernels.cpu_features.PREFILL_DTYPE_CHOICES: "auto" is bfloat16 where the

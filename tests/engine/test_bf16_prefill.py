@@ -103,3 +103,15 @@ def test_bf16_products_give_a_prompts_last_row_the_same_bits_however_chunked_or_
         cached.prompt_tail_logits(ids[:shared] + [3, 4, 5], 1)
         logits.append(cached.prompt_tail_logits(ids, 1))
     assert all(torch.equal(other, logits[0]) for other in logits[1:])
+
+
+def test_by_default_bf16_products_keep_no_copy_of_the_projections_and_float32_does(quantized_tiny_dir, bf16_math):
+    """float_prefill_max_bytes None: under bf16 products prefill runs over tiles of the blocks (their
+    speed is near the copy's: cpu_backend.FLOAT_PREFILL_MAX_BYTES), float32 keeps its copy."""
+    def engine(prefill_dtype):
+        return LLMEngine(EngineConfig(model_dir=quantized_tiny_dir, device="cpu", dtype="float32", backend="cpu",
+                                      kv_cache_bytes=64 << 20, prefill_dtype=prefill_dtype))
+
+    bf16, float32 = engine("bfloat16").backend, engine("float32").backend
+    assert float32._float_prefill_bytes > 0
+    assert (bf16._float_prefill_bytes == 0) == (bf16_math == "products")
