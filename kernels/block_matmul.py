@@ -34,8 +34,9 @@ from kernels.native_build import FIND_COMPILER, NativeUnavailable, library_varia
 # |matmul_q16 - exact product| <= Q16_TOLERANCE * sum_j |w_j| * max|x over j's group of 32|:
 # each x value is off by at most half a step of max|x| / 32767 (plus float32 sums' rounding).
 Q16_TOLERANCE = 1.0 / 65534 + 1e-6
-# blocks_matmul(_q16)_packed's fields: format code, block size, block bytes, W, x, y, m, rows, cols, threads
-_PRODUCT_ARGS = struct.Struct("<10q").pack
+# blocks_matmul(_q16)_packed's fields: format code, block size, block bytes, W, x, y, m, rows, cols, y's row
+# stride, threads
+_PRODUCT_ARGS = struct.Struct("<11q").pack
 
 
 class BlockKernels:
@@ -53,23 +54,31 @@ class BlockKernels:
                                           ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
         self._dequantize_bf16.restype = ctypes.c_int
 
-    def matmul(self, x: Tensor, weight: BlockWeight) -> Tensor:
+    def matmul(self, x: Tensor, weight: BlockWeight, out: Tensor | None = None) -> Tensor:
         """x (m, in) float32 @ weight^T -> (m, out), float32 activations."""
-        return self._product(self._matmul, x, weight)
+        return self._product(self._matmul, x, weight, out)
 
-    def matmul_q16(self, x: Tensor, weight: BlockWeight) -> Tensor:
+    def matmul_q16(self, x: Tensor, weight: BlockWeight, out: Tensor | None = None) -> Tensor:
         """x (m, in) float32 @ weight^T -> (m, out), x quantized to int16 per group of 32."""
-        return self._product(self._matmul_q16, x, weight)
+        return self._product(self._matmul_q16, x, weight, out)
 
     @staticmethod
-    def _product(kernel, x: Tensor, weight: BlockWeight) -> Tensor:
+    def _product(kernel, x: Tensor, weight: BlockWeight, out: Tensor | None) -> Tensor:
+        """Into `out` when given: (m, weight.rows) float32 whose rows are contiguous, such as the columns of
+        a wider output that parts of a fused projection fill (no concatenation after)."""
         x = x.contiguous()
         if x.dim() != 2 or x.shape[1] != weight.cols or x.dtype != torch.float32:
             raise ValueError(f"blocks matmul wants x (m, {weight.cols}) float32, got {tuple(x.shape)} {x.dtype}")
         spec = weight.spec
-        out = torch.empty((x.shape[0], weight.rows), dtype=torch.float32)
+        if out is None:
+            out = torch.empty((x.shape[0], weight.rows), dtype=torch.float32)
+        elif (out.shape != (x.shape[0], weight.rows) or out.dtype != torch.float32 or out.stride(1) != 1
+              or out.stride(0) < weight.rows):
+            raise ValueError(f"out must be float32 ({x.shape[0]}, {weight.rows}) with contiguous rows, got "
+                             f"{out.dtype} {tuple(out.shape)} strides {out.stride()}")
         status = kernel(_PRODUCT_ARGS(spec.code, spec.block_size, spec.bytes, weight.blocks.data_ptr(), x.data_ptr(),
-                                      out.data_ptr(), x.shape[0], weight.rows, weight.cols, torch.get_num_threads()))
+                                      out.data_ptr(), x.shape[0], weight.rows, weight.cols, out.stride(0),
+                                      torch.get_num_threads()))
         if status == -2:
             raise MemoryError("blocks matmul: no memory for the quantized activations")
         if status:

@@ -163,9 +163,10 @@ static void shape_of(int code, int64_t cols, int64_t block_size, int64_t block_b
   }
 }
 
-/* y (m, rows) = x (m, cols) @ W^T. Returns 0, or -1 for a bad format code. */
+/* y (m, rows) = x (m, cols) @ W^T, row i of y at y + i * y_stride (y_stride >= rows: the columns of a wider
+   output). Returns 0, or -1 for a bad format code. */
 int blocks_matmul(int code, int64_t block_size, int64_t block_bytes, const uint8_t* W, const float* x, float* y,
-                  int64_t m, int64_t rows, int64_t cols, int num_threads) {
+                  int64_t m, int64_t rows, int64_t cols, int64_t y_stride, int num_threads) {
   if (code < 0 || code >= NUM_FORMATS) return -1;
   int64_t num_blocks, bytes;
   int groups;
@@ -174,7 +175,7 @@ int blocks_matmul(int code, int64_t block_size, int64_t block_bytes, const uint8
   for (int64_t first = 0; first < m; first += MAX_M) {
     int group_m = (int)(m - first < MAX_M ? m - first : MAX_M);
     const float* xg = x + first * cols;
-    float* yg = y + first * rows;
+    float* yg = y + first * y_stride;
     #pragma omp parallel num_threads(num_threads)
     {
       int64_t thread = omp_get_thread_num(), num = omp_get_num_threads();
@@ -186,7 +187,7 @@ int blocks_matmul(int code, int64_t block_size, int64_t block_bytes, const uint8
           for (int64_t byte = 0; byte < row_bytes; byte += 64) _mm_prefetch(ahead + byte, _MM_HINT_T0);
         }
 #endif
-        row_dispatch(code, group_m, W + r * row_bytes, num_blocks, bytes, groups, xg, cols, yg + r, rows);
+        row_dispatch(code, group_m, W + r * row_bytes, num_blocks, bytes, groups, xg, cols, yg + r, y_stride);
       }
     }
   }

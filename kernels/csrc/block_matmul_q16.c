@@ -59,7 +59,7 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t* 
 }
 
 int blocks_matmul(int code, int64_t block_size, int64_t block_bytes, const uint8_t* W, const float* x, float* y,
-                  int64_t m, int64_t rows, int64_t cols, int num_threads);
+                  int64_t m, int64_t rows, int64_t cols, int64_t y_stride, int num_threads);
 
 /* x (m, cols) quantized: xq (m, cols) int16, scale (m, cols / 32), sums of x per 16 values
    (m, cols / 16) and per 32 (m, cols / 32: the two 16-sums added) */
@@ -606,13 +606,14 @@ static void row_dispatch(int code, int m, const uint8_t* row, int64_t num_blocks
   }
 }
 
-/* y (m, rows) = x (m, cols) @ W^T, activations quantized to int16. The float formats (F16, BF16,
+/* y (m, rows) = x (m, cols) @ W^T, activations quantized to int16, row i of y at y + i * y_stride. The float formats (F16, BF16,
    F32) have no integer weights: they run blocks_matmul's float product. Returns 0, -1 for a bad
    format code, -2 when the activation buffer cannot be had. */
 int blocks_matmul_q16(int code, int64_t block_size, int64_t block_bytes, const uint8_t* W, const float* x, float* y,
-                      int64_t m, int64_t rows, int64_t cols, int num_threads) {
+                      int64_t m, int64_t rows, int64_t cols, int64_t y_stride, int num_threads) {
   if (code < 0 || code >= NUM_FORMATS) return -1;
-  if (code >= FORMAT_F16) return blocks_matmul(code, block_size, block_bytes, W, x, y, m, rows, cols, num_threads);
+  if (code >= FORMAT_F16)
+    return blocks_matmul(code, block_size, block_bytes, W, x, y, m, rows, cols, y_stride, num_threads);
   QuantizedRows quantized;
   if (quantized_rows(m, cols, &quantized)) return -2;
   const int64_t groups_per_row = cols / GROUP;
@@ -640,13 +641,13 @@ int blocks_matmul_q16(int code, int64_t block_size, int64_t block_bytes, const u
                           quantized.xlo + first * cols,
                           quantized.xhi + first * cols, quantized.bias16 + first * cols / 2,
                           quantized.bias32 + first * cols / 4};
-    float* yg = y + first * rows;
+    float* yg = y + first * y_stride;
     #pragma omp parallel num_threads(num_threads)
     {
       int64_t thread = omp_get_thread_num(), num = omp_get_num_threads();
       int64_t r0 = rows * thread / num, r1 = rows * (thread + 1) / num;
       for (int64_t r = r0; r < r1; r++)
-        row_dispatch(code, group_m, W + r * row_bytes, num_blocks, block_bytes, &part, cols, yg + r, rows);
+        row_dispatch(code, group_m, W + r * row_bytes, num_blocks, block_bytes, &part, cols, yg + r, y_stride);
     }
   }
   return 0;
@@ -657,10 +658,10 @@ int blocks_matmul_q16(int code, int64_t block_size, int64_t block_bytes, const u
 
 int64_t blocks_matmul_packed(const int64_t* a) {
   return blocks_matmul((int)a[0], a[1], a[2], (const uint8_t*)(intptr_t)a[3], (const float*)(intptr_t)a[4],
-                       (float*)(intptr_t)a[5], a[6], a[7], a[8], (int)a[9]);
+                       (float*)(intptr_t)a[5], a[6], a[7], a[8], a[9], (int)a[10]);
 }
 
 int64_t blocks_matmul_q16_packed(const int64_t* a) {
   return blocks_matmul_q16((int)a[0], a[1], a[2], (const uint8_t*)(intptr_t)a[3], (const float*)(intptr_t)a[4],
-                           (float*)(intptr_t)a[5], a[6], a[7], a[8], (int)a[9]);
+                           (float*)(intptr_t)a[5], a[6], a[7], a[8], a[9], (int)a[10]);
 }

@@ -50,7 +50,8 @@ from kernels.native_build import NativeUnavailable, openmp_waits
 from kernels.packed_linear import pack_weight, packed_linear
 from kernels.paged_attention import paged_attention
 from model.backends.base import BackendPlan, LayersFn, LinearPlan, StepPolicy
-from model.backends.cpu_linear import FLOAT32_MATH, BlockEmbedding, BlockLinear, CpuLinear, PrefillMath, StepRows
+from model.backends.cpu_linear import (FLOAT32_MATH, BlockEmbedding, BlockLinear, CpuLinear, PrefillMath, StepRows,
+                                      joined_products)
 from model.backends.crossover import measure_crossover
 from model.backends.decode_programs import DecodePrograms
 from model.backends.torch_backend import TorchBackend
@@ -199,12 +200,15 @@ class CpuBackend(TorchBackend):
         for part in parts:
             self._resident[part.format] = self._resident.get(part.format, 0) + part.blocks.numel()
 
-    def _few_rows_over_blocks(self, x: Tensor, part: BlockWeight) -> Tensor:
+    def _few_rows_over_blocks(self, x: Tensor, part: BlockWeight, out: Tensor | None = None) -> Tensor:
+        """x @ part^T, into `out` (columns of a fused projection's output) when given."""
         if self.decode_activations == "int16":
-            return self.block_kernels.matmul_q16(x, part)  # every format (float ones run float32)
+            return self.block_kernels.matmul_q16(x, part, out)  # every format (float ones run float32)
         if self.matvec is not None and part.format in MATVEC_FORMATS:
-            return self.matvec.matmul_blocks(x, part)  # the tuned Q4_1 / Q8_0 kernel (kernels/csrc/matvec.c)
-        return self.block_kernels.matmul(x, part)
+            # the tuned Q4_1 / Q8_0 kernel (kernels/csrc/matvec.c)
+            result = self.matvec.matmul_blocks(x, part)
+            return result if out is None else out.copy_(result)
+        return self.block_kernels.matmul(x, part, out)
 
     def _make_block_linear(self, name: str, layer: nn.Module, parts: list[BlockWeight]) -> nn.Module:
         out_features, in_features = layer.weight.shape  # (the weight itself is unfilled: never touched)
@@ -221,7 +225,7 @@ class CpuBackend(TorchBackend):
             # one core), so decode runs on it too; a row's result does not depend on m.
             packed = [self.gemm_q8.repack(p) for p in parts]
             self._linears[name] = LinearPlan(f"int8 GEMM over {formats} blocks ({self.gemm_q8.variant})")
-            return BlockLinear(packed, layer.bias, self.gemm_q8, self.block_kernels.dequantize_rows, sys.maxsize)
+            return BlockLinear(packed, layer.bias, self._int8_product, self.block_kernels.dequantize_rows, sys.maxsize)
         tuned = self.matvec is not None and all(p.format in MATVEC_FORMATS for p in parts)
         if self.decode_activations == "int16":
             kernel = f"C block matmul, int16 activations ({self.block_kernels.instruction_set})"
@@ -278,8 +282,11 @@ class CpuBackend(TorchBackend):
                          functools.partial(self._few_rows_over_parts, parts=parts), limit, math, self.step_rows, grouped)
 
     def _few_rows_over_parts(self, x: Tensor, parts: list[BlockWeight]) -> Tensor:
-        outputs = [self._few_rows_over_blocks(x, part) for part in parts]
-        return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+        return joined_products(x, parts, self._few_rows_over_blocks)
+
+    def _int8_product(self, x: Tensor, part, out: Tensor | None = None) -> Tensor:
+        result = self.gemm_q8(x, part)
+        return result if out is None else out.copy_(result)
 
     def _embedding_shares(self, parts: list[BlockWeight]) -> bool:
         return self._embedding_table is not None and parts[0] is self._embedding_table

@@ -151,38 +151,49 @@ class BlockLinear(_PrefillLinear):
     part); more rows (prefill) dequantize a tile of rows at a time into a scratch buffer and run
     torch's GEMM on it, so no float32 copy of the weight is ever whole."""
 
-    def __init__(self, parts: list, bias: Tensor | None, few_rows: Callable[[Tensor, object], Tensor],
+    def __init__(self, parts: list, bias: Tensor | None, few_rows: Callable[..., Tensor],
                  dequantize_rows: Callable[..., Tensor], few_rows_max: int,
                  prefill_math: PrefillMath = FLOAT32_MATH, step_rows: StepRows | None = None,
                  grouped_rows_max: int = 0):
         super().__init__(bias, sum(part.rows for part in parts), few_rows_max, prefill_math, step_rows,
                          grouped_rows_max)
         self.parts = parts  # BlockWeight, row-wise
-        self.few_rows = few_rows  # (x (m, in), part) -> (m, part.rows)
+        self.few_rows = few_rows  # (x (m, in), part, out=None) -> (m, part.rows), into `out` when given
         self.dequantize_rows = dequantize_rows  # (part, first=, count=, out=) -> (count, in) float32
 
     def _few_rows(self, x: Tensor) -> Tensor:
-        return self._joined([self.few_rows(x, part) for part in self.parts])
+        return joined_products(x, self.parts, self.few_rows)
 
     def _gemm(self, x: Tensor, math: PrefillMath) -> Tensor:
         x_prefill = x.to(math.dtype).contiguous()  # once for every part
         with math.products():
-            return self._joined([self._tiled(x_prefill, part) for part in self.parts])
+            return joined_products(x_prefill, self.parts, self._tiled)
 
-    @staticmethod
-    def _joined(outputs: list[Tensor]) -> Tensor:
-        return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
-
-    def _tiled(self, x: Tensor, part) -> Tensor:
-        """x (M, in) contiguous, of the tiles' dtype -> (M, part.rows) float32."""
+    def _tiled(self, x: Tensor, part, out: Tensor | None = None) -> Tensor:
+        """x (M, in) contiguous, of the tiles' dtype -> (M, part.rows) float32 (into `out` when given)."""
         tile_rows = max(1, min(part.rows, TILE_WEIGHTS // part.cols))
         tile = torch.empty((tile_rows, part.cols), dtype=x.dtype)  # dequantized straight to x's dtype by C
-        out = torch.empty((x.shape[0], part.rows), dtype=torch.float32)
+        if out is None:
+            out = torch.empty((x.shape[0], part.rows), dtype=torch.float32)
         for first in range(0, part.rows, tile_rows):
             count = min(tile_rows, part.rows - first)
             weights = self.dequantize_rows(part, first=first, count=count, out=tile[:count])
             out[:, first:first + count].copy_(torch.mm(x, weights.T))
         return out
+
+
+def joined_products(x: Tensor, parts: list, product: Callable[..., Tensor]) -> Tensor:
+    """x (m, in) @ W^T -> (m, out) for a weight held as row-wise `parts`: `product(x, part, out)` writes each
+    part's product into its columns of one output, so nothing is concatenated after (and a decode step stays
+    recordable: model/backends/decode_programs.py)."""
+    if len(parts) == 1:
+        return product(x, parts[0])
+    out = torch.empty(x.shape[0], sum(part.rows for part in parts))
+    first = 0
+    for part in parts:
+        product(x, part, out[:, first:first + part.rows])
+        first += part.rows
+    return out
 
 
 class BlockEmbedding(nn.Module):
