@@ -2,7 +2,7 @@
 against the machine's limits, side by side in one run.
 
     nice .venv/bin/python -m bench.cpu_speed_bench [--models default,q4_k_m,q8_0] [--lengths 1024,4096]
-        [--paths default,float32,bf16,int8] [--no-decode] [--prefill-repeats 1] [--threads N]
+        [--paths default,float32,bf16,int8] [--no-decode] [--prefill-repeats 1] [--decode-repeats 3] [--threads N]
 
 First the machine's limits on one weight shape (2048 x 2048, 512 rows): our int8 GEMM over Q8_0 blocks
 (kernels/cpu_gemm_q8.py), torch's fbgemm dynamic int8 linear, oneDNN's bfloat16 and float32 GEMMs and, where they run, bf16
@@ -17,7 +17,8 @@ token-id prompts of random ids, greedy, ignore_eos):
   (the median of `--prefill-repeats`, after a 64-token warm-up);
 - decode tokens/s at batch 1 and 8 (unless `--no-decode`): B streamed requests at once, 32-token prompts,
   DECODE_TOKENS + 1 tokens each; B x DECODE_TOKENS over the time from the last stream's first chunk to the
-  last chunk;
+  last chunk; the median of `--decode-repeats` such rounds (one round of 64 tokens varied by 1.4x from run
+  to run; the first round also holds radixserve's recording of a decode step of that size);
 - the server's peak RSS (VmHWM of /proc/PID/status, read before it is stopped).
 Then per model: prefill's linear layers as GOP/s (2 x their weights a token; the LM head runs for
 the last token only, attention not counted) against the fastest GEMM measured (the machine's limit), batch-1
@@ -203,7 +204,7 @@ class Client:
 
 
 def measure_server(name: str, argv: list[str], port: int, vocab: int, lengths: list[int], log_path: Path,
-                   prefill_repeats: int, decode: bool) -> dict:
+                   prefill_repeats: int, decode: bool, decode_repeats: int = 3) -> dict:
     process = start(argv, port, log_path)
     try:
         client = Client(port, vocab, seed=len(lengths))  # every server gets the same prompts
@@ -213,7 +214,8 @@ def measure_server(name: str, argv: list[str], port: int, vocab: int, lengths: l
             seconds = [client.prefill_seconds(length) for _ in range(prefill_repeats)]
             results[f"prefill tok/s @{length}"] = length / statistics.median(seconds)
         for batch in (1, NUM_SLOTS) if decode else ():
-            results[f"decode tok/s @batch {batch}"] = client.decode_rate(batch)
+            results[f"decode tok/s @batch {batch}"] = statistics.median(client.decode_rate(batch)
+                                                                        for _ in range(decode_repeats))
         results["peak RSS GiB"] = peak_rss_bytes(process.pid) / 2**30
     finally:
         stop_process(process)
@@ -257,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lengths", default="1024,4096")
     parser.add_argument("--paths", default=",".join(PREFILL_PATHS), help="radixserve's prefill paths, a row each")
     parser.add_argument("--prefill-repeats", type=int, default=1, help="prefill requests per length (the median)")
+    parser.add_argument("--decode-repeats", type=int, default=3, help="decode rounds per batch size (the median)")
     parser.add_argument("--no-decode", action="store_true", help="prefill and peak RSS only")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--log-dir", type=Path, default=Path(tempfile.gettempdir()))
@@ -291,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             command = (llama_argv(binary, gguf_path, port, args.threads) if server == "llama-server" else
                        radixserve_argv(gguf_path, port, llama_kv_bytes(meta), ours[server]))
             rows[server] = measure_server(server, command, port, vocab, lengths, log_path, args.prefill_repeats,
-                                          not args.no_decode)
+                                          not args.no_decode, args.decode_repeats)
         linear_ops = 2 * linear_weight_elements(meta)
         for values in rows.values():
             best_prefill = max(v for k, v in values.items() if k.startswith("prefill"))

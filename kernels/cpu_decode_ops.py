@@ -49,6 +49,8 @@ _F32 = torch.float32
 _RMS_NORM_ARGS = struct.Struct("<5qdq").pack
 _ADD_RMS_NORM_ARGS = struct.Struct("<6qdq").pack
 _SILU_AND_MUL_ARGS = struct.Struct("<5q").pack
+_QK_NORM_ARGS = struct.Struct("<7qdq").pack
+_ADD_BIAS_ARGS = struct.Struct("<4q").pack
 _ROPE_STORE_KV_ARGS = struct.Struct("<17q").pack
 _REROTATE_STORE_KV_ARGS = struct.Struct("<17q").pack
 _ATTENTION_ARGS = struct.Struct("<17qd5qd").pack
@@ -75,6 +77,8 @@ class CpuDecodeOps:
         self._add_rms_norm = _bind(library.add_rms_norm_f32_packed)
         self._silu_and_mul = _bind(library.silu_and_mul_f32_packed)
         self._gelu_tanh_and_mul = _bind(library.gelu_tanh_and_mul_f32_packed)
+        self._qk_norm = _bind(library.qk_norm_f32_packed)
+        self._add_bias = _bind(library.add_bias_f32_packed)
         self._rope_store_kv = _bind(library.rope_store_kv_packed)
         self._rerotate_store_kv = _bind(library.rerotate_store_kv_packed)
         self._attention = _bind(library.paged_decode_attention_packed)
@@ -128,6 +132,31 @@ class CpuDecodeOps:
         self._add_rms_norm(_ADD_RMS_NORM_ARGS(residual.data_ptr(), x.data_ptr(), weight.data_ptr(), out.data_ptr(),
                                               x.numel() // dim, dim, eps, torch.get_num_threads()))
         return out
+
+    def qk_norm(self, qkv: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float, num_heads: int) -> Tensor:
+        """Qwen3's and Gemma 3's q/k norms, in place: qkv (N, H + 2*KVH, D) contiguous, its first H heads of
+        each row normed over their D values with q_weight (D,), the next KVH with k_weight (D,), as rms_norm
+        norms a row; the v heads stay. D % 8 == 0. Returns qkv."""
+        if qkv.dtype != _F32 or not qkv.is_cpu or qkv.dim() != 3 or not qkv.is_contiguous():
+            raise ValueError(f"qkv must be a contiguous (N, H + 2*KVH, D) float32 CPU tensor, got "
+                             f"{tuple(qkv.shape)} {qkv.dtype}, contiguous={qkv.is_contiguous()}")
+        rows, heads, dim = qkv.shape
+        num_kv_heads = (heads - num_heads) // 2
+        if dim % 8 or num_heads < 1 or num_kv_heads < 1 or num_heads + 2 * num_kv_heads != heads:
+            raise ValueError(f"qkv {tuple(qkv.shape)} does not hold {num_heads} q heads and equal k and v heads "
+                             f"of a multiple of 8 values")
+        _check_vector("q_weight", q_weight, dim)
+        _check_vector("k_weight", k_weight, dim)
+        self._qk_norm(_QK_NORM_ARGS(qkv.data_ptr(), rows, num_heads, num_kv_heads, dim, q_weight.data_ptr(),
+                                    k_weight.data_ptr(), eps, torch.get_num_threads()))
+        return qkv
+
+    def add_bias(self, y: Tensor, bias: Tensor) -> Tensor:
+        """y (M, out) contiguous += bias (out,), in place (the same bits as torch's y + bias). Returns y."""
+        cols = _check_rows("y", y, multiple=1)
+        _check_vector("bias", bias, cols)
+        self._add_bias(_ADD_BIAS_ARGS(y.data_ptr(), bias.data_ptr(), y.numel() // cols, cols))
+        return y
 
     def silu_and_mul(self, gate_up: Tensor, out: Tensor | None = None) -> Tensor:
         """gate_up (..., 2*I) contiguous, I % 8 == 0 -> (..., I): silu(gate) * up, gate

@@ -67,10 +67,8 @@ class Attention(nn.Module):
         num_tokens = x.shape[0]
         heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(x).view(num_tokens, heads + 2 * kv_heads, dim)
-        if self.q_norm is not None:
-            q = self.q_norm(qkv[:, :heads].reshape(-1, dim))[0].view(num_tokens, heads, dim)
-            k = self.k_norm(qkv[:, heads : heads + kv_heads].reshape(-1, dim))[0].view(num_tokens, kv_heads, dim)
-            qkv = torch.cat((q, k, qkv[:, heads + kv_heads :]), dim=1)  # (N, H + 2*KVH, D) contiguous
+        if self.q_norm is not None:  # (N, H + 2*KVH, D) contiguous
+            qkv = self.backend.qk_norm(qkv, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, heads)
         k_cache, v_cache = kv_cache
         q = self.backend.rope_store_kv(qkv, *ropes[self.rope_index], k_cache, v_cache, attn.slot_ids, heads)
         out = self.backend.attention(q, k_cache, v_cache, attn, self.scale, window=self.window,

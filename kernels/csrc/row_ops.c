@@ -78,6 +78,26 @@ void rms_norm_f32(const float* x, const float* weight, float* out, int64_t rows,
   }
 }
 
+/* y (rows, cols) += bias (cols,) in place, each sum one float add (as torch's y + bias). */
+void add_bias_f32(float* y, const float* bias, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < cols; c++) y[r * cols + c] += bias[c];
+}
+
+/* Qwen3's and Gemma 3's q/k norms, in place: qkv (rows, H + 2*KVH, D); each q head's D values normed with
+   q_weight (D,), each k head's with k_weight, as rms_norm_f32 norms a row; the v heads are left as they are. */
+void qk_norm_f32(float* qkv, int64_t rows, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                 const float* q_weight, const float* k_weight, float eps, int num_threads) {
+  const int64_t row_size = (num_heads + 2 * num_kv_heads) * head_dim, normed = num_heads + num_kv_heads;
+  const int parallel = num_threads > 1 && rows > 1 && rows * normed * head_dim >= NORM_PARALLEL_MIN;
+  #pragma omp parallel for schedule(static) num_threads(num_threads) if (parallel)
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t h = 0; h < normed; h++) {
+      float* head = qkv + r * row_size + h * head_dim;
+      rms_norm_row(head, h < num_heads ? q_weight : k_weight, head, head_dim, eps);
+    }
+}
+
 void add_rms_norm_f32(float* residual, const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
                       float eps, int num_threads) {
   if (num_threads > 1 && rows > 1 && rows * dim >= NORM_PARALLEL_MIN) {
@@ -239,6 +259,16 @@ int64_t rms_norm_f32_packed(const int64_t* a) {
 
 int64_t add_rms_norm_f32_packed(const int64_t* a) {
   add_rms_norm_f32(P(float*, 0), P(const float*, 1), P(const float*, 2), P(float*, 3), a[4], a[5], F(6), (int)a[7]);
+  return 0;
+}
+
+int64_t add_bias_f32_packed(const int64_t* a) {
+  add_bias_f32(P(float*, 0), P(const float*, 1), a[2], a[3]);
+  return 0;
+}
+
+int64_t qk_norm_f32_packed(const int64_t* a) {
+  qk_norm_f32(P(float*, 0), a[1], a[2], a[3], a[4], P(const float*, 5), P(const float*, 6), F(7), (int)a[8]);
   return 0;
 }
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from collections.abc import Callable
 
+import torch
 from torch import Tensor, nn
 
 from kernels.attention_inputs import AttentionInputs
@@ -167,6 +168,15 @@ class Backend(ABC):
     def add_rms_norm(self, residual: Tensor, x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
         """-> (rms_norm(residual + x), residual + x). The stream may be `residual`
         updated in place; callers use the returned one."""
+
+    def qk_norm(self, qkv: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float, num_heads: int) -> Tensor:
+        """qkv (N, H + 2*KVH, D) -> the same with each q head rms-normed over its D values with q_weight and
+        each k head with k_weight (Qwen3, Gemma 3); the v heads as they are. A contiguous tensor, maybe qkv."""
+        tokens, heads, dim = qkv.shape
+        num_kv_heads = (heads - num_heads) // 2
+        q = self.rms_norm(qkv[:, :num_heads].reshape(-1, dim), q_weight, eps).view(tokens, num_heads, dim)
+        k = self.rms_norm(qkv[:, num_heads:num_heads + num_kv_heads].reshape(-1, dim), k_weight, eps)
+        return torch.cat((q, k.view(tokens, num_kv_heads, dim), qkv[:, num_heads + num_kv_heads:]), dim=1)
 
     @abstractmethod
     def rope_store_kv(self, qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,

@@ -51,7 +51,7 @@ from kernels.packed_linear import pack_weight, packed_linear
 from kernels.paged_attention import paged_attention
 from model.backends.base import BackendPlan, LayersFn, LinearPlan, StepPolicy
 from model.backends.cpu_linear import (FLOAT32_MATH, BlockEmbedding, BlockLinear, CpuLinear, PrefillMath, StepRows,
-                                      joined_products)
+                                      PrefillLinear, joined_products)
 from model.backends.crossover import measure_crossover
 from model.backends.decode_programs import DecodePrograms
 from model.backends.torch_backend import TorchBackend
@@ -162,6 +162,7 @@ class CpuBackend(TorchBackend):
             self.rms_norm = self._fused_rms_norm
             self.add_rms_norm = self._fused_add_rms_norm
             self.rope_store_kv = self._fused_rope_store_kv
+            self.qk_norm = ops.qk_norm  # in place
             # one C call per layer on the calling thread for a span (far faster than torch's ops here:
             # docs/performance.md, Document KV reuse)
             self.store_rerotated_kv = ops.rerotate_store_kv
@@ -266,6 +267,10 @@ class CpuBackend(TorchBackend):
                                for name, parts in blocks.items() if name != "embed_tokens" for part in parts)
         self._float_prefill = 0 < projection_bytes <= self.float_prefill_max_bytes
         super().prepare(model, blocks)
+        if self.ops is not None:
+            for module in model.modules():
+                if isinstance(module, PrefillLinear) and module.bias is not None:
+                    module.add_bias = self.ops.add_bias
 
     def _float_copy_over_blocks(self, name: str, layer: nn.Module, parts: list[BlockWeight], formats: str,
                                 few_rows: str, limit: int, grouped: int) -> nn.Module:

@@ -53,14 +53,14 @@ class StepRows:
     (CpuBackend.step) and read by the linear layers under bf16 products. A prompt row then always runs the
     prefill GEMM, whatever its chunk's size, so its bits do not depend on how the prompt was chunked or what
     was cached (the GEMM's rows do not depend on the row count); generated rows run float32's path by their
-    own count (`_PrefillLinear._by_count`), so a decode's bits do not depend on the prompts that shared its
+    own count (`PrefillLinear._by_count`), so a decode's bits do not depend on the prompts that shared its
     step. The row indices are the inputs' own, built once a step (AttentionInputs.prompt_rows)."""
 
     def __init__(self):
         self.inputs: AttentionInputs | None = None
 
 
-class _PrefillLinear(nn.Module):
+class PrefillLinear(nn.Module):
     """x (M, in) -> x @ W^T + bias (M, out), float32 in and out: up to `few_rows_max` rows a few-rows
     kernel, up to `grouped_rows_max` that kernel over groups of few_rows_max rows (its rows do not depend on
     how many share a call, so neither do these), more a GEMM that multiplies as `prefill_math` says. Under
@@ -76,6 +76,8 @@ class _PrefillLinear(nn.Module):
         self.kernel_rows_max = max(few_rows_max, grouped_rows_max) if few_rows_max else 0
         self.prefill_math = prefill_math
         self.step_rows = step_rows if prefill_math.bf16_products else None
+        # (y, bias) -> y + bias; the cpu backend's C kernel adds in place (a recorded decode step holds it)
+        self.add_bias: Callable[[Tensor, Tensor], Tensor] = torch.add
 
     def forward(self, x: Tensor) -> Tensor:
         step = self.step_rows.inputs if self.step_rows is not None else None
@@ -90,7 +92,7 @@ class _PrefillLinear(nn.Module):
             y = x.new_empty((x.shape[0], self.out_features))
             y.index_copy_(0, generated, self._by_count(x.index_select(0, generated), FLOAT32_MATH))
             y.index_copy_(0, prompt, self._prefill_gemm(x.index_select(0, prompt), self.prefill_math))
-        return y + self.bias if self.bias is not None else y
+        return self.add_bias(y, self.bias) if self.bias is not None else y
 
     def _prefill_gemm(self, x: Tensor, math: PrefillMath) -> Tensor:
         """The GEMM; under bf16 products over at least bf16_products.MIN_ROWS rows, so that a row's bits do
@@ -115,7 +117,7 @@ class _PrefillLinear(nn.Module):
         raise NotImplementedError
 
 
-class CpuLinear(_PrefillLinear):
+class CpuLinear(PrefillLinear):
     """Over a oneDNN-packed weight (float32, or bfloat16 under bf16 tensors); `few_rows` for up to
     `few_rows_max` rows."""
 
@@ -143,7 +145,7 @@ class CpuLinear(_PrefillLinear):
 TILE_WEIGHTS = 1 << 21
 
 
-class BlockLinear(_PrefillLinear):
+class BlockLinear(PrefillLinear):
     """W held only as blocks (kernels/block_formats.py): `parts`, the weight's rows in order (a fused
     projection whose parts differ in format has several).
 

@@ -53,6 +53,42 @@ def test_add_rms_norm_updates_residual_and_normalises(ops, num_threads, rows, di
     torch.testing.assert_close(out, rms_norm_reference(expected_residual, weight, 1e-5), **TOL)
 
 
+@pytest.mark.parametrize("rows", [1, 5, 300])
+@pytest.mark.parametrize("num_heads, num_kv_heads, head_dim", [(4, 2, 64), (16, 8, 128), (3, 1, 8)])
+def test_qk_norm_norms_q_and_k_heads_in_place_as_rms_norm_does_rows(ops, num_threads, rows, num_heads,
+                                                                     num_kv_heads, head_dim):
+    gen = _gen("qk", rows, num_heads, head_dim)
+    qkv = torch.randn(rows, num_heads + 2 * num_kv_heads, head_dim, generator=gen) * 3
+    q_weight, k_weight = torch.randn(head_dim, generator=gen), torch.randn(head_dim, generator=gen)
+    q, k, v = (qkv[:, :num_heads].clone(), qkv[:, num_heads:num_heads + num_kv_heads].clone(),
+               qkv[:, num_heads + num_kv_heads:].clone())
+    out = ops.qk_norm(qkv, q_weight, k_weight, 1e-6, num_heads)
+    assert out is qkv
+    # each head exactly as the row kernel norms a row (the cpu backend's q/k norms before this kernel)
+    assert torch.equal(qkv[:, :num_heads], ops.rms_norm(q, q_weight, 1e-6))
+    assert torch.equal(qkv[:, num_heads:num_heads + num_kv_heads], ops.rms_norm(k, k_weight, 1e-6))
+    assert torch.equal(qkv[:, num_heads + num_kv_heads:], v)
+    torch.testing.assert_close(qkv[:, :num_heads], rms_norm_reference(q, q_weight, 1e-6), **TOL)
+
+
+def test_qk_norm_refuses_what_it_would_misread(ops):
+    with pytest.raises(ValueError, match="contiguous"):
+        ops.qk_norm(torch.randn(2, 8, 16)[:, :6], torch.ones(16), torch.ones(16), 1e-6, 2)
+    with pytest.raises(ValueError, match="does not hold"):
+        ops.qk_norm(torch.randn(2, 7, 16), torch.ones(16), torch.ones(16), 1e-6, 2)
+    with pytest.raises(ValueError, match="k_weight"):
+        ops.qk_norm(torch.randn(2, 8, 16), torch.ones(16), torch.ones(8), 1e-6, 2)
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 1), (3, 96), (17, 1000)])
+def test_add_bias_adds_in_place_with_torchs_bits(ops, rows, cols):
+    y, bias = torch.randn(rows, cols), torch.randn(cols)
+    expected = y + bias
+    assert ops.add_bias(y, bias) is y and torch.equal(y, expected)
+    with pytest.raises(ValueError, match="bias"):
+        ops.add_bias(y, torch.randn(cols + 1))
+
+
 def test_norms_write_into_out(ops):
     x, weight, residual = torch.randn(3, 64), torch.randn(64), torch.randn(3, 64)
     expected = rms_norm_reference(x, weight, 1e-5)
