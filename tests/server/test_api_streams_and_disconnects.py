@@ -94,7 +94,8 @@ def test_cut_stream_and_cut_non_streamed_request_free_their_pages(server, wait_u
     stats = wait_until_idle()
     assert stats["radixserve:num_requests_running"] == 0
     assert stats["radixserve:kv_cache_usage_perc"] == 0
-    # Both requests stopped long before 2000 tokens (aborted, not run to the end).
+    # Both requests stopped long before 2000 tokens (aborted, not run to the end; the non-streamed one after
+    # its client's 1.5 s: a few hundred tokens at the default model's batch-1 decode, ~200 tok/s replayed)
     cut = [line for line in server.access_log() if line["route"] == "/v1/chat/completions"][-2:]
-    assert all(line["completion_tokens"] < 200 for line in cut), cut
+    assert all(line["completion_tokens"] < 1000 for line in cut), cut
     assert {line["status"] for line in cut} == {200, 499}
