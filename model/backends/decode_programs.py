@@ -29,8 +29,9 @@ from kernels.kernel_program import KernelProgram, KernelRecorder
 from kernels.kv_format import as_pages
 
 # Decode batches of up to this many sequences are recorded. Each recording keeps every tensor its step made
-# (~1 MiB a sequence for the default model, docs/performance.md): 1..8 take ~36 MiB at most. Python's share
-# of a step shrinks with the batch, and so does what a replay saves.
+# (0.97 MiB a sequence for the default model, 2.33 MiB for a 1B model: docs/performance.md, "Decode steps
+# replayed"), so 1..8 take 36 and 84 MiB at most. Python's share of a step shrinks with the batch, and so
+# does what a replay saves.
 MAX_REPLAYED_BATCH = 8
 
 logger = logging.getLogger("radixserve.backends")
