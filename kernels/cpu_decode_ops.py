@@ -73,15 +73,15 @@ class CpuDecodeOps:
 
     def __init__(self, library: ctypes.CDLL):
         self.library = library  # also exports the unpacked functions (kernels/csrc)
-        self._rms_norm = _bind(library.rms_norm_f32_packed)
-        self._add_rms_norm = _bind(library.add_rms_norm_f32_packed)
-        self._silu_and_mul = _bind(library.silu_and_mul_f32_packed)
-        self._gelu_tanh_and_mul = _bind(library.gelu_tanh_and_mul_f32_packed)
-        self._qk_norm = _bind(library.qk_norm_f32_packed)
-        self._add_bias = _bind(library.add_bias_f32_packed)
-        self._rope_store_kv = _bind(library.rope_store_kv_packed)
-        self._rerotate_store_kv = _bind(library.rerotate_store_kv_packed)
-        self._attention = _bind(library.paged_decode_attention_packed)
+        self._rms_norm = PackedKernel(library.rms_norm_f32_packed)
+        self._add_rms_norm = PackedKernel(library.add_rms_norm_f32_packed)
+        self._silu_and_mul = PackedKernel(library.silu_and_mul_f32_packed)
+        self._gelu_tanh_and_mul = PackedKernel(library.gelu_tanh_and_mul_f32_packed)
+        self._qk_norm = PackedKernel(library.qk_norm_f32_packed)
+        self._add_bias = PackedKernel(library.add_bias_f32_packed)
+        self._rope_store_kv = PackedKernel(library.rope_store_kv_packed)
+        self._rerotate_store_kv = PackedKernel(library.rerotate_store_kv_packed)
+        self._attention = PackedKernel(library.paged_decode_attention_packed)
         self.run_program = bind_runner(library)  # runs a recorded step (kernels/kernel_program.py)
 
     # ------------------------------------------------------------ predicates
@@ -309,10 +309,6 @@ def load(build_dir: Path, compiler: str | None = native_build.FIND_COMPILER, var
     """Build (once, cached by source hash) and load the kernels (kernels.cpu_features variant, or
     the best below it they have); raises native_build.NativeUnavailable where they cannot run here."""
     return CpuDecodeOps(native_build.load_library("decode_ops", build_dir, compiler, variant))
-
-
-def _bind(function) -> PackedKernel:
-    return PackedKernel(function)  # recordable (kernels/kernel_program.py)
 
 
 def _check_rows(name: str, t: Tensor, multiple: int = 8) -> int:

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["KernelProgram", "KernelRecorder", "PackedKernel", "note_unrecorded"]
+__all__ = ["KernelProgram", "KernelRecorder", "PackedKernel", "bind_runner", "note_unrecorded"]
 
 # torch functions a recording may call (names as TorchFunctionMode sees them): they read metadata, make
 # tensors or views, and compute no value

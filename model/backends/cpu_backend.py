@@ -50,8 +50,8 @@ from kernels.native_build import NativeUnavailable, openmp_waits
 from kernels.packed_linear import pack_weight, packed_linear
 from kernels.paged_attention import paged_attention
 from model.backends.base import BackendPlan, LayersFn, LinearPlan, StepPolicy
-from model.backends.cpu_linear import (FLOAT32_MATH, BlockEmbedding, BlockLinear, CpuLinear, PrefillMath, StepRows,
-                                      PrefillLinear, joined_products)
+from model.backends.cpu_linear import (FLOAT32_MATH, BlockEmbedding, BlockLinear, CpuLinear, PrefillLinear,
+                                      PrefillMath, StepRows, joined_products)
 from model.backends.crossover import measure_crossover
 from model.backends.decode_programs import DecodePrograms
 from model.backends.torch_backend import TorchBackend

@@ -12,6 +12,7 @@ Invariants:
 - the first replay of each recording runs beside the usual path and must equal it bit for bit, or the
   recording is dropped (every kernel computes a row alike whatever shares its call, so they agree);
 - the recorded step's page table is as wide as the KV pool has pages, so any later context fits it;
+- a recording replays only on the KV caches (the pool's list of layers) it was made on, and holds them;
 - only the attention plans' decode batches, the slot ids, the RoPE rows and the input rows are refreshed:
   a step whose plans hold anything else (prompt rows, chunks) is not recorded.
 """
@@ -25,6 +26,7 @@ import torch
 from torch import Tensor
 
 from kernels.attention_inputs import AttentionInputs
+from kernels.attention_plan import DecodeBatch
 from kernels.kernel_program import KernelProgram, KernelRecorder
 from kernels.kv_format import as_pages
 
@@ -42,9 +44,12 @@ class _Recording:
     program: KernelProgram
     hidden: Tensor  # (B, d) the recorded step's input rows; the program reads them
     ropes: list[tuple[Tensor, Tensor]]  # its (cos, sin) rows
-    attn: AttentionInputs  # its inputs, page table widened to the pool's pages
+    slot_ids: Tensor  # (B,) where its K/V went
+    decode_batches: list[tuple[tuple, DecodeBatch]]  # (plan key, its decode batch), page tables as wide as the pool
     out: Tensor  # (B, d) where the program leaves the result
-    caches: tuple[int, ...]  # the KV pages it reads and writes (addresses): only those caches replay it
+    # The KV caches it reads and writes (the pool's list of layers): only steps over this same list replay it,
+    # and holding the list keeps the pages its pointers name alive
+    kv_caches: list
     checked: bool = False  # replayed once beside the usual path, bit for bit
 
 
@@ -52,49 +57,43 @@ class DecodePrograms:
     def __init__(self, runner, max_batch: int = MAX_REPLAYED_BATCH):
         self._runner = runner  # run_kernel_program (kernels/kernel_program.py)
         self.max_batch = max_batch
-        self._recordings: dict[tuple, _Recording] = {}
-        self.not_replayed: dict[tuple, str] = {}  # key -> why that step runs the usual path
+        self._recordings: dict[int, _Recording] = {}  # by the step's number of sequences
+        self.not_replayed: dict[int, str] = {}  # number of sequences -> why such a step runs the usual path
         self.replays = 0
 
     def run(self, layers, hidden: Tensor, ropes: list[tuple[Tensor, Tensor]], kv_caches: list,
             attn: AttentionInputs) -> Tensor:
-        key = self._key(hidden, ropes, kv_caches, attn)
-        if key is None or key in self.not_replayed:
+        num_seqs = attn.num_seqs
+        if (num_seqs > self.max_batch or attn.num_tokens != num_seqs or attn.num_generated != (1,) * num_seqs
+                or num_seqs in self.not_replayed):  # not a plain decode step, or one that does not record
             return layers(hidden, ropes, kv_caches, attn)
-        recording = self._recordings.get(key)
-        caches = _addresses(kv_caches)
-        if recording is None or recording.caches != caches:  # (other caches: a recording for them replaces it)
-            return self._record(key, caches, layers, hidden, ropes, kv_caches, attn)
+        recording = self._recordings.get(num_seqs)
+        if recording is None or recording.kv_caches is not kv_caches:  # (other caches: a new recording replaces it)
+            return self._record(layers, hidden, ropes, kv_caches, attn)
         out = self._replay(recording, hidden, ropes, attn)
         if not recording.checked:
             usual = layers(hidden, ropes, kv_caches, attn)
             if not torch.equal(out, usual):
-                self._drop(key, "its first replay differed from the usual path")
+                self._drop(num_seqs, "its first replay differed from the usual path")
                 return usual
             recording.checked = True
         self.replays += 1
         return out
 
-    def _key(self, hidden: Tensor, ropes, kv_caches: list, attn: AttentionInputs) -> tuple | None:
-        """Steps alike enough to share a recording, or None for a step that is not a plain decode."""
-        num_seqs = attn.num_seqs
-        if (not kv_caches or num_seqs > self.max_batch or attn.num_tokens != num_seqs
-                or attn.num_generated != (1,) * num_seqs or hidden.dtype != torch.float32):
-            return None
-        return num_seqs, hidden.shape[1], len(ropes)
-
-    def _record(self, key: tuple, caches: tuple[int, ...], layers, hidden: Tensor, ropes, kv_caches: list, attn: AttentionInputs) -> Tensor:
+    def _record(self, layers, hidden: Tensor, ropes, kv_caches: list, attn: AttentionInputs) -> Tensor:
         wide = attn.widened(as_pages(kv_caches[0][0]).shape[0])
         recorder = KernelRecorder(self._runner)
         with recorder:
             out = layers(hidden, ropes, kv_caches, wide)
-        program = recorder.program(keep=(hidden, ropes, wide, out))
+        program = recorder.program(keep=(hidden, ropes, wide))
+        decode_batches = [(key, _decode_batch_of(wide, key)) for key in wide.plan_keys]
         if program is None:
-            self._drop(key, recorder.spoiled)
-        elif any(_refreshed_parts(wide, plan_key) is None for plan_key in wide.plan_keys):
-            self._drop(key, "its attention plans hold more than a decode batch")
+            self._drop(attn.num_seqs, recorder.spoiled)
+        elif any(batch is None for _, batch in decode_batches):
+            self._drop(attn.num_seqs, "its attention plans hold more than a decode batch")
         else:
-            self._recordings[key] = _Recording(program, hidden, ropes, wide, out, caches)
+            self._recordings[attn.num_seqs] = _Recording(program, hidden, ropes, wide.slot_ids, decode_batches, out,
+                                                         kv_caches)
         return out.clone()
 
     def _replay(self, recording: _Recording, hidden: Tensor, ropes, attn: AttentionInputs) -> Tensor:
@@ -102,32 +101,24 @@ class DecodePrograms:
         for (cos, sin), (new_cos, new_sin) in zip(recording.ropes, ropes):
             cos.copy_(new_cos)
             sin.copy_(new_sin)
-        recorded = recording.attn
-        recorded.slot_ids.copy_(attn.slot_ids)
-        for plan_key in recorded.plan_keys:
-            old, new = _refreshed_parts(recorded, plan_key), _refreshed_parts(attn, plan_key)
-            old.rows.copy_(new.rows)
-            old.context_lens.copy_(new.context_lens)
-            old.page_table[:, :new.page_table.shape[1]].copy_(new.page_table)
+        recording.slot_ids.copy_(attn.slot_ids)
+        for key, batch in recording.decode_batches:
+            new = attn.plan(*key).decode_batch  # the same kind of plan: a decode batch of as many sequences
+            batch.rows.copy_(new.rows)
+            batch.context_lens.copy_(new.context_lens)
+            batch.page_table[:, :new.page_table.shape[1]].copy_(new.page_table)
         recording.program.run()
         return recording.out.clone()
 
-    def _drop(self, key: tuple, reason: str) -> None:
-        self._recordings.pop(key, None)
-        self.not_replayed[key] = reason
-        logger.info("decode steps of %d sequences run the usual path: %s", key[0], reason)
+    def _drop(self, num_seqs: int, reason: str) -> None:
+        self._recordings.pop(num_seqs, None)
+        self.not_replayed[num_seqs] = reason
+        logger.info("decode steps of %d sequences run the usual path: %s", num_seqs, reason)
 
 
-def _addresses(kv_caches: list) -> tuple[int, ...]:
-    """Where every layer's K and V pages (values and scales) and how many pages: a recording's pointers
-    hold for these caches only."""
-    return (as_pages(kv_caches[0][0]).shape[0], *(plane.data_ptr() for layer in kv_caches for half in layer
-                                                   for plane in as_pages(half).planes))
-
-
-def _refreshed_parts(attn: AttentionInputs, plan_key: tuple):
+def _decode_batch_of(attn: AttentionInputs, plan_key: tuple) -> DecodeBatch | None:
     """The plan's decode batch, if that is all the plan holds; else None."""
     plan = attn.plan(*plan_key)
-    if plan.decode_chunks or plan.prefills or plan.prefill_batch is not None or plan.decode_batch is None:
+    if plan.decode_chunks or plan.prefills or plan.prefill_batch is not None:
         return None
     return plan.decode_batch
