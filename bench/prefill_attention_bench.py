@@ -1,12 +1,12 @@
 """Cold prefill in process, prefill attention on the C kernel over pages against torch's SDPA, in one run.
 
     nice .venv/bin/python -m bench.prefill_attention_bench [--model smollm2-135m-instruct]
-        [--lengths 1024,4096] [--repeats 3] [--paths c,sdpa] [--kv-dtype float32] [--threads N]
+        [--lengths 1024,4096] [--repeats 3] [--paths c,c-float32,sdpa] [--kv-dtype float32] [--threads N]
     nice .venv/bin/python -m bench.prefill_attention_bench --layer [--kv-dtype float32] [--threads 1]
 
-One engine per path (EngineConfig.prefill_attention: "auto" is the C kernel, kernels/cpu_prefill_attention.py;
-"sdpa" torch's SDPA over gathered K/V, the path before it), otherwise the defaults (float32 prefill, the
-backend's step budget: 512-token chunks, each attending to the part before it as its cached prefix), prefix
+One engine per path (EngineConfig.prefill_attention: "c" is "auto", the C kernel, kernels/cpu_prefill_attention.py,
+in bf16 on AMX where prefill's GEMMs run bf16 products; "c-float32" its float32 builds; "sdpa" torch's SDPA over
+gathered K/V, the path before it), otherwise the defaults (prefill's dtype "auto", the backend's step budget: 512-token chunks, each attending to the part before it as its cached prefix), prefix
 cache off so every prefill is cold. Per length L: a prompt of L random token ids through
 `LLMEngine.prompt_tail_logits(prompt, 1)` (the ordinary scheduled path; one output position), wall time,
 the paths interleaved within each repeat (after a 64-token warm-up each), the median of `--repeats`; and the
@@ -17,7 +17,7 @@ describe(): the numbers belong to them. Results go to docs/performance.md by han
 `--layer`: one layer's attention alone at the default model's shape (H 9, KVH 3, D 64, pages of 16
 over a 4096-token context, shuffled), for query rows 0-1024 (a cold 1k prefill in one call) and
 3584-4096 (the last 512-token chunk of a 4k prefill): torch's path (kernels/paged_attention.py, SDPA
-over gathered K/V in row blocks) against each build of the C kernel this CPU runs, the best of
+over gathered K/V in row blocks) against each build of the C kernel this CPU runs (the AMX one included), the best of
 `--repeats` (at least 5) in the calling thread's CPU time (time.thread_time: other processes' load
 counts less than in wall time); with `--threads` above 1 (an OpenMP team) wall time instead.
 """
@@ -43,7 +43,7 @@ from kernels.native_build import NativeUnavailable
 from kernels.paged_attention import paged_attention
 from store.model_store import pull, radixserve_home
 
-PATHS = {"c": "auto", "sdpa": "sdpa"}  # the bench's name -> EngineConfig.prefill_attention
+PATHS = {"c": "auto", "c-float32": "float32", "sdpa": "sdpa"}  # the bench's name -> EngineConfig.prefill_attention
 KV_CACHE_BYTES = 512 << 20
 
 
@@ -82,6 +82,10 @@ def layer_times(kv_dtype: str, repeats: int) -> None:
                                                            portable=build == PORTABLE)
             except NativeUnavailable as error:
                 print(f"{build}: {error}")
+    try:
+        builds[cpu_prefill_attention.AMX_BF16] = cpu_prefill_attention.load_amx(radixserve_home() / "kernels")
+    except NativeUnavailable as error:
+        print(f"{cpu_prefill_attention.AMX_BF16}: {error}")
     clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
 
     def best(fn) -> float:

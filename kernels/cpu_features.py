@@ -11,8 +11,9 @@ Variants, best first:
 - "avx2": AVX2 + FMA + F16C (`maddubs` for int8 products);
 - "portable": no C kernels (torch / oneDNN only).
 AVX_VNNI (VEX-coded `vpdpbusd` of 256 bits, Alder Lake and later), AVX512_BF16 and AMX
-are detected and named; no kernel of ours uses them (oneDNN picks AMX and BF16 itself
-where its GEMMs can use them).
+are detected and named; oneDNN picks AMX and BF16 itself where its GEMMs can use them, and prefill
+attention has an AMX build of its own (kernels/cpu_prefill_attention.py, `load_amx`) outside these
+variants.
 
 Prefill's dtype (`resolve_prefill_dtype`): "auto" takes bfloat16 (oneDNN's GEMMs, through torch) where
 the CPU multiplies bf16 natively (AVX512_BF16 or AMX-BF16), oneDNN runs bf16 products inside float32

@@ -13,7 +13,10 @@ reference the tests compare against.
 Builds (kernels/native_build.py), one C source written with vector extensions: "avx512_vnni" (16-lane
 AVX-512 code; it uses AVX-512F), "avx2" (AVX2 + FMA) and "portable" (plain C, any CPU with a C
 compiler). `load` takes the best this CPU runs at or below the variant asked for, else the portable
-build; `instruction_set` names it.
+build; `instruction_set` names it. Those are float32 throughout. `load_amx` is the fourth build,
+"amx_bf16": the scores and P V products on AMX tiles in bf16 (Q, K, P, V rounded to nearest even,
+float32 accumulation, softmax in float32), what prefill runs where its GEMMs run bf16 products
+(kernels/bf16_products.py) and the backend is not told otherwise (EngineConfig.prefill_attention).
 
 A row's result does not depend on the batch or on how its prefill was cut into chunks (its key tiles
 are aligned to multiples of 64 positions, and a tile it cannot see changes nothing), within one build.
@@ -35,8 +38,9 @@ from kernels.native_build import FIND_COMPILER, NativeUnavailable, library_varia
 from kernels.paged_kernel_args import (check_caches, check_index, check_out, check_page_table, check_query,
                                        check_window_softcap, pages_args)
 
-__all__ = ["CpuPrefillAttention", "load"]
+__all__ = ["AMX_BF16", "CpuPrefillAttention", "load", "load_amx"]
 
+AMX_BF16 = "amx_bf16"  # load_amx's instruction_set
 MAX_HEAD_DIM = 256  # prefill_attention.c's limits
 MAX_GROUP = 64  # query heads per KV head
 _ARGS = struct.Struct("<18qd5qd").pack  # paged_prefill_attention_packed's fields (floats as double)
@@ -52,7 +56,7 @@ class CpuPrefillAttention:
     small work runs on the calling thread."""
 
     def __init__(self, library: ctypes.CDLL, instruction_set: str):
-        self.instruction_set = instruction_set  # "avx512_vnni", "avx2" or "portable"
+        self.instruction_set = instruction_set  # "amx_bf16", "avx512_vnni", "avx2" or "portable"
         self._attention = library.paged_prefill_attention_packed
         self._attention.argtypes = [ctypes.c_char_p]
         self._attention.restype = ctypes.c_int64
@@ -114,3 +118,14 @@ def load(build_dir: Path, compiler: str | None = FIND_COMPILER, variant: str = "
         except NativeUnavailable:
             pass
     return CpuPrefillAttention(load_library("prefill_attention_portable", build_dir, compiler), PORTABLE)
+
+
+def load_amx(build_dir: Path, compiler: str | None = FIND_COMPILER) -> CpuPrefillAttention:
+    """The AMX build (bf16 products). Raises native_build.NativeUnavailable where the CPU lacks
+    AMX-TILE/AMX-BF16/AVX512_BF16, there is no compiler, or Linux does not grant the tile state."""
+    library = load_library("prefill_attention_amx", build_dir, compiler, "avx512_vnni")
+    ready = library.prefill_attention_amx_ready
+    ready.argtypes, ready.restype = [], ctypes.c_int64
+    if ready() != 0:
+        raise NativeUnavailable("prefill_attention_amx: Linux did not grant the AMX tile state (arch_prctl)")
+    return CpuPrefillAttention(library, AMX_BF16)

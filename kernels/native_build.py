@@ -7,7 +7,8 @@ about a second with the system C compiler. A library is built per kernel
 variant (kernels/cpu_features.py: "avx512_vnni", "avx2") with that variant's -m
 flags; LIBRARY_VARIANTS says which variants it has (most are AVX2 code, the int8
 GEMM and the block kernels have an AVX-512 VNNI one too), and `load_library` builds the best of them at
-or below the variant asked for. The library is cached under `build_dir` by the hash of its sources, headers and
+or below the variant asked for. A library may need instruction sets beyond its variant's
+(LIBRARY_EXTRA_FLAGS: the AMX build of prefill attention). The library is cached under `build_dir` by the hash of its sources, headers and
 flags and loaded with ctypes. `load_library` raises NativeUnavailable, with the
 reason in one line, where it cannot run (not x86-64, no AVX2/FMA/F16C, no
 compiler, a failed build); callers then keep their torch path, which is also
@@ -40,10 +41,14 @@ LIBRARIES = {
     "blocks": ("block_matmul.c", "block_matmul_q16.c"),
     "gemm_q8": ("gemm_q8.c",),
     "prefill_attention": ("prefill_attention.c",),
+    "prefill_attention_amx": ("prefill_attention.c",),
 }
 # library name -> the variants it is written for, best first (default: avx2 only)
 LIBRARY_VARIANTS = {"gemm_q8": ("avx512_vnni", "avx2"), "blocks": ("avx512_vnni", "avx2"),
-                    "prefill_attention": ("avx512_vnni", "avx2")}
+                    "prefill_attention": ("avx512_vnni", "avx2"), "prefill_attention_amx": ("avx512_vnni",)}
+# library name -> (the cpuinfo flags, the compiler flags) it needs beyond its variant's
+LIBRARY_EXTRA_FLAGS = {"prefill_attention_amx": (("amx_tile", "amx_bf16", "avx512_bf16"),
+                                                 ("-mamx-tile", "-mamx-bf16", "-mavx512bf16"))}
 # library name -> its C sources, built with PORTABLE_COMPILE_FLAGS: runs on any CPU with a compiler
 PORTABLE_LIBRARIES = {
     "blocks_portable": ("block_matmul.c", "block_matmul_q16.c"),
@@ -96,10 +101,11 @@ def load_library(name: str, build_dir: Path, compiler: str | None = FIND_COMPILE
         if built_as is None:
             raise _unavailable(f"{name}: the portable path was asked for" if variant == PORTABLE
                                else f"{name}: no {variant} variant")
-        needs = VARIANTS[built_as][0]
+        extra_needs, extra_flags = LIBRARY_EXTRA_FLAGS.get(name, ((), ()))
+        needs = (*VARIANTS[built_as][0], *extra_needs)
         if platform.machine() not in ("x86_64", "AMD64") or not cpu_has_flags(needs):
             raise _unavailable(f"{name}: this CPU lacks {'/'.join(needs)}")
-        flags = (*COMPILE_FLAGS, *VARIANTS[built_as][1])
+        flags = (*COMPILE_FLAGS, *VARIANTS[built_as][1], *extra_flags)
     if compiler == FIND_COMPILER:
         compiler = find_compiler()
     if compiler is None:

@@ -45,7 +45,11 @@
 #define LANES (NV * VW) /* query vectors of a score micro-tile: M is padded to a multiple of it (and of OR) */
 
 #define KT 64             /* key positions a tile: a multiple of KR */
-#define ROW_TILE_M 256    /* query vectors an item (rows * G) aims at */
+#if defined(__AMX_BF16__)
+#define ROW_TILE_M 512    /* query vectors an item (rows * G) aims at: more rows a key tile's conversion */
+#else
+#define ROW_TILE_M 256
+#endif
 #define MAX_HEAD_DIM 256  /* also checked by the Python wrapper */
 #define MAX_GROUP 64
 _Static_assert(LANES % OR == 0 && KT % KR == 0, "micro-tiles must divide the padded sizes");
@@ -184,6 +188,9 @@ typedef struct {
 typedef struct {
   float *qt, *kc, *vc, *st, *o, *m, *l, *corr, *zero;
   int32_t* pos;
+#if defined(__AMX_BF16__)
+  uint16_t *qb, *ka, *pb, *vt; /* bf16 tile operands (see the AMX build) */
+#endif
 } scratch;
 
 /* Lays the scratch out from base (64-byte aligned, or NULL to only count): each piece starts 64-byte
@@ -201,6 +208,13 @@ static int64_t scratch_at(float* base, int64_t Mp, int64_t D, int64_t Dp, scratc
   TAKE(corr, Mp);
   TAKE(zero, Dp);
   TAKE(pos, Mp);
+#if defined(__AMX_BF16__)
+  const int64_t Dk = (D + 31) / 32 * 32;
+  TAKE(qb, Mp * Dk / 2);
+  TAKE(ka, KT * Dk / 2);
+  TAKE(pb, Mp * KT / 2);
+  TAKE(vt, Dp * KT / 2);
+#endif
 #undef TAKE
   return at;
 }
@@ -253,18 +267,50 @@ static void locate_tile(const prefill_job* j, const int64_t* pages, int64_t kvh,
   }
 }
 
+/* The scores st (n keys from k0, Mp lanes) soft-capped, then masked: -inf where a lane cannot see the key
+   (causal, the window), unless every row of the item sees every key of the tile (padding lanes, whose
+   results are never read, then keep their scores). p_first, p_last: the positions of the item's first and last rows. */
+static void mask_scores(const prefill_job* j, const scratch* sc, int64_t k0, int64_t n, int64_t M, int64_t Mp,
+                        int64_t p_first, int64_t p_last) {
+  const int64_t W = j->window;
+  if (j->softcap > 0.0f)
+    for (int64_t t2 = 0; t2 < n; t2++)
+      for (int64_t m = 0; m < Mp; m++) sc->st[t2 * Mp + m] = j->softcap * tanhf(sc->st[t2 * Mp + m] / j->softcap);
+  const int is_full = k0 + n - 1 <= p_first && (W == 0 || k0 > p_last - W);
+  if (!is_full)
+    for (int64_t t2 = 0; t2 < n; t2++) {
+      const int32_t key = (int32_t)(k0 + t2);
+      const vi vkey = vset1_i(key), vkey_w = vset1_i(W > 0 ? key + (int32_t)W : INT32_MAX);
+      for (int64_t m = 0; m < Mp; m += VW) {
+        const vi pos = vload_i(sc->pos + m);
+        const vi visible = (pos >= vkey) & (pos < vkey_w); /* key <= pos < key + W */
+        vstore(sc->st + t2 * Mp + m, vselect(visible, vload(sc->st + t2 * Mp + m), vset1(-INFINITY)));
+      }
+    }
+}
+
 /* Item t: sequence b, KV head kvh, token rows [r0, r1) of its chunk (items longest first). */
-static void prefill_item(const prefill_job* j, int64_t t, const scratch* sc) {
+typedef struct {
+  int64_t b, kvh, r0, r1, first_pos; /* first_pos: the position of the chunk's first row */
+} item;
+
+static item item_at(const prefill_job* j, int64_t t) {
   int64_t lo = 0, hi = j->num_seqs; /* b: item_start[b] <= t < item_start[b + 1] */
   while (hi - lo > 1) {
     const int64_t mid = (lo + hi) / 2;
     if (j->item_start[mid] <= t) lo = mid; else hi = mid;
   }
-  const int64_t b = lo, i = t - j->item_start[b], KVH = j->num_kv_heads, G = j->G, D = j->D, Dp = j->Dp;
-  const int64_t T = j->query_lens[b], C = j->context_lens[b], first_pos = C - T, W = j->window;
+  const int64_t b = lo, i = t - j->item_start[b], T = j->query_lens[b];
   const int64_t num_tiles = (T + j->tile_rows - 1) / j->tile_rows;
-  const int64_t kvh = i % KVH, tile = num_tiles - 1 - i / KVH; /* the last rows (the most keys) first */
+  const int64_t tile = num_tiles - 1 - i / j->num_kv_heads; /* the last rows (the most keys) first */
   const int64_t r0 = tile * j->tile_rows, r1 = r0 + j->tile_rows < T ? r0 + j->tile_rows : T;
+  return (item){b, i % j->num_kv_heads, r0, r1, j->context_lens[b] - T};
+}
+
+static void prefill_item(const prefill_job* j, int64_t t, const scratch* sc) {
+  const item it = item_at(j, t);
+  const int64_t b = it.b, kvh = it.kvh, r0 = it.r0, r1 = it.r1, first_pos = it.first_pos;
+  const int64_t G = j->G, D = j->D, Dp = j->Dp, W = j->window;
   const int64_t M = (r1 - r0) * G, Mp = (M + LANES - 1) / LANES * LANES; /* Mp <= j->Mp */
   const int64_t* pages = j->page_table + b * j->max_pages;
 
@@ -297,21 +343,7 @@ static void prefill_item(const prefill_job* j, int64_t t, const scratch* sc) {
     const int64_t n_up = (n + KR - 1) / KR * KR; /* key rows scored; those past n are never read */
     for (int64_t c0 = 0; c0 < Mp; c0 += LANES)
       for (int64_t j0 = 0; j0 < n_up; j0 += KR) scores_micro(krow + j0, sc->qt, D, Mp, c0, j->scale, sc->st + j0 * Mp);
-    if (j->softcap > 0.0f)
-      for (int64_t t2 = 0; t2 < n; t2++)
-        for (int64_t m = 0; m < Mp; m++) sc->st[t2 * Mp + m] = j->softcap * tanhf(sc->st[t2 * Mp + m] / j->softcap);
-    /* masks, unless every lane sees every key of the tile (padding lanes then score 0s, never read) */
-    const int is_full = M == Mp && k0 + n - 1 <= p_first && (W == 0 || k0 > p_last - W);
-    if (!is_full)
-      for (int64_t t2 = 0; t2 < n; t2++) {
-        const int32_t key = (int32_t)(k0 + t2);
-        const vi vkey = vset1_i(key), vkey_w = vset1_i(W > 0 ? key + (int32_t)W : INT32_MAX);
-        for (int64_t m = 0; m < Mp; m += VW) {
-          const vi pos = vload_i(sc->pos + m);
-          const vi visible = (pos >= vkey) & (pos < vkey_w); /* key <= pos < key + W */
-          vstore(sc->st + t2 * Mp + m, vselect(visible, vload(sc->st + t2 * Mp + m), vset1(-INFINITY)));
-        }
-      }
+    mask_scores(j, sc, k0, n, M, Mp, p_first, p_last);
     /* online softmax, lane-wise: a lane with nothing visible yet keeps m = -inf, l = 0 and corr 1 */
     for (int64_t m = 0; m < Mp; m += VW) {
       const vf m_old = vload(sc->m + m);
@@ -339,6 +371,280 @@ static void prefill_item(const prefill_job* j, int64_t t, const scratch* sc) {
     for (int64_t d = 0; d < D; d++) dst[d] = sc->o[m * Dp + d] * inv;
   }
 }
+
+#if defined(__AMX_BF16__)
+/* ------------------------------------------------------------------ the AMX build (bf16 products)
+
+   The same items, key tiles, masks and online softmax (lane-wise, one lane a query vector), with the two
+   products on AMX tiles: bf16 inputs (Q, K, P and V rounded to nearest even), float32 accumulation. A tile
+   is 16 rows of 64 bytes (16 float32, or 32 bf16); a B operand holds pairs along its K dimension side by
+   side (the VNNI layout: B[k / 2][2 n + k % 2]).
+   - S^T (KT x Mp) = K Q^T: A = K (kp x Dk bf16, rows of the tile's keys, Dk = D rounded up to 32, zeros
+     past D), B = qb, Q^T in VNNI (Dk / 2 rows of Mp pairs), made once per item.
+   - O^T (Dp x Mp) = O^T * corr + V^T P^T: A = vt, V^T (Dp x KT bf16), B = pb, P^T in VNNI (KT / 2 rows of
+     Mp pairs), two rows of P^T interleaved.
+   Q^T and V^T come from 32-bit transposes of bf16 pairs. Keys past a tile's n are zero rows of K and V and
+   0 in P. l sums the P that goes into the product (rounded to bf16), so O / l is a weighted mean of V.
+   Every value of a query vector is computed from its own lane alone, in a fixed order: its bits do not
+   depend on the cut (as above). */
+
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+/* Asks Linux for the AMX tile state (once a process; without it the first tile instruction faults).
+   Returns 0 when granted. */
+int64_t prefill_attention_amx_ready(void) {
+  return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 0 : -1;
+}
+
+typedef struct {
+  uint8_t palette_id, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} tile_config;
+
+/* Every tile 16 rows of 64 bytes. A constant in memory: stores into a local the compiler may drop, since it
+   does not see ldtilecfg read them. Loaded on each thread at each call: oneDNN configures tiles its own way
+   between our calls. */
+static const tile_config TILES_16X64 = {
+    .palette_id = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
+static void configure_tiles(void) { _tile_loadconfig(&TILES_16X64); }
+
+/* 16 floats' bits as bf16 (to nearest even) in the low 16 bits of each 32-bit lane */
+static inline __m512i bf16_lanes(__m512 x) { return _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x)); }
+
+/* 16 bf16 pairs (a[i], b[i]): two rows side by side, one 32-bit lane a pair */
+static inline __m512i pairs_of(__m512 a, __m512 b) {
+  return _mm512_or_si512(bf16_lanes(a), _mm512_slli_epi32(bf16_lanes(b), 16));
+}
+
+/* x[i] (16 x 16 32-bit lanes) transposed in place */
+static inline void transpose16(__m512i x[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(x[i], x[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(x[i], x[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    x[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    x[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    x[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    x[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int i = 0; i < 4; i++) {
+    t[i] = _mm512_shuffle_i32x4(x[i], x[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_i32x4(x[i], x[i + 4], 0xdd);
+    t[i + 8] = _mm512_shuffle_i32x4(x[i + 8], x[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_i32x4(x[i + 8], x[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 4; i++) {
+    x[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+    x[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+    x[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
+    x[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xdd);
+  }
+}
+
+/* 16 floats of row at d0 (0 past D) */
+static inline __m512 load_head_part(const float* row, int64_t d0, int64_t D) {
+  const int64_t left = D - d0;
+  if (left >= 16) return _mm512_loadu_ps(row + d0);
+  if (left <= 0) return _mm512_setzero_ps();
+  return _mm512_maskz_loadu_ps((__mmask16)((1u << left) - 1), row + d0);
+}
+
+/* 32 bf16 of row at d0 .. d0 + 32 (0 past D), in order: 16 pairs */
+static inline __m512i bf16_row_part(const float* row, int64_t d0, int64_t D) {
+  return (__m512i)_mm512_cvtne2ps_pbh(load_head_part(row, d0 + 16, D), load_head_part(row, d0, D));
+}
+
+/* qb (Dk / 2 rows of Mp pairs) = (scale Q)^T in VNNI: row i, pair m = scale (q_m[2 i], q_m[2 i + 1]); q rows
+   qrow[m] (NULL: a padding row, zeros) */
+static void pack_queries(const float* const* qrow, float scale, int64_t Mp, int64_t D, int64_t Dk, uint16_t* qb) {
+  const __m512 vs = _mm512_set1_ps(scale);
+  for (int64_t m0 = 0; m0 < Mp; m0 += 16)
+    for (int64_t d0 = 0; d0 < Dk; d0 += 32) {
+      __m512i x[16]; /* lane i of row r: query vector m0 + r's pair i of d0 .. d0 + 32 */
+      for (int r = 0; r < 16; r++)
+        x[r] = qrow[m0 + r] ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(load_head_part(qrow[m0 + r], d0 + 16, D), vs),
+                                                          _mm512_mul_ps(load_head_part(qrow[m0 + r], d0, D), vs))
+                            : _mm512_setzero_si512();
+      transpose16(x);
+      for (int i = 0; i < 16; i++) _mm512_storeu_si512(qb + (d0 / 2 + i) * (Mp * 2) + m0 * 2, x[i]);
+    }
+}
+
+/* ka (kp x Dk) = the keys' rows in bf16 (krow[j]: the zero row past n) */
+static void pack_keys(const float* const* krow, int64_t kp, int64_t D, int64_t Dk, uint16_t* ka) {
+  for (int64_t j = 0; j < kp; j++)
+    for (int64_t d0 = 0; d0 < Dk; d0 += 32) _mm512_storeu_si512(ka + j * Dk + d0, bf16_row_part(krow[j], d0, D));
+}
+
+/* vt (Dp x KT) = V^T in bf16 over keys < kp: rows of V paired two keys at a time, then transposed */
+static void pack_values(const float* const* vrow, int64_t kp, int64_t D, int64_t Dp, uint16_t* vt) {
+  for (int64_t i0 = 0; i0 < kp / 2; i0 += 16) /* key pairs */
+    for (int64_t d0 = 0; d0 < Dp; d0 += 16) {
+      __m512i x[16]; /* lane d of row r: (v_{2 (i0 + r)}[d0 + d], v_{2 (i0 + r) + 1}[d0 + d]) */
+      for (int r = 0; r < 16; r++)
+        x[r] = pairs_of(load_head_part(vrow[2 * (i0 + r)], d0, D), load_head_part(vrow[2 * (i0 + r) + 1], d0, D));
+      transpose16(x);
+      for (int c = 0; c < 16; c++) _mm512_storeu_si512(vt + (d0 + c) * KT + i0 * 2, x[c]);
+    }
+}
+
+/* st (KT x Mp) = K Q^T over keys < kp (a multiple of 32) */
+static void scores_amx(const uint16_t* ka, const uint16_t* qb, int64_t Mp, int64_t Dk, int64_t kp, float* st) {
+  for (int64_t j0 = 0; j0 < kp; j0 += 32)
+    for (int64_t m0 = 0; m0 < Mp; m0 += 32) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t d0 = 0; d0 < Dk; d0 += 32) {
+        _tile_loadd(4, ka + j0 * Dk + d0, Dk * 2);
+        _tile_loadd(5, ka + (j0 + 16) * Dk + d0, Dk * 2);
+        _tile_loadd(6, qb + (d0 / 2) * (Mp * 2) + m0 * 2, Mp * 4);
+        _tile_loadd(7, qb + (d0 / 2) * (Mp * 2) + (m0 + 16) * 2, Mp * 4);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(0, st + j0 * Mp + m0, Mp * 4);
+      _tile_stored(1, st + j0 * Mp + m0 + 16, Mp * 4);
+      _tile_stored(2, st + (j0 + 16) * Mp + m0, Mp * 4);
+      _tile_stored(3, st + (j0 + 16) * Mp + m0 + 16, Mp * 4);
+    }
+}
+
+/* ot (Dp x Mp) += V^T P^T over keys < kp */
+static void pv_amx(const uint16_t* vt, const uint16_t* pb, int64_t Mp, int64_t Dp, int64_t kp, float* ot) {
+  for (int64_t d0 = 0; d0 < Dp; d0 += 16)
+    for (int64_t m0 = 0; m0 < Mp; m0 += 32) {
+      _tile_loadd(0, ot + d0 * Mp + m0, Mp * 4);
+      _tile_loadd(1, ot + d0 * Mp + m0 + 16, Mp * 4);
+      for (int64_t k0 = 0; k0 < kp; k0 += 32) {
+        _tile_loadd(4, vt + d0 * KT + k0, KT * 2);
+        _tile_loadd(6, pb + (k0 / 2) * (Mp * 2) + m0 * 2, Mp * 4);
+        _tile_loadd(7, pb + (k0 / 2) * (Mp * 2) + (m0 + 16) * 2, Mp * 4);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+      }
+      _tile_stored(0, ot + d0 * Mp + m0, Mp * 4);
+      _tile_stored(1, ot + d0 * Mp + m0 + 16, Mp * 4);
+    }
+}
+
+/* exp(x) for x <= 0 to about 1e-4 relative (what bf16's 2^-9 rounding of P needs): 2^t, t = x log2(e) =
+   n + f, |f| <= 1/2, 2^f by its degree-4 Taylor polynomial, times 2^n by scalef. 0 where t <= -125 (a
+   masked score's -inf included): those lanes are masked off, so no result is denormal (a denormal or an
+   underflow costs a microcode assist of ~150 cycles for the whole vector). */
+static inline __m512 exp_for_bf16(__m512 x) {
+  __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+  const __mmask16 kept = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-125.0f), _CMP_GT_OQ);
+  t = _mm512_max_ps(t, _mm512_set1_ps(-125.0f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 y = _mm512_set1_ps(9.6181291e-3f);
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(5.5504109e-2f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(2.4022651e-1f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(6.9314718e-1f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_scalef_ps(kept, y, n);
+}
+
+/* The online softmax over a key tile's scores st (n rows of keys, Mp lanes; already scaled, capped and
+   masked): per lane the running max m and sum l, ot's column scaled by the correction, and pb = P^T in
+   VNNI over keys < kp (0 past n). A lane with nothing visible yet keeps m = -inf, l = 0, corr 1. Lanes go
+   four vectors at a time (a row's 256 contiguous bytes; four independent exp chains). */
+static void softmax_amx(const float* st, int64_t n, int64_t kp, int64_t Mp, int64_t Dp, float* mrun, float* l,
+                        float* ot, uint16_t* pb) {
+  enum { V = 4 };
+  for (int64_t m = 0; m < Mp; m += V * 16) {
+    __m512 m_new[V], m_use[V], corr[V], sum[V];
+    for (int c = 0; c < V; c++) m_new[c] = _mm512_loadu_ps(mrun + m + c * 16);
+    for (int64_t t = 0; t < n; t++)
+      for (int c = 0; c < V; c++) m_new[c] = _mm512_max_ps(m_new[c], _mm512_loadu_ps(st + t * Mp + m + c * 16));
+    for (int c = 0; c < V; c++) {
+      const __mmask16 none = _mm512_cmp_ps_mask(m_new[c], _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
+      m_use[c] = _mm512_mask_blend_ps(none, m_new[c], _mm512_setzero_ps());
+      corr[c] = _mm512_mask_blend_ps(none, exp_for_bf16(_mm512_sub_ps(_mm512_loadu_ps(mrun + m + c * 16), m_use[c])),
+                                     _mm512_set1_ps(1.0f));
+      sum[c] = _mm512_setzero_ps();
+    }
+    for (int64_t i = 0; i < kp / 2; i++) {
+      const int64_t t = 2 * i;
+      for (int c = 0; c < V; c++) {
+        const __m512 e0 = t < n ? exp_for_bf16(_mm512_sub_ps(_mm512_loadu_ps(st + t * Mp + m + c * 16), m_use[c]))
+                                : _mm512_setzero_ps();
+        const __m512 e1 = t + 1 < n ? exp_for_bf16(_mm512_sub_ps(_mm512_loadu_ps(st + (t + 1) * Mp + m + c * 16), m_use[c]))
+                                    : _mm512_setzero_ps();
+        const __m512i r0 = bf16_lanes(e0), r1 = bf16_lanes(e1);
+        _mm512_storeu_si512(pb + i * (Mp * 2) + (m + c * 16) * 2, _mm512_or_si512(r0, _mm512_slli_epi32(r1, 16)));
+        sum[c] = _mm512_add_ps(sum[c], _mm512_castsi512_ps(_mm512_slli_epi32(r0, 16)));
+        sum[c] = _mm512_add_ps(sum[c], _mm512_castsi512_ps(_mm512_slli_epi32(r1, 16)));
+      }
+    }
+    for (int c = 0; c < V; c++) {
+      _mm512_storeu_ps(l + m + c * 16, _mm512_fmadd_ps(_mm512_loadu_ps(l + m + c * 16), corr[c], sum[c]));
+      _mm512_storeu_ps(mrun + m + c * 16, m_new[c]);
+    }
+    for (int64_t d = 0; d < Dp; d++)
+      for (int c = 0; c < V; c++)
+        _mm512_storeu_ps(ot + d * Mp + m + c * 16, _mm512_mul_ps(_mm512_loadu_ps(ot + d * Mp + m + c * 16), corr[c]));
+  }
+}
+
+static void prefill_item_amx(const prefill_job* j, int64_t t, const scratch* sc) {
+  const item it = item_at(j, t);
+  const int64_t b = it.b, kvh = it.kvh, r0 = it.r0, r1 = it.r1, first_pos = it.first_pos;
+  const int64_t G = j->G, D = j->D, Dp = j->Dp, Dk = (D + 31) / 32 * 32, W = j->window;
+  const int64_t M = (r1 - r0) * G, Mp = (M + LANES - 1) / LANES * LANES; /* Mp <= j->Mp */
+  const int64_t* pages = j->page_table + b * j->max_pages;
+
+  /* lane m = r * G + g: token row r0 + r, query head kvh * G + g; padding lanes see no key (pos -1) */
+  const float* qrow[ROW_TILE_M + LANES];
+  for (int64_t m = 0; m < Mp; m++) {
+    qrow[m] = m < M ? j->q + (j->q_starts[b] + r0 + m / G) * j->q_row_stride + (kvh * G + m % G) * D : NULL;
+    sc->pos[m] = m < M ? (int32_t)(first_pos + r0 + m / G) : -1;
+    sc->m[m] = -INFINITY;
+    sc->l[m] = 0.0f;
+  }
+  pack_queries(qrow, j->scale, Mp, D, Dk, sc->qb);
+  memset(sc->o, 0, (size_t)(Mp * Dp) * sizeof(float));
+  memset(sc->zero, 0, (size_t)Dp * sizeof(float));
+
+  const float* krow[KT];
+  const float* vrow[KT];
+  const int64_t p_first = first_pos + r0, p_last = first_pos + r1 - 1;
+  int64_t k_lo = W > 0 && p_first - W + 1 > 0 ? p_first - W + 1 : 0;
+  k_lo = k_lo / KT * KT;
+  const int64_t k_hi = p_last + 1;
+  for (int64_t k0 = k_lo; k0 < k_hi; k0 += KT) {
+    const int64_t n = k_hi - k0 < KT ? k_hi - k0 : KT, after = k_hi - k0 - n;
+    const int64_t kp = (n + 31) / 32 * 32; /* keys in the products; those past n are zero rows */
+    locate_tile(j, pages, kvh, k0, n, after < KT ? after : KT, sc, krow, vrow);
+    pack_keys(krow, kp, D, Dk, sc->ka);
+    pack_values(vrow, kp, D, Dp, sc->vt);
+    scores_amx(sc->ka, sc->qb, Mp, Dk, kp, sc->st);
+    mask_scores(j, sc, k0, n, M, Mp, p_first, p_last);
+    softmax_amx(sc->st, n, kp, Mp, Dp, sc->m, sc->l, sc->o, sc->pb);
+    pv_amx(sc->vt, sc->pb, Mp, Dp, kp, sc->o);
+  }
+  for (int64_t m = 0; m < M; m++) {
+    float* dst = j->out + ((j->q_starts[b] + r0 + m / G) * j->num_heads + kvh * G + m % G) * D;
+    const float inv = 1.0f / sc->l[m];
+    for (int64_t d = 0; d < D; d++) dst[d] = sc->o[d * Mp + m] * inv;
+  }
+}
+#endif
 
 /* Prefill attention over pages (see kernels/cpu_prefill_attention.py). Sequence b's query rows are
    q rows [q_starts[b], q_starts[b] + query_lens[b]) (q_row_stride floats apart, each H x D), at
@@ -393,17 +699,30 @@ int64_t paged_prefill_attention(const float* q, int64_t q_row_stride, kv_pages k
   const prefill_job job = {q, k_cache, v_cache, page_table, q_starts, query_lens, context_lens, item_start, out,
                            q_row_stride, max_pages, num_seqs, num_heads, num_kv_heads, G, D, Dp, page_size,
                            tile_rows, Mp, window, scale, softcap};
+#if defined(__AMX_BF16__)
+#define RUN_ITEM prefill_item_amx
+#define BEGIN_THREAD configure_tiles()
+#define END_THREAD _tile_release()
+#else
+#define RUN_ITEM prefill_item
+#define BEGIN_THREAD (void)0
+#define END_THREAD (void)0
+#endif
   if (threads > 1) {
     #pragma omp parallel num_threads(threads)
     {
       scratch own;
       scratch_at(scratch_all + omp_get_thread_num() * per_thread, Mp, D, Dp, &own);
+      BEGIN_THREAD;
       #pragma omp for schedule(dynamic, 1)
-      for (int64_t t = 0; t < num_items; t++) prefill_item(&job, t, &own);
+      for (int64_t t = 0; t < num_items; t++) RUN_ITEM(&job, t, &own);
+      END_THREAD;
     }
   } else {
     scratch_at(scratch_all, Mp, D, Dp, &sc);
-    for (int64_t t = 0; t < num_items; t++) prefill_item(&job, t, &sc);
+    BEGIN_THREAD;
+    for (int64_t t = 0; t < num_items; t++) RUN_ITEM(&job, t, &sc);
+    END_THREAD;
   }
   free(scratch_all);
   free(item_start);

@@ -34,9 +34,10 @@ __all__ = ["BACKEND_CHOICES", "PREFILL_ATTENTION_CHOICES", "Backend", "BackendPl
 
 
 # What `cpu` runs prefill attention on: "auto" the C kernel over pages where it builds and fits the model
-# (kernels/cpu_prefill_attention.py), else torch's SDPA over gathered K/V; "sdpa" the torch path always
-# (the comparison bench/prefill_attention_bench.py makes).
-PREFILL_ATTENTION_CHOICES = ("auto", "sdpa")
+# (kernels/cpu_prefill_attention.py), its AMX build in bf16 where prefill's GEMMs run bf16 products, else
+# torch's SDPA over gathered K/V; "float32" the C kernel's float32 builds only; "sdpa" the torch path always
+# (the comparisons bench/prefill_attention_bench.py makes).
+PREFILL_ATTENTION_CHOICES = ("auto", "float32", "sdpa")
 
 
 def _cpu_unfit(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -88,10 +89,16 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
     if prefill_attention_choice == "sdpa":
         fallbacks.append("C prefill attention off (sdpa asked for): SDPA over gathered K/V")
     else:
-        try:
-            prefill_attention = cpu_prefill_attention.load(build_dir, compiler, variant)
-        except NativeUnavailable as error:
-            fallbacks.append(f"C prefill attention off ({error}): SDPA over gathered K/V")
+        if prefill_attention_choice == "auto" and prefill_math.bf16_products and variant != PORTABLE:
+            try:  # bf16 like the GEMMs (the quality measured: docs/performance.md, "Prefill attention on AMX")
+                prefill_attention = cpu_prefill_attention.load_amx(build_dir, compiler)
+            except NativeUnavailable as error:
+                fallbacks.append(f"bf16 prefill attention off ({error}): the float32 C kernel")
+        if prefill_attention is None:
+            try:
+                prefill_attention = cpu_prefill_attention.load(build_dir, compiler, variant)
+            except NativeUnavailable as error:
+                fallbacks.append(f"C prefill attention off ({error}): SDPA over gathered K/V")
     if prefill_attention is not None and not prefill_attention.fits(config.num_heads, config.num_kv_heads,
                                                                     config.head_dim):
         prefill_attention = None
@@ -171,7 +178,8 @@ def select_backend(device: torch.device | str, dtype: torch.dtype, config: Model
     (cpu_backend.DECODE_ACTIVATIONS: "int16" or "float32"); `prefill_dtype` what `cpu`'s prefill GEMMs
     over GGUF blocks multiply in (kernels.cpu_features.PREFILL_DTYPE_CHOICES: "auto" is bfloat16 where the
     CPU has native bf16, else float32); `prefill_attention` what `cpu` runs prefill attention on
-    (PREFILL_ATTENTION_CHOICES: "auto" the C kernel over pages where it runs, "sdpa" torch's)."""
+    (PREFILL_ATTENTION_CHOICES: "auto" the C kernel over pages where it runs, on AMX in bf16 under bf16
+    products; "float32" its float32 builds; "sdpa" torch's)."""
     if prefill_attention not in PREFILL_ATTENTION_CHOICES:
         raise ValueError(f"prefill_attention must be one of {', '.join(PREFILL_ATTENTION_CHOICES)}, "
                          f"got {prefill_attention!r}")

@@ -1,5 +1,6 @@
 """Paged prefill attention in C (kernels/cpu_prefill_attention.py) against the torch reference, every
-build this machine runs (portable always; AVX2 and AVX-512 where the CPU has them), every KV format."""
+build this machine runs (portable always; AVX2, AVX-512 and AMX where the CPU has them), every KV format.
+The AMX build multiplies in bf16: its reference is the same attention over inputs rounded to bf16."""
 
 import math
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from kernels import cpu_prefill_attention
+from kernels.cpu_prefill_attention import AMX_BF16
 from kernels.attention_inputs import AttentionInputs
 from kernels.attention_plan import CPU_ATTENTION, AttentionPolicy
 from kernels.cpu_features import PORTABLE, VARIANTS, this_cpu
@@ -15,8 +17,10 @@ from kernels.native_build import NativeUnavailable
 from kernels.paged_attention import paged_attention, paged_attention_reference
 from tests.kernels.paged_layout import lay_out, seeded
 
-BUILDS = (*VARIANTS, PORTABLE)  # "avx512_vnni", "avx2", "portable"
+BUILDS = (*VARIANTS, PORTABLE, AMX_BF16)  # "avx512_vnni", "avx2", "portable", "amx_bf16"
 TOLERANCE = dict(atol=1e-5, rtol=1e-5)  # float32 sums in another order than the reference's
+# bf16 P (2^-9 relative) and exp to ~1e-4, against a reference over the same bf16 inputs (seen: 2.6e-3 at most)
+AMX_TOLERANCE = dict(atol=1e-2, rtol=1e-2)
 CASES = {
     "causal": [(100, 100)],
     "after a prefix": [(300, 37)],
@@ -29,11 +33,14 @@ CASES = {
 @pytest.fixture(scope="module", params=BUILDS)
 def kernel(request, tmp_path_factory):
     build = request.param
-    if build != PORTABLE and not this_cpu().has(*VARIANTS[build][0]):
+    if build in VARIANTS and not this_cpu().has(*VARIANTS[build][0]):
         pytest.skip(f"this CPU lacks {build}")
     try:
-        loaded = cpu_prefill_attention.load(tmp_path_factory.mktemp("prefill"), variant=build,
-                                            portable=build == PORTABLE)
+        if build == AMX_BF16:
+            loaded = cpu_prefill_attention.load_amx(tmp_path_factory.mktemp("prefill"))
+        else:
+            loaded = cpu_prefill_attention.load(tmp_path_factory.mktemp("prefill"), variant=build,
+                                                portable=build == PORTABLE)
     except NativeUnavailable as error:
         pytest.skip(str(error))
     assert loaded.instruction_set == build
@@ -68,12 +75,28 @@ def _run(kernel, q, k, v, inputs, scale, out=None, window=None, softcap=None):
     return out
 
 
+def _rounded_pages(pages: KVPages) -> torch.Tensor:
+    """float32 pages (num_pages, page_size, KVH, D) of `pages`' values, dequantized, rounded to bf16."""
+    slots = torch.arange(pages.shape[0] * pages.shape[1])
+    return pages.gather(slots, torch.float32).bfloat16().float().view(pages.shape)
+
+
+def _check(kernel, got, q, k, v, inputs, scale, rows=slice(None), **masks):
+    """got (rows of it) against the reference: for the AMX build over its bf16 inputs (scale q, K and V rounded)."""
+    if kernel.instruction_set == AMX_BF16:
+        reference = paged_attention_reference((q * scale).bfloat16().float(), _rounded_pages(k), _rounded_pages(v),
+                                              inputs, 1.0, **masks)
+        torch.testing.assert_close(got[rows], reference[rows], **AMX_TOLERANCE)
+    else:
+        torch.testing.assert_close(got[rows], paged_attention_reference(q, k, v, inputs, scale, **masks)[rows],
+                                   **TOLERANCE)
+
+
 @pytest.mark.parametrize("kv_dtype", C_KV_DTYPES)
 @pytest.mark.parametrize("seqs", CASES.values(), ids=CASES.keys())
 def test_matches_the_reference(kernel, num_threads, kv_dtype, seqs):
     q, k, v, inputs = _case(seqs, kv_dtype=kv_dtype)
-    got = _run(kernel, q, k, v, inputs, 0.125)
-    torch.testing.assert_close(got, paged_attention_reference(q, k, v, inputs, 0.125), **TOLERANCE)
+    _check(kernel, _run(kernel, q, k, v, inputs, 0.125), q, k, v, inputs, 0.125)
 
 
 @pytest.mark.parametrize("num_heads, num_kv_heads, head_dim", [(4, 4, 32), (8, 2, 64), (8, 1, 128), (6, 3, 72),
@@ -84,8 +107,7 @@ def test_head_shapes_and_page_sizes(kernel, num_heads, num_kv_heads, head_dim, p
     on a page boundary)."""
     for kv_dtype in ("float32", "bfloat16"):
         q, k, v, inputs = _case(CASES["batch"], page_size, num_heads, num_kv_heads, head_dim, kv_dtype)
-        torch.testing.assert_close(_run(kernel, q, k, v, inputs, head_dim**-0.5),
-                                   paged_attention_reference(q, k, v, inputs, head_dim**-0.5), **TOLERANCE)
+        _check(kernel, _run(kernel, q, k, v, inputs, head_dim**-0.5), q, k, v, inputs, head_dim**-0.5)
 
 
 @pytest.mark.parametrize("kv_dtype", C_KV_DTYPES)
@@ -95,8 +117,7 @@ def test_sliding_windows_and_soft_caps(kernel, num_threads, kv_dtype, window, so
     itself; one beyond every context: hides nothing)."""
     q, k, v, inputs = _case(CASES["batch"] + [(700, 300)], kv_dtype=kv_dtype, seed=1)
     got = _run(kernel, q, k, v, inputs, 0.125, window=window, softcap=softcap)
-    torch.testing.assert_close(got, paged_attention_reference(q, k, v, inputs, 0.125, window=window, softcap=softcap),
-                               **TOLERANCE)
+    _check(kernel, got, q, k, v, inputs, 0.125, window=window, softcap=softcap)
 
 
 @pytest.mark.parametrize("window", [None, 40])
@@ -125,7 +146,7 @@ def test_reads_q_as_a_view_and_writes_only_its_rows(kernel):
                                    torch.tensor([inputs.query_starts[b] for b in prefill]),
                                    torch.tensor([inputs.query_lens[b] for b in prefill]),
                                    torch.tensor([inputs.context_lens[b] for b in prefill]), 0.125, out)
-    torch.testing.assert_close(out[rows], paged_attention_reference(q, k, v, inputs, 0.125)[rows], **TOLERANCE)
+    _check(kernel, out, q, k, v, inputs, 0.125, rows)
     untouched = torch.ones(q.shape[0], dtype=torch.bool)
     untouched[rows] = False
     assert torch.equal(out[untouched], torch.full_like(out[untouched], 7.0))
@@ -161,8 +182,12 @@ def test_paged_attention_runs_prefills_through_the_kernel(kernel, window, softca
     policy = AttentionPolicy(64, 16, fused_prefill=True)
     assert inputs.plan(4, policy, window).prefill_batch is not None
     got = paged_attention(q, k, v, inputs, 0.125, policy, window=window, softcap=softcap, prefill_ops=kernel)
-    torch.testing.assert_close(got, paged_attention_reference(q, k, v, inputs, 0.125, window=window, softcap=softcap),
-                               **TOLERANCE)
+    prefill_rows = torch.cat([torch.arange(inputs.query_starts[b], inputs.query_starts[b + 1])
+                              for b in range(len(inputs.query_lens)) if inputs.query_lens[b] > 1])
+    decode_rows = torch.tensor([inputs.query_starts[b] for b in range(len(inputs.query_lens)) if inputs.query_lens[b] == 1])
+    _check(kernel, got, q, k, v, inputs, 0.125, prefill_rows, window=window, softcap=softcap)
+    torch.testing.assert_close(got[decode_rows], paged_attention_reference(q, k, v, inputs, 0.125, window=window,
+                                                                           softcap=softcap)[decode_rows], **TOLERANCE)
     with pytest.raises(ValueError, match="prefill kernel"):
         paged_attention(q, k, v, inputs, 0.125, policy)
     assert inputs.plan(4, CPU_ATTENTION).prefill_batch is None
