@@ -89,16 +89,17 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
     if prefill_attention_choice == "sdpa":
         fallbacks.append("C prefill attention off (sdpa asked for): SDPA over gathered K/V")
     else:
-        if prefill_attention_choice == "auto" and prefill_math.bf16_products and variant != PORTABLE:
-            try:  # bf16 like the GEMMs (the quality measured: docs/performance.md, "Prefill attention on AMX")
-                prefill_attention = cpu_prefill_attention.load_amx(build_dir, compiler)
-            except NativeUnavailable as error:
-                fallbacks.append(f"bf16 prefill attention off ({error}): the float32 C kernel")
-        if prefill_attention is None:
-            try:
-                prefill_attention = cpu_prefill_attention.load(build_dir, compiler, variant)
-            except NativeUnavailable as error:
-                fallbacks.append(f"C prefill attention off ({error}): SDPA over gathered K/V")
+        try:
+            prefill_attention = cpu_prefill_attention.load(build_dir, compiler, variant)
+        except NativeUnavailable as error:
+            fallbacks.append(f"C prefill attention off ({error}): SDPA over gathered K/V")
+    bf16_prefill_attention = None
+    if (prefill_attention is not None and prefill_attention_choice == "auto" and prefill_math.bf16_products
+            and variant != PORTABLE):
+        try:  # bf16 like the GEMMs over blocks (quality: docs/performance.md, "Prefill attention on AMX tiles")
+            bf16_prefill_attention = cpu_prefill_attention.load_amx(build_dir, compiler)
+        except NativeUnavailable as error:
+            fallbacks.append(f"bf16 prefill attention off ({error}): the float32 C kernel")
     if prefill_attention is not None and not prefill_attention.fits(config.num_heads, config.num_kv_heads,
                                                                     config.head_dim):
         prefill_attention = None
@@ -115,7 +116,7 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
                       functools.partial(block_matmul.load_best, build_dir, compiler, variant), gemm_q8=gemm_q8,
                       instruction_sets=instruction_sets, float_prefill_max_bytes=float_prefill_max_bytes,
                       decode_activations=decode_activations, prefill_math=prefill_math,
-                      prefill_attention=prefill_attention)
+                      prefill_attention=prefill_attention, bf16_prefill_attention=bf16_prefill_attention)
 
 
 # name -> what it needs to run here (None: runs)

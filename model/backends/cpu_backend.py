@@ -114,7 +114,8 @@ class CpuBackend(TorchBackend):
                  float_prefill_max_bytes: int = FLOAT_PREFILL_MAX_BYTES,
                  decode_activations: str = "int16", prefill_math: PrefillMath = FLOAT32_MATH,
                  bf16_float_layers: tuple[str, ...] = BF16_FLOAT_LAYERS,
-                 prefill_attention: CpuPrefillAttention | None = None):
+                 prefill_attention: CpuPrefillAttention | None = None,
+                 bf16_prefill_attention: CpuPrefillAttention | None = None):
         super().__init__(torch.device("cpu"), torch.float32, fallbacks)
         # how prefill's GEMMs over GGUF blocks multiply (resolved: kernels.cpu_features.resolve_prefill_dtype,
         # then model.backends._make_cpu)
@@ -130,6 +131,10 @@ class CpuBackend(TorchBackend):
         self.matvec = matvec
         self.ops = ops
         self.prefill_attention = prefill_attention  # the C prefill attention kernel; None: SDPA
+        # its AMX build in bf16: what prefill_attention becomes for a model whose projections prefill over blocks
+        # in bf16 products (prepare); a float32 model's GEMMs stay float32, so does its attention
+        self.float_prefill_attention = prefill_attention
+        self.bf16_prefill_attention = bf16_prefill_attention
         # Weights kept as blocks need the block kernels (any CPU with a C compiler: the portable
         # build where AVX2 is missing); without them the loader dequantizes the blocks at load.
         # Built and loaded when a model first has blocks (a float32 model never pays the build).
@@ -266,6 +271,9 @@ class CpuBackend(TorchBackend):
         projection_bytes = sum(self._prefill_math_of(name).dtype.itemsize * part.rows * part.cols
                                for name, parts in blocks.items() if name != "embed_tokens" for part in parts)
         self._float_prefill = 0 < projection_bytes <= self.float_prefill_max_bytes
+        bf16_projections = self.prefill_math.bf16_products and projection_bytes > 0
+        self.prefill_attention = (self.bf16_prefill_attention if bf16_projections and self.bf16_prefill_attention
+                                  else self.float_prefill_attention)
         super().prepare(model, blocks)
         if self.ops is not None:
             for module in model.modules():

@@ -115,3 +115,24 @@ def test_by_default_bf16_products_keep_no_copy_of_the_projections_and_float32_do
     bf16, float32 = engine("bfloat16").backend, engine("float32").backend
     assert float32._float_prefill_bytes > 0
     assert (bf16._float_prefill_bytes == 0) == (bf16_math == "products")
+
+
+def test_prefill_attention_in_bf16_on_amx_where_the_projections_run_bf16_products(quantized_tiny_dir, tiny_llama_dir):
+    """A model whose projections prefill over blocks in bf16 products runs prefill attention on the AMX build (or
+    says why not); a float32 model (float32 GEMMs) keeps the float32 build, and so does prefill_attention
+    "float32"."""
+    from kernels import bf16_products
+    from kernels.cpu_prefill_attention import AMX_BF16
+
+    if not bf16_products.run_here():
+        pytest.skip("oneDNN runs no bf16 products in float32 GEMMs here (needs AMX)")
+    backend = _engine(quantized_tiny_dir, "auto", 0).backend
+    if backend.prefill_attention.instruction_set == AMX_BF16:
+        assert ("prefill attention: C kernel over pages (amx_bf16: bf16 products on AMX tiles, float32 softmax)"
+                in backend.describe())
+    else:
+        assert any(line.startswith("bf16 prefill attention off") for line in backend.plan().fallbacks)
+    for model_dir, choice in ((tiny_llama_dir, "auto"), (quantized_tiny_dir, "float32")):
+        backend = LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", backend="cpu",
+                                         kv_cache_bytes=64 << 20, prefill_attention=choice)).backend
+        assert backend.prefill_attention.instruction_set != AMX_BF16

@@ -133,26 +133,6 @@ def test_prefill_attention_on_sdpa_when_asked(build_dir):
         select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, prefill_attention="flash")
 
 
-def test_prefill_attention_in_bf16_on_amx_under_bf16_products(build_dir):
-    """Where prefill's GEMMs run bf16 products, prefill attention runs the AMX build (or says why not); float32
-    prefill, or prefill_attention "float32", keeps the float32 builds."""
-    from kernels import bf16_products
-    from kernels.cpu_prefill_attention import AMX_BF16
-
-    if not bf16_products.run_here():
-        pytest.skip("oneDNN runs no bf16 products in float32 GEMMs here (needs AMX)")
-    ops = select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, prefill_dtype="bfloat16")
-    if ops.prefill_attention.instruction_set == AMX_BF16:
-        assert ("prefill attention: C kernel over pages (amx_bf16: bf16 products on AMX tiles, float32 softmax)"
-                in ops.describe())
-    else:
-        assert any(line.startswith("bf16 prefill attention off") for line in ops.plan().fallbacks)
-    for kwargs in (dict(prefill_dtype="bfloat16", prefill_attention="float32"), dict(prefill_dtype="float32")):
-        ops = select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, **kwargs)
-        assert ops.prefill_attention.instruction_set != AMX_BF16
-        assert not any("bf16 prefill attention" in line for line in ops.plan().fallbacks)
-
-
 def test_measured_limits_are_candidates_and_reported(build_dir):
     ops = _backend("cpu", build_dir, crossover="measure")
     if ops.matvec is None:
