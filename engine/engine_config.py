@@ -128,8 +128,8 @@ class EngineConfig:
     # prompt's rows the same bits however it was chunked, batched or cached (docs/performance.md, "bfloat16
     # products")
     prefill_dtype: str = "auto"
-    # cpu: prefill attention on the C kernel over pages where it runs ("auto": on AMX in bf16 where prefill's
-    # GEMMs run bf16 products, top-1 agreement with float32 in docs/performance.md, "Prefill attention on AMX"),
+    # cpu: prefill attention on the C kernel over pages where it runs ("auto": on AMX in bf16 where the model's
+    # projections prefill over blocks in bf16 products, top-1 agreement with float32 in docs/performance.md, "Prefill attention on AMX"),
     # its float32 builds ("float32"), or torch's SDPA over gathered K/V ("sdpa") (the last two: the comparisons
     # bench/prefill_attention_bench.py makes) (model.backends.PREFILL_ATTENTION_CHOICES)
     prefill_attention: str = "auto"

@@ -15,8 +15,9 @@ AVX-512 code; it uses AVX-512F), "avx2" (AVX2 + FMA) and "portable" (plain C, an
 compiler). `load` takes the best this CPU runs at or below the variant asked for, else the portable
 build; `instruction_set` names it. Those are float32 throughout. `load_amx` is the fourth build,
 "amx_bf16": the scores and P V products on AMX tiles in bf16 (Q, K, P, V rounded to nearest even,
-float32 accumulation, softmax in float32), what prefill runs where its GEMMs run bf16 products
-(kernels/bf16_products.py) and the backend is not told otherwise (EngineConfig.prefill_attention).
+float32 accumulation, softmax in float32), what prefill runs where a model's projections prefill over GGUF
+blocks in bf16 products (kernels/bf16_products.py) and the backend is not told otherwise
+(EngineConfig.prefill_attention).
 
 A row's result does not depend on the batch or on how its prefill was cut into chunks (its key tiles
 are aligned to multiples of 64 positions, and a tile it cannot see changes nothing), within one build.

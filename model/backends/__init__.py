@@ -34,7 +34,7 @@ __all__ = ["BACKEND_CHOICES", "PREFILL_ATTENTION_CHOICES", "Backend", "BackendPl
 
 
 # What `cpu` runs prefill attention on: "auto" the C kernel over pages where it builds and fits the model
-# (kernels/cpu_prefill_attention.py), its AMX build in bf16 where prefill's GEMMs run bf16 products, else
+# (kernels/cpu_prefill_attention.py), its AMX build in bf16 for projections over blocks in bf16 products, else
 # torch's SDPA over gathered K/V; "float32" the C kernel's float32 builds only; "sdpa" the torch path always
 # (the comparisons bench/prefill_attention_bench.py makes).
 PREFILL_ATTENTION_CHOICES = ("auto", "float32", "sdpa")
