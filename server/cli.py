@@ -15,7 +15,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from server.malloc_policy import keep_freed_memory
 from server.omp_wait_policy import choose_omp_waits
 from store.errors import RadixserveError
 
@@ -32,10 +31,9 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
 
 def main(argv: Sequence[str] | None = None) -> int:
     wait_policy = choose_omp_waits()  # before anything loads torch (and with it libgomp)
-    malloc_policy = keep_freed_memory()  # before any thread starts (one arena serves them all)
     parser = _build_parser()
     args = parser.parse_args(argv)
-    args.openmp_waits, args.malloc_policy = wait_policy, malloc_policy  # `serve` logs them once logging is up
+    args.openmp_waits = wait_policy  # `serve` logs it once logging is set up
     try:
         return args.handler(args)
     except RadixserveError as error:

@@ -153,9 +153,8 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise RadixserveError(str(error)) from None
     configure_logging()
-    if hasattr(args, "openmp_waits"):  # set by cli.main, which chose the policies before torch loaded
+    if hasattr(args, "openmp_waits"):  # set by cli.main, which chose the policy before torch loaded
         logger.info("radixserve: %s", args.openmp_waits)
-        logger.info("radixserve: %s", args.malloc_policy)
     return run_server(create_app(settings), settings)
 
 
