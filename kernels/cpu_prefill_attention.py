@@ -6,7 +6,7 @@ from the pages in their stored format (kernels/kv_format.py: float32, bfloat16, 
 of one KV head converted at a time: no gather, no dequantized copy of the pool, no (rows x keys)
 score matrix. Flash-attention style: tiles of 64 keys, online softmax in float32; the G query heads
 of a KV head go together so each K/V tile is read once for all of them; work items are
-(sequence, KV head, tile of ~128 / G rows), in parallel over OpenMP. The torch path
+(sequence, KV head, tile of ~256 / G rows; ~512 / G in the AMX build), in parallel over OpenMP. The torch path
 (kernels/paged_attention.py: SDPA over gathered K/V) and `paged_attention_reference` stay the
 reference the tests compare against.
 

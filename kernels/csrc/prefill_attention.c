@@ -18,8 +18,9 @@
    order, and a tile it cannot see leaves its state as it was. Within one build, a row has the same
    bits in every batch.
 
-   One source, three builds (kernels/native_build.py): AVX-512 (16 lanes), AVX2 + FMA (8 lanes) and
-   portable (4 lanes of whatever the target has), written with GCC/Clang vector extensions. */
+   One source, four builds (kernels/native_build.py): AVX-512 (16 lanes), AVX2 + FMA (8 lanes) and
+   portable (4 lanes of whatever the target has), written with GCC/Clang vector extensions, all float32;
+   and amx_bf16 (AVX-512 with AMX-TILE, AMX-BF16 and AVX512_BF16: the products on AMX tiles in bf16, below). */
 
 #include <omp.h>
 
