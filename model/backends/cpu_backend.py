@@ -51,7 +51,7 @@ from kernels.packed_linear import pack_weight, packed_linear
 from kernels.paged_attention import paged_attention
 from model.backends.base import BackendPlan, LayersFn, LinearPlan, StepPolicy
 from model.backends.cpu_linear import (FLOAT32_MATH, BlockEmbedding, BlockLinear, CpuLinear, PrefillLinear,
-                                      PrefillMath, StepRows, joined_products)
+                                      PrefillMath, PrefillOutputs, StepRows, joined_products)
 from model.backends.crossover import measure_crossover
 from model.backends.decode_programs import DecodePrograms
 from model.backends.torch_backend import TorchBackend
@@ -145,6 +145,7 @@ class CpuBackend(TorchBackend):
         self.instruction_sets = instruction_sets  # the CPU's, and the kernel variant chosen
         self._block_kernels: BlockKernels | None = None
         self._resident: dict[str, int] = {}  # block format -> bytes held as blocks
+        self.prefill_outputs = PrefillOutputs()  # the layers' prefill GEMM outputs during a forward, a buffer a role
         self._embedding_table: BlockWeight | None = None  # the embedding's blocks (a tied LM head shares them)
         self._embedding = ""  # what the embedding runs, when it is blocks
         self.float_prefill_max_bytes = float_prefill_max_bytes
@@ -248,8 +249,10 @@ class CpuBackend(TorchBackend):
             return self._float_copy_over_blocks(name, layer, parts, formats, few_rows, limit, grouped)
         self._linears[name] = LinearPlan(f"torch GEMM over dequantized tiles of {formats} blocks{tiles}",
                                          few_rows, grouped)
+        in_layers = name.startswith("layers.")  # the LM head's logits leave the model: a fresh output each
         return BlockLinear(parts, layer.bias, self._few_rows_over_blocks, self.block_kernels.dequantize_rows, limit,
-                           math, self.step_rows, grouped)
+                           math, self.step_rows, grouped, self.prefill_outputs if in_layers else None,
+                           name.rsplit(".", 1)[-1])
 
     @property
     def prefill_dtype(self) -> str:

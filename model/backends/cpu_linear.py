@@ -145,6 +145,26 @@ class CpuLinear(PrefillLinear):
 TILE_WEIGHTS = 1 << 21
 
 
+class PrefillOutputs:
+    """float32 buffers that the prefill GEMMs of a model's layers write their outputs into during a model
+    forward, one per projection role (the name's last part: qkv_proj, o_proj, gate_up_proj, down_proj, ...),
+    kept and grown to the largest step seen. Within a forward, a layer's output of a role is consumed before
+    the next layer computes that role (the stream's next op reads it), so one buffer a role serves every
+    layer; outside a forward (StepRows.inputs None) a call gets a fresh output, since its caller may hold it.
+    Why: a fresh output of tens to hundreds of MiB is a fresh mapping from glibc, and writing it faulted in and
+    zeroed every page (docs/performance.md, "Prefill outputs reused")."""
+
+    def __init__(self):
+        self._buffers: dict[str, Tensor] = {}
+
+    def take(self, role: str, rows: int, cols: int) -> Tensor:
+        """A (rows, cols) float32 view of role's buffer (its earlier contents are the caller's to overwrite)."""
+        buffer = self._buffers.get(role)
+        if buffer is None or buffer.numel() < rows * cols:
+            buffer = self._buffers[role] = torch.empty(rows * cols)
+        return buffer[:rows * cols].view(rows, cols)
+
+
 class BlockLinear(PrefillLinear):
     """W held only as blocks (kernels/block_formats.py): `parts`, the weight's rows in order (a fused
     projection whose parts differ in format has several).
@@ -156,10 +176,12 @@ class BlockLinear(PrefillLinear):
     def __init__(self, parts: list, bias: Tensor | None, few_rows: Callable[..., Tensor],
                  dequantize_rows: Callable[..., Tensor], few_rows_max: int,
                  prefill_math: PrefillMath = FLOAT32_MATH, step_rows: StepRows | None = None,
-                 grouped_rows_max: int = 0):
+                 grouped_rows_max: int = 0, outputs: PrefillOutputs | None = None, role: str = ""):
         super().__init__(bias, sum(part.rows for part in parts), few_rows_max, prefill_math, step_rows,
                          grouped_rows_max)
         self.parts = parts  # BlockWeight, row-wise
+        # with step_rows: during a forward the GEMM's output is outputs.take(role, ...) (PrefillOutputs)
+        self.outputs, self.role = outputs, role
         self.few_rows = few_rows  # (x (m, in), part, out=None) -> (m, part.rows), into `out` when given
         self.dequantize_rows = dequantize_rows  # (part, first=, count=, out=) -> (count, in) float32
 
@@ -168,8 +190,10 @@ class BlockLinear(PrefillLinear):
 
     def _gemm(self, x: Tensor, math: PrefillMath) -> Tensor:
         x_prefill = x.to(math.dtype).contiguous()  # once for every part
+        in_forward = self.outputs is not None and self.step_rows is not None and self.step_rows.inputs is not None
+        out = self.outputs.take(self.role, x.shape[0], self.out_features) if in_forward else None
         with math.products():
-            return joined_products(x_prefill, self.parts, self._tiled)
+            return joined_products(x_prefill, self.parts, self._tiled, out)
 
     def _tiled(self, x: Tensor, part, out: Tensor | None = None) -> Tensor:
         """x (M, in) contiguous, of the tiles' dtype -> (M, part.rows) float32 (into `out` when given)."""
@@ -190,13 +214,14 @@ class BlockLinear(PrefillLinear):
         return out
 
 
-def joined_products(x: Tensor, parts: list, product: Callable[..., Tensor]) -> Tensor:
-    """x (m, in) @ W^T -> (m, out) for a weight held as row-wise `parts`: `product(x, part, out)` writes each
-    part's product into its columns of one output, so nothing is concatenated after (and a decode step stays
-    recordable: model/backends/decode_programs.py)."""
+def joined_products(x: Tensor, parts: list, product: Callable[..., Tensor], out: Tensor | None = None) -> Tensor:
+    """x (m, in) @ W^T -> (m, out) for a weight held as row-wise `parts` (into `out` when given): `product(x,
+    part, out)` writes each part's product into its columns of one output, so nothing is concatenated after
+    (and a decode step stays recordable: model/backends/decode_programs.py)."""
     if len(parts) == 1:
-        return product(x, parts[0])
-    out = torch.empty(x.shape[0], sum(part.rows for part in parts))
+        return product(x, parts[0], out)
+    if out is None:
+        out = torch.empty(x.shape[0], sum(part.rows for part in parts))
     first = 0
     for part in parts:
         product(x, part, out[:, first:first + part.rows])

@@ -133,6 +133,30 @@ def test_prefill_attention_on_sdpa_when_asked(build_dir):
         select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, prefill_attention="flash")
 
 
+def test_layers_prefill_outputs_reuse_one_buffer_a_role_during_a_forward_only(build_dir):
+    """Under bf16 products a layer projection's prefill GEMM writes into its role's buffer while a step runs (the
+    next layer's call of that role overwrites it), and gives a fresh output outside one (its caller may hold
+    it); the LM head's logits are always fresh."""
+    from kernels import bf16_products
+
+    _native_bf16_or_skip()
+    if not bf16_products.run_here():
+        pytest.skip("oneDNN runs no bf16 products in float32 GEMMs here (needs AMX)")
+    ops = select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, prefill_dtype="bfloat16")
+    layer, blocks = _blocks_layer("Q4_1", 96, 64, seed=13)
+    linears = {name: ops.make_linear(name, layer, [blocks]) for name in ("layers.0.mlp.down_proj",
+                                                                          "layers.1.mlp.down_proj", "lm_head")}
+    x = torch.randn(40, 64, generator=_gen(8))
+    alone = linears["layers.0.mlp.down_proj"](x)
+    assert linears["layers.0.mlp.down_proj"](x).data_ptr() != alone.data_ptr()  # fresh outside a step
+    with ops.step(_step([40], [0])):
+        first = linears["layers.0.mlp.down_proj"](x)
+        assert torch.equal(first, alone)
+        second = linears["layers.1.mlp.down_proj"](x)  # the next layer's down_proj: the same buffer
+        assert second.data_ptr() == first.data_ptr() and torch.equal(second, alone)
+        assert linears["lm_head"](x).data_ptr() != first.data_ptr()
+
+
 def test_measured_limits_are_candidates_and_reported(build_dir):
     ops = _backend("cpu", build_dir, crossover="measure")
     if ops.matvec is None:
