@@ -112,6 +112,7 @@ static inline vf vexp_nonpositive(vf x) {
   return (vf)((vi)(y * pow2n) & ~under);
 }
 
+#if !defined(__AMX_BF16__) /* the float32 builds' products (the AMX build's: below) */
 /* st rows j0 .. j0 + KR (Mp apart), lanes c0 .. c0 + LANES = scale * k_j . q over d: k rows at krow[j0 ..],
    q transposed (qt: D x Mp). */
 static inline void scores_micro(const float* const* krow, const float* qt, int64_t D, int64_t Mp, int64_t c0,
@@ -174,6 +175,7 @@ static void pv_tile(float* o, int64_t Dp, int64_t Mp, const float* corr, const f
       else pv_micro(o, Dp, m0, d0, corr, st, Mp, vrow, n, 1);
     }
 }
+#endif
 
 typedef struct {
   const float* q;
@@ -187,10 +189,12 @@ typedef struct {
 
 /* One thread's scratch. */
 typedef struct {
-  float *qt, *kc, *vc, *st, *o, *m, *l, *corr, *zero;
+  float *kc, *vc, *st, *o, *m, *l, *zero;
   int32_t* pos;
 #if defined(__AMX_BF16__)
   uint16_t *qb, *ka, *pb, *vt; /* bf16 tile operands (see the AMX build) */
+#else
+  float *qt, *corr;
 #endif
 } scratch;
 
@@ -199,14 +203,12 @@ typedef struct {
 static int64_t scratch_at(float* base, int64_t Mp, int64_t D, int64_t Dp, scratch* sc) {
   int64_t at = 0;
 #define TAKE(field, count) sc->field = base ? (void*)(base + at) : NULL; at += ((count) + 15) / 16 * 16
-  TAKE(qt, D * Mp);
   TAKE(kc, KT * Dp);
   TAKE(vc, KT * Dp);
   TAKE(st, KT * Mp);
   TAKE(o, Mp * Dp);
   TAKE(m, Mp);
   TAKE(l, Mp);
-  TAKE(corr, Mp);
   TAKE(zero, Dp);
   TAKE(pos, Mp);
 #if defined(__AMX_BF16__)
@@ -215,6 +217,9 @@ static int64_t scratch_at(float* base, int64_t Mp, int64_t D, int64_t Dp, scratc
   TAKE(ka, KT * Dk / 2);
   TAKE(pb, Mp * KT / 2);
   TAKE(vt, Dp * KT / 2);
+#else
+  TAKE(qt, D * Mp);
+  TAKE(corr, Mp);
 #endif
 #undef TAKE
   return at;
@@ -308,72 +313,57 @@ static item item_at(const prefill_job* j, int64_t t) {
   return (item){b, i % j->num_kv_heads, r0, r1, j->context_lens[b] - T};
 }
 
-static void prefill_item(const prefill_job* j, int64_t t, const scratch* sc) {
-  const item it = item_at(j, t);
-  const int64_t b = it.b, kvh = it.kvh, r0 = it.r0, r1 = it.r1, first_pos = it.first_pos;
-  const int64_t G = j->G, D = j->D, Dp = j->Dp, W = j->window;
-  const int64_t M = (r1 - r0) * G, Mp = (M + LANES - 1) / LANES * LANES; /* Mp <= j->Mp */
-  const int64_t* pages = j->page_table + b * j->max_pages;
+/* lane m's query vector (the item's token row r0 + m / G, query head kvh * G + m % G), m < M */
+static inline const float* query_of(const prefill_job* j, const item* it, int64_t m) {
+  return j->q + (j->q_starts[it->b] + it->r0 + m / j->G) * j->q_row_stride + (it->kvh * j->G + m % j->G) * j->D;
+}
 
-  /* lane m = r * G + g: token row r0 + r, query head kvh * G + g; padding lanes see no key (pos -1) */
-  for (int64_t r = 0; r < r1 - r0; r++) {
-    const float* qr = j->q + (j->q_starts[b] + r0 + r) * j->q_row_stride + kvh * G * D;
-    for (int64_t g = 0; g < G; g++) {
-      const int64_t m = r * G + g;
-      for (int64_t d = 0; d < D; d++) sc->qt[d * Mp + m] = qr[g * D + d];
-      sc->pos[m] = (int32_t)(first_pos + r0 + r);
-    }
-  }
-  for (int64_t m = M; m < Mp; m++) {
-    for (int64_t d = 0; d < D; d++) sc->qt[d * Mp + m] = 0.0f;
-    sc->pos[m] = -1;
-  }
-  memset(sc->o, 0, (size_t)(Mp * Dp) * sizeof(float));
-  memset(sc->zero, 0, (size_t)Dp * sizeof(float));
-  for (int64_t m = 0; m < Mp; m++) { sc->m[m] = -INFINITY; sc->l[m] = 0.0f; }
+#if !defined(__AMX_BF16__)
+/* The float32 builds' two hooks of prefill_item (the AMX build has its own below). */
 
-  const float* krow[KT];
-  const float* vrow[KT];
-  const int64_t p_first = first_pos + r0, p_last = first_pos + r1 - 1; /* positions of the first, last row */
-  int64_t k_lo = W > 0 && p_first - W + 1 > 0 ? p_first - W + 1 : 0;
-  k_lo = k_lo / KT * KT;
-  const int64_t k_hi = p_last + 1;
-  for (int64_t k0 = k_lo; k0 < k_hi; k0 += KT) {
-    const int64_t n = k_hi - k0 < KT ? k_hi - k0 : KT, after = k_hi - k0 - n;
-    locate_tile(j, pages, kvh, k0, n, after < KT ? after : KT, sc, krow, vrow);
-    const int64_t n_up = (n + KR - 1) / KR * KR; /* key rows scored; those past n are never read */
-    for (int64_t c0 = 0; c0 < Mp; c0 += LANES)
-      for (int64_t j0 = 0; j0 < n_up; j0 += KR) scores_micro(krow + j0, sc->qt, D, Mp, c0, j->scale, sc->st + j0 * Mp);
-    mask_scores(j, sc, k0, n, M, Mp, p_first, p_last);
-    /* online softmax, lane-wise: a lane with nothing visible yet keeps m = -inf, l = 0 and corr 1 */
-    for (int64_t m = 0; m < Mp; m += VW) {
-      const vf m_old = vload(sc->m + m);
-      vf m_new = m_old;
-      for (int64_t t2 = 0; t2 < n; t2++) m_new = vmax(m_new, vload(sc->st + t2 * Mp + m));
-      const vi none = m_new == vset1(-INFINITY);
-      const vf m_use = vselect(none, vset1(0.0f), m_new);
-      const vf corr = vselect(none, vset1(1.0f), vexp_nonpositive(m_old - m_use)); /* 0 on a lane's first */
-      vf sum = vset1(0.0f);
-      for (int64_t t2 = 0; t2 < n; t2++) {
-        const vf p = vexp_nonpositive(vload(sc->st + t2 * Mp + m) - m_use);
-        vstore(sc->st + t2 * Mp + m, p);
-        sum += p;
-      }
-      vstore(sc->l + m, vload(sc->l + m) * corr + sum);
-      vstore(sc->m + m, m_new);
-      vstore(sc->corr + m, corr);
-    }
-    pv_tile(sc->o, Dp, Mp, sc->corr, sc->st, vrow, n);
-  }
-  for (int64_t m = 0; m < M; m++) {
-    const int64_t r = m / G, g = m % G;
-    float* dst = j->out + ((j->q_starts[b] + r0 + r) * j->num_heads + kvh * G + g) * D;
-    const float inv = 1.0f / sc->l[m];
-    for (int64_t d = 0; d < D; d++) dst[d] = sc->o[m * Dp + d] * inv;
+/* qt (D x Mp) = the item's query vectors transposed: lane m = r * G + g is token row r0 + r's query head
+   kvh * G + g; padding lanes 0. */
+static void load_queries(const prefill_job* j, const item* it, int64_t M, int64_t Mp, const scratch* sc) {
+  const int64_t D = j->D;
+  for (int64_t m = 0; m < Mp; m++) {
+    const float* qm = m < M ? query_of(j, it, m) : NULL;
+    for (int64_t d = 0; d < D; d++) sc->qt[d * Mp + m] = qm ? qm[d] : 0.0f;
   }
 }
 
-#if defined(__AMX_BF16__)
+/* One key tile (n keys from k0, rows krow / vrow): scores, masks, the online softmax lane-wise (a lane with
+   nothing visible yet keeps m = -inf, l = 0 and corr 1), O (M x Dp) = O * corr + P V. */
+static void attend_tile(const prefill_job* j, const scratch* sc, const float* const* krow, const float* const* vrow,
+                        int64_t k0, int64_t n, int64_t M, int64_t Mp, int64_t p_first, int64_t p_last) {
+  const int64_t n_up = (n + KR - 1) / KR * KR; /* key rows scored; those past n are never read */
+  for (int64_t c0 = 0; c0 < Mp; c0 += LANES)
+    for (int64_t j0 = 0; j0 < n_up; j0 += KR) scores_micro(krow + j0, sc->qt, j->D, Mp, c0, j->scale, sc->st + j0 * Mp);
+  mask_scores(j, sc, k0, n, M, Mp, p_first, p_last);
+  for (int64_t m = 0; m < Mp; m += VW) {
+    const vf m_old = vload(sc->m + m);
+    vf m_new = m_old;
+    for (int64_t t2 = 0; t2 < n; t2++) m_new = vmax(m_new, vload(sc->st + t2 * Mp + m));
+    const vi none = m_new == vset1(-INFINITY);
+    const vf m_use = vselect(none, vset1(0.0f), m_new);
+    const vf corr = vselect(none, vset1(1.0f), vexp_nonpositive(m_old - m_use)); /* 0 on a lane's first */
+    vf sum = vset1(0.0f);
+    for (int64_t t2 = 0; t2 < n; t2++) {
+      const vf p = vexp_nonpositive(vload(sc->st + t2 * Mp + m) - m_use);
+      vstore(sc->st + t2 * Mp + m, p);
+      sum += p;
+    }
+    vstore(sc->l + m, vload(sc->l + m) * corr + sum);
+    vstore(sc->m + m, m_new);
+    vstore(sc->corr + m, corr);
+  }
+  pv_tile(sc->o, j->Dp, Mp, sc->corr, sc->st, vrow, n);
+}
+
+#define O_AT(o, m, d, Mp, Dp) (o)[(m) * (Dp) + (d)] /* O is M x Dp */
+#define BEGIN_THREAD() (void)0
+#define END_THREAD() (void)0
+
+#else
 /* ------------------------------------------------------------------ the AMX build (bf16 products)
 
    The same items, key tiles, masks and online softmax (lane-wise, one lane a query vector), with the two
@@ -603,49 +593,66 @@ static void softmax_amx(const float* st, int64_t n, int64_t kp, int64_t Mp, int6
   }
 }
 
-static void prefill_item_amx(const prefill_job* j, int64_t t, const scratch* sc) {
+/* qb = (scale Q)^T in VNNI for the item's query vectors (lane m = r * G + g, as the float32 builds) */
+static void load_queries(const prefill_job* j, const item* it, int64_t M, int64_t Mp, const scratch* sc) {
+  const float* qrow[ROW_TILE_M + LANES];
+  for (int64_t m = 0; m < Mp; m++) qrow[m] = m < M ? query_of(j, it, m) : NULL;
+  pack_queries(qrow, j->scale, Mp, j->D, (j->D + 31) / 32 * 32, sc->qb);
+}
+
+/* One key tile: K and V^T in bf16, S^T = K Q^T on tiles, masks, the online softmax (softmax_amx), O^T += V^T P^T
+   on tiles. */
+static void attend_tile(const prefill_job* j, const scratch* sc, const float* const* krow, const float* const* vrow,
+                        int64_t k0, int64_t n, int64_t M, int64_t Mp, int64_t p_first, int64_t p_last) {
+  const int64_t D = j->D, Dp = j->Dp, Dk = (D + 31) / 32 * 32;
+  const int64_t kp = (n + 31) / 32 * 32; /* keys in the products; those past n are zero rows */
+  pack_keys(krow, kp, D, Dk, sc->ka);
+  pack_values(vrow, kp, D, Dp, sc->vt);
+  scores_amx(sc->ka, sc->qb, Mp, Dk, kp, sc->st);
+  mask_scores(j, sc, k0, n, M, Mp, p_first, p_last);
+  softmax_amx(sc->st, n, kp, Mp, Dp, sc->m, sc->l, sc->o, sc->pb);
+  pv_amx(sc->vt, sc->pb, Mp, Dp, kp, sc->o);
+}
+
+#define O_AT(o, m, d, Mp, Dp) (o)[(d) * (Mp) + (m)] /* O^T is Dp x Mp */
+#define BEGIN_THREAD() configure_tiles()
+#define END_THREAD() _tile_release()
+#endif
+
+static void prefill_item(const prefill_job* j, int64_t t, const scratch* sc) {
   const item it = item_at(j, t);
   const int64_t b = it.b, kvh = it.kvh, r0 = it.r0, r1 = it.r1, first_pos = it.first_pos;
-  const int64_t G = j->G, D = j->D, Dp = j->Dp, Dk = (D + 31) / 32 * 32, W = j->window;
+  const int64_t G = j->G, D = j->D, Dp = j->Dp, W = j->window;
   const int64_t M = (r1 - r0) * G, Mp = (M + LANES - 1) / LANES * LANES; /* Mp <= j->Mp */
   const int64_t* pages = j->page_table + b * j->max_pages;
 
   /* lane m = r * G + g: token row r0 + r, query head kvh * G + g; padding lanes see no key (pos -1) */
-  const float* qrow[ROW_TILE_M + LANES];
   for (int64_t m = 0; m < Mp; m++) {
-    qrow[m] = m < M ? j->q + (j->q_starts[b] + r0 + m / G) * j->q_row_stride + (kvh * G + m % G) * D : NULL;
     sc->pos[m] = m < M ? (int32_t)(first_pos + r0 + m / G) : -1;
     sc->m[m] = -INFINITY;
     sc->l[m] = 0.0f;
   }
-  pack_queries(qrow, j->scale, Mp, D, Dk, sc->qb);
+  load_queries(j, &it, M, Mp, sc);
   memset(sc->o, 0, (size_t)(Mp * Dp) * sizeof(float));
   memset(sc->zero, 0, (size_t)Dp * sizeof(float));
 
   const float* krow[KT];
   const float* vrow[KT];
-  const int64_t p_first = first_pos + r0, p_last = first_pos + r1 - 1;
+  const int64_t p_first = first_pos + r0, p_last = first_pos + r1 - 1; /* positions of the first, last row */
   int64_t k_lo = W > 0 && p_first - W + 1 > 0 ? p_first - W + 1 : 0;
   k_lo = k_lo / KT * KT;
   const int64_t k_hi = p_last + 1;
   for (int64_t k0 = k_lo; k0 < k_hi; k0 += KT) {
     const int64_t n = k_hi - k0 < KT ? k_hi - k0 : KT, after = k_hi - k0 - n;
-    const int64_t kp = (n + 31) / 32 * 32; /* keys in the products; those past n are zero rows */
     locate_tile(j, pages, kvh, k0, n, after < KT ? after : KT, sc, krow, vrow);
-    pack_keys(krow, kp, D, Dk, sc->ka);
-    pack_values(vrow, kp, D, Dp, sc->vt);
-    scores_amx(sc->ka, sc->qb, Mp, Dk, kp, sc->st);
-    mask_scores(j, sc, k0, n, M, Mp, p_first, p_last);
-    softmax_amx(sc->st, n, kp, Mp, Dp, sc->m, sc->l, sc->o, sc->pb);
-    pv_amx(sc->vt, sc->pb, Mp, Dp, kp, sc->o);
+    attend_tile(j, sc, krow, vrow, k0, n, M, Mp, p_first, p_last);
   }
   for (int64_t m = 0; m < M; m++) {
     float* dst = j->out + ((j->q_starts[b] + r0 + m / G) * j->num_heads + kvh * G + m % G) * D;
     const float inv = 1.0f / sc->l[m];
-    for (int64_t d = 0; d < D; d++) dst[d] = sc->o[d * Mp + m] * inv;
+    for (int64_t d = 0; d < D; d++) dst[d] = O_AT(sc->o, m, d, Mp, Dp) * inv;
   }
 }
-#endif
 
 /* Prefill attention over pages (see kernels/cpu_prefill_attention.py). Sequence b's query rows are
    q rows [q_starts[b], q_starts[b] + query_lens[b]) (q_row_stride floats apart, each H x D), at
@@ -700,30 +707,21 @@ int64_t paged_prefill_attention(const float* q, int64_t q_row_stride, kv_pages k
   const prefill_job job = {q, k_cache, v_cache, page_table, q_starts, query_lens, context_lens, item_start, out,
                            q_row_stride, max_pages, num_seqs, num_heads, num_kv_heads, G, D, Dp, page_size,
                            tile_rows, Mp, window, scale, softcap};
-#if defined(__AMX_BF16__)
-#define RUN_ITEM prefill_item_amx
-#define BEGIN_THREAD configure_tiles()
-#define END_THREAD _tile_release()
-#else
-#define RUN_ITEM prefill_item
-#define BEGIN_THREAD (void)0
-#define END_THREAD (void)0
-#endif
   if (threads > 1) {
     #pragma omp parallel num_threads(threads)
     {
       scratch own;
       scratch_at(scratch_all + omp_get_thread_num() * per_thread, Mp, D, Dp, &own);
-      BEGIN_THREAD;
+      BEGIN_THREAD(); /* (the AMX build's tile configuration, per thread) */
       #pragma omp for schedule(dynamic, 1)
-      for (int64_t t = 0; t < num_items; t++) RUN_ITEM(&job, t, &own);
-      END_THREAD;
+      for (int64_t t = 0; t < num_items; t++) prefill_item(&job, t, &own);
+      END_THREAD();
     }
   } else {
     scratch_at(scratch_all, Mp, D, Dp, &sc);
-    BEGIN_THREAD;
-    for (int64_t t = 0; t < num_items; t++) RUN_ITEM(&job, t, &sc);
-    END_THREAD;
+    BEGIN_THREAD();
+    for (int64_t t = 0; t < num_items; t++) prefill_item(&job, t, &sc);
+    END_THREAD();
   }
   free(scratch_all);
   free(item_start);
