@@ -93,19 +93,19 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
             prefill_attention = cpu_prefill_attention.load(build_dir, compiler, variant)
         except NativeUnavailable as error:
             fallbacks.append(f"C prefill attention off ({error}): SDPA over gathered K/V")
-    bf16_prefill_attention = None
-    if (prefill_attention is not None and prefill_attention_choice == "auto" and prefill_math.bf16_products
-            and variant != PORTABLE):
-        try:  # bf16 like the GEMMs over blocks (quality: docs/performance.md, "Prefill attention on AMX tiles")
-            bf16_prefill_attention = cpu_prefill_attention.load_amx(build_dir, compiler)
-        except NativeUnavailable as error:
-            fallbacks.append(f"bf16 prefill attention off ({error}): the float32 C kernel")
     if prefill_attention is not None and not prefill_attention.fits(config.num_heads, config.num_kv_heads,
                                                                     config.head_dim):
         prefill_attention = None
         fallbacks.append("C prefill attention off (the model's heads are outside its limits): SDPA over gathered K/V")
     elif prefill_attention is not None and prefill_attention.instruction_set == PORTABLE and variant != PORTABLE:
         fallbacks.append(f"C prefill attention: the portable build (no {variant} build here)")
+    bf16_prefill_attention = None
+    if (prefill_attention is not None and prefill_attention_choice == "auto" and prefill_math.bf16_products
+            and variant != PORTABLE):
+        try:  # bf16 like the GEMMs over blocks (quality: docs/performance.md, "Prefill attention on AMX tiles in bf16")
+            bf16_prefill_attention = cpu_prefill_attention.load_amx(build_dir, compiler)
+        except NativeUnavailable as error:
+            fallbacks.append(f"bf16 prefill attention off ({error}): the float32 C kernel")
     # what each loaded library was built as (the decode kernels are AVX2 code on an AVX-512 machine too)
     loaded = (("int8 GEMM", "gemm_q8", gemm_q8), ("matvec", "matvec", matvec), ("decode ops", "decode_ops", ops))
     builds = ", ".join(f"{label} {library_variant(library, variant)}" for label, library, kernels in loaded

@@ -157,6 +157,17 @@ def test_layers_prefill_outputs_reuse_one_buffer_a_role_during_a_forward_only(bu
         assert linears["lm_head"](x).data_ptr() != first.data_ptr()
 
 
+def test_heads_outside_the_prefill_kernels_limits_get_sdpa_in_every_build(build_dir):
+    """A head_dim the C prefill kernel cannot take (not a multiple of 8): SDPA, and no AMX build either."""
+    import dataclasses
+
+    config = dataclasses.replace(CONFIG, head_dim=12)
+    for prefill_dtype in ("float32", "auto"):
+        ops = select_backend("cpu", torch.float32, config, "cpu", build_dir=build_dir, prefill_dtype=prefill_dtype)
+        assert ops.prefill_attention is None and ops.bf16_prefill_attention is None
+        assert "C prefill attention off (the model's heads are outside its limits)" in ops.describe()
+
+
 def test_measured_limits_are_candidates_and_reported(build_dir):
     ops = _backend("cpu", build_dir, crossover="measure")
     if ops.matvec is None:
