@@ -129,9 +129,10 @@ class EngineConfig:
     # products")
     prefill_dtype: str = "auto"
     # cpu: prefill attention on the C kernel over pages where it runs ("auto": on AMX in bf16 where the model's
-    # projections prefill over blocks in bf16 products, top-1 agreement with float32 in docs/performance.md, "Prefill attention on AMX"),
-    # its float32 builds ("float32"), or torch's SDPA over gathered K/V ("sdpa") (the last two: the comparisons
-    # bench/prefill_attention_bench.py makes) (model.backends.PREFILL_ATTENTION_CHOICES)
+    # projections prefill over blocks in bf16 products; top-1 agreement with float32 in docs/performance.md,
+    # "Prefill attention on AMX tiles in bf16"), its float32 builds ("float32"), or torch's SDPA over gathered
+    # K/V ("sdpa") (the last two: the comparisons bench/prefill_attention_bench.py makes)
+    # (model.backends.PREFILL_ATTENTION_CHOICES)
     prefill_attention: str = "auto"
     # Each feature's settings, in its own file (flags derived from their fields: server/config_flags.py)
     kv_disk: KVDiskConfig = KVDiskConfig()  # the disk tier of KV pages (engine/kv_disk_config.py)

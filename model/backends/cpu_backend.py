@@ -51,7 +51,7 @@ from kernels.packed_linear import pack_weight, packed_linear
 from kernels.paged_attention import paged_attention
 from model.backends.base import BackendPlan, LayersFn, LinearPlan, StepPolicy
 from model.backends.cpu_linear import (FLOAT32_MATH, BlockEmbedding, BlockLinear, CpuLinear, PrefillLinear,
-                                      PrefillMath, PrefillOutputs, StepRows, joined_products)
+                                      PrefillMath, PrefillOutputs, StepRows, into, joined_products)
 from model.backends.crossover import measure_crossover
 from model.backends.decode_programs import DecodePrograms
 from model.backends.torch_backend import TorchBackend
@@ -133,7 +133,6 @@ class CpuBackend(TorchBackend):
         self.prefill_attention = prefill_attention  # the C prefill attention kernel; None: SDPA
         # its AMX build in bf16: what prefill_attention becomes for a model whose projections prefill over blocks
         # in bf16 products (prepare); a float32 model's GEMMs stay float32, so does its attention
-        self.float_prefill_attention = prefill_attention
         self.bf16_prefill_attention = bf16_prefill_attention
         # Weights kept as blocks need the block kernels (any CPU with a C compiler: the portable
         # build where AVX2 is missing); without them the loader dequantizes the blocks at load.
@@ -212,9 +211,7 @@ class CpuBackend(TorchBackend):
         if self.decode_activations == "int16":
             return self.block_kernels.matmul_q16(x, part, out)  # every format (float ones run float32)
         if self.matvec is not None and part.format in MATVEC_FORMATS:
-            # the tuned Q4_1 / Q8_0 kernel (kernels/csrc/matvec.c)
-            result = self.matvec.matmul_blocks(x, part)
-            return result if out is None else out.copy_(result)
+            return into(out, self.matvec.matmul_blocks(x, part))  # the tuned Q4_1 / Q8_0 kernel (csrc/matvec.c)
         return self.block_kernels.matmul(x, part, out)
 
     def _make_block_linear(self, name: str, layer: nn.Module, parts: list[BlockWeight]) -> nn.Module:
@@ -274,9 +271,8 @@ class CpuBackend(TorchBackend):
         projection_bytes = sum(self._prefill_math_of(name).dtype.itemsize * part.rows * part.cols
                                for name, parts in blocks.items() if name != "embed_tokens" for part in parts)
         self._float_prefill = 0 < projection_bytes <= self.float_prefill_max_bytes
-        bf16_projections = self.prefill_math.bf16_products and projection_bytes > 0
-        self.prefill_attention = (self.bf16_prefill_attention if bf16_projections and self.bf16_prefill_attention
-                                  else self.float_prefill_attention)
+        if self.bf16_prefill_attention is not None and self.prefill_math.bf16_products and projection_bytes:
+            self.prefill_attention = self.bf16_prefill_attention
         super().prepare(model, blocks)
         if self.ops is not None:
             for module in model.modules():
@@ -301,8 +297,7 @@ class CpuBackend(TorchBackend):
         return joined_products(x, parts, self._few_rows_over_blocks)
 
     def _int8_product(self, x: Tensor, part, out: Tensor | None = None) -> Tensor:
-        result = self.gemm_q8(x, part)
-        return result if out is None else out.copy_(result)
+        return into(out, self.gemm_q8(x, part))
 
     def _embedding_shares(self, parts: list[BlockWeight]) -> bool:
         return self._embedding_table is not None and parts[0] is self._embedding_table

@@ -200,8 +200,6 @@ class BlockLinear(PrefillLinear):
         tile_rows = max(1, min(part.rows, TILE_WEIGHTS // part.cols))
         tile = torch.empty((tile_rows, part.cols), dtype=x.dtype)  # dequantized straight to x's dtype by C
         float_product = x.dtype == torch.float32  # else bf16 tensors, whose product is bf16: copied into float32
-        if out is None and tile_rows == part.rows and float_product:  # one tile: its product is the output
-            return torch.mm(x, self.dequantize_rows(part, first=0, count=part.rows, out=tile).T)
         if out is None:
             out = torch.empty((x.shape[0], part.rows), dtype=torch.float32)
         for first in range(0, part.rows, tile_rows):
@@ -210,8 +208,13 @@ class BlockLinear(PrefillLinear):
             if float_product:  # written in place: the same bits as a copy of its product, ~18% faster
                 torch.mm(x, weights.T, out=out[:, first:first + count])
             else:
-                out[:, first:first + count].copy_(torch.mm(x, weights.T))
+                into(out[:, first:first + count], torch.mm(x, weights.T))
         return out
+
+
+def into(out: Tensor | None, result: Tensor) -> Tensor:
+    """result, copied into `out` when one is given (a product whose kernel has no output argument)."""
+    return result if out is None else out.copy_(result)
 
 
 def joined_products(x: Tensor, parts: list, product: Callable[..., Tensor], out: Tensor | None = None) -> Tensor:
