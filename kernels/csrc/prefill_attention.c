@@ -273,24 +273,25 @@ static void locate_tile(const prefill_job* j, const int64_t* pages, int64_t kvh,
   }
 }
 
-/* The scores st (n keys from k0, Mp lanes) soft-capped, then masked: -inf where a lane cannot see the key
-   (causal, the window), unless every row of the item sees every key of the tile (padding lanes, whose
-   results are never read, then keep their scores). p_first, p_last: the positions of the item's first and last rows. */
-static void mask_scores(const prefill_job* j, const scratch* sc, int64_t k0, int64_t n, int64_t M, int64_t Mp,
+/* The scores st (n keys from k0, `lanes` lanes a row, their positions pos) soft-capped, then masked: -inf
+   where a lane cannot see the key (causal, the window), unless every row of the item sees every key of the
+   tile (padding lanes, whose results are never read, then keep their scores). p_first, p_last: the
+   positions of the item's first and last rows. */
+static void mask_scores(const prefill_job* j, float* st, const int32_t* pos_of, int64_t lanes, int64_t k0, int64_t n,
                         int64_t p_first, int64_t p_last) {
   const int64_t W = j->window;
   if (j->softcap > 0.0f)
     for (int64_t t2 = 0; t2 < n; t2++)
-      for (int64_t m = 0; m < Mp; m++) sc->st[t2 * Mp + m] = j->softcap * tanhf(sc->st[t2 * Mp + m] / j->softcap);
+      for (int64_t m = 0; m < lanes; m++) st[t2 * lanes + m] = j->softcap * tanhf(st[t2 * lanes + m] / j->softcap);
   const int is_full = k0 + n - 1 <= p_first && (W == 0 || k0 > p_last - W);
   if (!is_full)
     for (int64_t t2 = 0; t2 < n; t2++) {
       const int32_t key = (int32_t)(k0 + t2);
       const vi vkey = vset1_i(key), vkey_w = vset1_i(W > 0 ? key + (int32_t)W : INT32_MAX);
-      for (int64_t m = 0; m < Mp; m += VW) {
-        const vi pos = vload_i(sc->pos + m);
+      for (int64_t m = 0; m < lanes; m += VW) {
+        const vi pos = vload_i(pos_of + m);
         const vi visible = (pos >= vkey) & (pos < vkey_w); /* key <= pos < key + W */
-        vstore(sc->st + t2 * Mp + m, vselect(visible, vload(sc->st + t2 * Mp + m), vset1(-INFINITY)));
+        vstore(st + t2 * lanes + m, vselect(visible, vload(st + t2 * lanes + m), vset1(-INFINITY)));
       }
     }
 }
@@ -338,7 +339,7 @@ static void attend_tile(const prefill_job* j, const scratch* sc, const float* co
   const int64_t n_up = (n + KR - 1) / KR * KR; /* key rows scored; those past n are never read */
   for (int64_t c0 = 0; c0 < Mp; c0 += LANES)
     for (int64_t j0 = 0; j0 < n_up; j0 += KR) scores_micro(krow + j0, sc->qt, j->D, Mp, c0, j->scale, sc->st + j0 * Mp);
-  mask_scores(j, sc, k0, n, M, Mp, p_first, p_last);
+  mask_scores(j, sc->st, sc->pos, Mp, k0, n, p_first, p_last);
   for (int64_t m = 0; m < Mp; m += VW) {
     const vf m_old = vload(sc->m + m);
     vf m_new = m_old;
@@ -370,10 +371,12 @@ static void attend_tile(const prefill_job* j, const scratch* sc, const float* co
    products on AMX tiles: bf16 inputs (Q, K, P and V rounded to nearest even), float32 accumulation. A tile
    is 16 rows of 64 bytes (16 float32, or 32 bf16); a B operand holds pairs along its K dimension side by
    side (the VNNI layout: B[k / 2][2 n + k % 2]).
-   - S^T (KT x Mp) = K Q^T: A = K (kp x Dk bf16, rows of the tile's keys, Dk = D rounded up to 32, zeros
-     past D), B = qb, Q^T in VNNI (Dk / 2 rows of Mp pairs), made once per item.
-   - O^T (Dp x Mp) = O^T * corr + V^T P^T: A = vt, V^T (Dp x KT bf16), B = pb, P^T in VNNI (KT / 2 rows of
-     Mp pairs), two rows of P^T interleaved.
+   The lanes go through a key tile a slab (SLAB lanes) at a time, each slab's scores, probabilities and O^T
+   laid out on their own (attend_tile):
+   - S^T (KT x SLAB) = K Q^T: A = K (kp x Dk bf16, rows of the tile's keys, Dk = D rounded up to 32, zeros
+     past D), B = the slab's part of qb, Q^T in VNNI (Dk / 2 rows of SLAB pairs a slab), made once per item.
+   - O^T (Dp x SLAB a slab) = O^T * corr + V^T P^T: A = vt, V^T (Dp x KT bf16, once per key tile), B = pb,
+     P^T in VNNI (KT / 2 rows of SLAB pairs), two rows of P^T interleaved.
    Q^T and V^T come from 32-bit transposes of bf16 pairs. Keys past a tile's n are zero rows of K and V and
    0 in P. l sums the P that goes into the product (rounded to bf16), so O / l is a weighted mean of V.
    Every value of a query vector is computed from its own lane alone, in a fixed order: its bits do not
@@ -407,6 +410,9 @@ static const tile_config TILES_16X64 = {
 };
 
 static void configure_tiles(void) { _tile_loadconfig(&TILES_16X64); }
+
+#define SLAB 64 /* query lanes taken through a key tile together: a multiple of LANES (and of 32, two tiles' columns) */
+_Static_assert(SLAB % LANES == 0 && SLAB % 32 == 0, "a slab is whole vectors of lanes and whole tile pairs");
 
 /* 16 floats' bits as bf16 (to nearest even) in the low 16 bits of each 32-bit lane */
 static inline __m512i bf16_lanes(__m512 x) { return _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x)); }
@@ -515,9 +521,32 @@ static void scores_amx(const uint16_t* ka, const uint16_t* qb, int64_t Mp, int64
     }
 }
 
-/* ot (Dp x Mp) += V^T P^T over keys < kp */
+/* ot (Dp x Mp) += V^T P^T over keys < kp: 32 x 32 of ot at a time (four accumulator tiles, one load a
+   product), 16 rows at the end when Dp is an odd number of 16s */
 static void pv_amx(const uint16_t* vt, const uint16_t* pb, int64_t Mp, int64_t Dp, int64_t kp, float* ot) {
-  for (int64_t d0 = 0; d0 < Dp; d0 += 16)
+  int64_t d0 = 0;
+  for (; d0 + 32 <= Dp; d0 += 32)
+    for (int64_t m0 = 0; m0 < Mp; m0 += 32) {
+      _tile_loadd(0, ot + d0 * Mp + m0, Mp * 4);
+      _tile_loadd(1, ot + d0 * Mp + m0 + 16, Mp * 4);
+      _tile_loadd(2, ot + (d0 + 16) * Mp + m0, Mp * 4);
+      _tile_loadd(3, ot + (d0 + 16) * Mp + m0 + 16, Mp * 4);
+      for (int64_t k0 = 0; k0 < kp; k0 += 32) {
+        _tile_loadd(4, vt + d0 * KT + k0, KT * 2);
+        _tile_loadd(5, vt + (d0 + 16) * KT + k0, KT * 2);
+        _tile_loadd(6, pb + (k0 / 2) * (Mp * 2) + m0 * 2, Mp * 4);
+        _tile_loadd(7, pb + (k0 / 2) * (Mp * 2) + (m0 + 16) * 2, Mp * 4);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(0, ot + d0 * Mp + m0, Mp * 4);
+      _tile_stored(1, ot + d0 * Mp + m0 + 16, Mp * 4);
+      _tile_stored(2, ot + (d0 + 16) * Mp + m0, Mp * 4);
+      _tile_stored(3, ot + (d0 + 16) * Mp + m0 + 16, Mp * 4);
+    }
+  if (d0 < Dp)
     for (int64_t m0 = 0; m0 < Mp; m0 += 32) {
       _tile_loadd(0, ot + d0 * Mp + m0, Mp * 4);
       _tile_loadd(1, ot + d0 * Mp + m0 + 16, Mp * 4);
@@ -587,34 +616,46 @@ static void softmax_amx(const float* st, int64_t n, int64_t kp, int64_t Mp, int6
       _mm512_storeu_ps(l + m + c * 16, _mm512_fmadd_ps(_mm512_loadu_ps(l + m + c * 16), corr[c], sum[c]));
       _mm512_storeu_ps(mrun + m + c * 16, m_new[c]);
     }
-    for (int64_t d = 0; d < Dp; d++)
-      for (int c = 0; c < V; c++)
-        _mm512_storeu_ps(ot + d * Mp + m + c * 16, _mm512_mul_ps(_mm512_loadu_ps(ot + d * Mp + m + c * 16), corr[c]));
+    for (int c = 0; c < V; c++) /* (a column whose corr is 1 in every lane, as when no max rose, stays as it is) */
+      if (_mm512_cmp_ps_mask(corr[c], _mm512_set1_ps(1.0f), _CMP_NEQ_UQ))
+        for (int64_t d = 0; d < Dp; d++)
+          _mm512_storeu_ps(ot + d * Mp + m + c * 16, _mm512_mul_ps(_mm512_loadu_ps(ot + d * Mp + m + c * 16), corr[c]));
   }
 }
 
-/* qb = (scale Q)^T in VNNI for the item's query vectors (lane m = r * G + g, as the float32 builds) */
+/* qb = (scale Q)^T in VNNI for the item's query vectors (lane m = r * G + g, as the float32 builds), slab by
+   slab: slab s (lanes s * SLAB ..) at qb + s * SLAB * Dk, Dk / 2 rows of SLAB pairs */
 static void load_queries(const prefill_job* j, const item* it, int64_t M, int64_t Mp, const scratch* sc) {
   const float* qrow[ROW_TILE_M + LANES];
+  const int64_t Dk = (j->D + 31) / 32 * 32;
   for (int64_t m = 0; m < Mp; m++) qrow[m] = m < M ? query_of(j, it, m) : NULL;
-  pack_queries(qrow, j->scale, Mp, j->D, (j->D + 31) / 32 * 32, sc->qb);
+  for (int64_t m0 = 0; m0 < Mp; m0 += SLAB) pack_queries(qrow + m0, j->scale, SLAB, j->D, Dk, sc->qb + m0 * Dk);
 }
 
-/* One key tile: K and V^T in bf16, S^T = K Q^T on tiles, masks, the online softmax (softmax_amx), O^T += V^T P^T
-   on tiles. */
+/* One key tile: K and V^T in bf16 once, then slab by slab of query lanes: S^T = K Q^T on tiles, masks, the
+   online softmax (softmax_amx), O^T += V^T P^T on tiles. A slab's scores, probabilities and O^T (SLAB
+   lanes: 16, 8 and 16 KiB at D = 64) stay in L1 through the four steps, where the whole item's (Mp lanes)
+   went through L2 between them. A slab none of whose lanes sees a key of the tile is skipped: for it the
+   four steps change nothing (corr 1, P 0). */
 static void attend_tile(const prefill_job* j, const scratch* sc, const float* const* krow, const float* const* vrow,
                         int64_t k0, int64_t n, int64_t M, int64_t Mp, int64_t p_first, int64_t p_last) {
-  const int64_t D = j->D, Dp = j->Dp, Dk = (D + 31) / 32 * 32;
+  const int64_t D = j->D, Dp = j->Dp, Dk = (D + 31) / 32 * 32, W = j->window;
   const int64_t kp = (n + 31) / 32 * 32; /* keys in the products; those past n are zero rows */
   pack_keys(krow, kp, D, Dk, sc->ka);
   pack_values(vrow, kp, D, Dp, sc->vt);
-  scores_amx(sc->ka, sc->qb, Mp, Dk, kp, sc->st);
-  mask_scores(j, sc, k0, n, M, Mp, p_first, p_last);
-  softmax_amx(sc->st, n, kp, Mp, Dp, sc->m, sc->l, sc->o, sc->pb);
-  pv_amx(sc->vt, sc->pb, Mp, Dp, kp, sc->o);
+  for (int64_t m0 = 0; m0 < Mp && m0 < M; m0 += SLAB) {
+    const int64_t first_seen = sc->pos[m0], last_seen = sc->pos[(m0 + SLAB < M ? m0 + SLAB : M) - 1];
+    if (last_seen < k0 || (W > 0 && first_seen - W >= k0 + n - 1)) continue; /* lanes' positions increase */
+    float* ot = sc->o + m0 * Dp;
+    scores_amx(sc->ka, sc->qb + m0 * Dk, SLAB, Dk, kp, sc->st);
+    mask_scores(j, sc->st, sc->pos + m0, SLAB, k0, n, p_first, p_last);
+    softmax_amx(sc->st, n, kp, SLAB, Dp, sc->m + m0, sc->l + m0, ot, sc->pb);
+    pv_amx(sc->vt, sc->pb, SLAB, Dp, kp, ot);
+  }
 }
 
-#define O_AT(o, m, d, Mp, Dp) (o)[(d) * (Mp) + (m)] /* O^T is Dp x Mp */
+/* O^T slab by slab: slab s (lanes s * SLAB ..) is Dp x SLAB at o + s * SLAB * Dp */
+#define O_AT(o, m, d, Mp, Dp) (o)[((m) / SLAB * (Dp) + (d)) * SLAB + (m) % SLAB]
 #define BEGIN_THREAD() configure_tiles()
 #define END_THREAD() _tile_release()
 #endif
