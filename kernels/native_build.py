@@ -5,8 +5,8 @@ plain C built without instruction-set flags), built from the sources LIBRARIES
 names (plus the shared headers in csrc): no torch headers, so a build takes
 about a second with the system C compiler. A library is built per kernel
 variant (kernels/cpu_features.py: "avx512_vnni", "avx2") with that variant's -m
-flags; LIBRARY_VARIANTS says which variants it has (most are AVX2 code, the int8
-GEMM and the block kernels have an AVX-512 VNNI one too), and `load_library` builds the best of them at
+flags; LIBRARY_VARIANTS says which variants it has (the matvec kernels are AVX2 code only; the int8
+GEMM, the block kernels, the decode ops and prefill attention have an AVX-512 VNNI build too), and `load_library` builds the best of them at
 or below the variant asked for. A library may need instruction sets beyond its variant's
 (LIBRARY_EXTRA_FLAGS: the AMX build of prefill attention). The library is cached under `build_dir` by the hash of its sources, headers and
 flags and loaded with ctypes. `load_library` raises NativeUnavailable, with the
@@ -45,7 +45,8 @@ LIBRARIES = {
 }
 # library name -> the variants it is written for, best first (default: avx2 only)
 LIBRARY_VARIANTS = {"gemm_q8": ("avx512_vnni", "avx2"), "blocks": ("avx512_vnni", "avx2"),
-                    "prefill_attention": ("avx512_vnni", "avx2"), "prefill_attention_amx": ("avx512_vnni",)}
+                    "decode_ops": ("avx512_vnni", "avx2"), "prefill_attention": ("avx512_vnni", "avx2"),
+                    "prefill_attention_amx": ("avx512_vnni",)}
 # library name -> (the cpuinfo flags, the compiler flags) it needs beyond its variant's
 LIBRARY_EXTRA_FLAGS = {"prefill_attention_amx": (("amx_tile", "amx_bf16", "avx512_bf16"),
                                                  ("-mamx-tile", "-mamx-bf16", "-mavx512bf16"))}

@@ -24,9 +24,27 @@
 
 /* ------------------------------------------------- paged decode attention */
 
-/* acc (nv*8,) = acc * corr + sum_j p[j] * v[offs[j] ...]; nv a constant after inlining */
+/* acc (nv*8,) = acc * corr + sum_j p[j] * v[offs[j] ...]; nv a constant after inlining. Each value is one
+   multiply then one FMA a position, in order, whatever the vector width: the AVX-512 build (16 floats a
+   vector, one of 8 at the end when nv is odd) gives the AVX2 build's bits. */
 static inline __attribute__((always_inline)) void pv_block(float* acc, float corr, const float* p, const float* v,
                                                           const int64_t* offs, int64_t n, const int nv) {
+#if defined(__AVX512F__)
+  const int nz = nv / 2, tail = nv % 2;
+  __m512 z[4];
+  __m256 y = _mm256_setzero_ps();
+  const __m512 cz = _mm512_set1_ps(corr);
+  for (int i = 0; i < nz; i++) z[i] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * i), cz);
+  if (tail) y = _mm256_mul_ps(_mm256_loadu_ps(acc + 16 * nz), _mm256_set1_ps(corr));
+  for (int64_t j = 0; j < n; j++) {
+    const float* vj = v + offs[j];
+    const __m512 pj = _mm512_set1_ps(p[j]);
+    for (int i = 0; i < nz; i++) z[i] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 16 * i), z[i]);
+    if (tail) y = _mm256_fmadd_ps(_mm512_castps512_ps256(pj), _mm256_loadu_ps(vj + 16 * nz), y);
+  }
+  for (int i = 0; i < nz; i++) _mm512_storeu_ps(acc + 16 * i, z[i]);
+  if (tail) _mm256_storeu_ps(acc + 16 * nz, y);
+#else
   __m256 a[8];
   const __m256 c = _mm256_set1_ps(corr);
   for (int i = 0; i < nv; i++) a[i] = _mm256_mul_ps(_mm256_loadu_ps(acc + 8 * i), c);
@@ -36,6 +54,7 @@ static inline __attribute__((always_inline)) void pv_block(float* acc, float cor
     for (int i = 0; i < nv; i++) a[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * i), a[i]);
   }
   for (int i = 0; i < nv; i++) _mm256_storeu_ps(acc + 8 * i, a[i]);
+#endif
 }
 
 /* offs[0..n): cache offsets (in floats) of the rows of the next n positions */
@@ -170,6 +189,7 @@ static void attend_rows(const float* const* q, int64_t R, const int64_t* const* 
   const int is_i8 = k_cache->format == KV_I8 && v_cache->format == KV_I8;
   const int64_t k_row_bytes = row_size * kv_element_size(k_cache->format);
   const int64_t v_row_bytes = row_size * kv_element_size(v_cache->format);
+  const int64_t k_element = kv_element_size(k_cache->format), v_element = kv_element_size(v_cache->format);
   /* offsets (in elements, slot * row_size) of each row's block, computed a block ahead (prefetch) */
   int64_t offs[ATTN_MAX_SHARED_ROWS][ATTN_BLOCK], offs_next[ATTN_MAX_SHARED_ROWS][ATTN_BLOCK];
   int64_t page_index[ATTN_MAX_SHARED_ROWS], in_page[ATTN_MAX_SHARED_ROWS];
@@ -214,10 +234,10 @@ static void attend_rows(const float* const* q, int64_t R, const int64_t* const* 
           !memcmp(offs_next[r], offs_next[prefetcher], (size_t)n_next * sizeof(int64_t)))
         continue;
       prefetcher = r;
-      for (int64_t j = 0; j < n_next; j++) {
-        const int64_t slot = offs_next[r][j] / row_size;
-        for (int64_t b = 0; b < k_row_bytes; b += 64) _mm_prefetch(k_bytes + slot * k_row_bytes + b, _MM_HINT_T0);
-        for (int64_t b = 0; b < v_row_bytes; b += 64) _mm_prefetch(v_bytes + slot * v_row_bytes + b, _MM_HINT_T0);
+      for (int64_t j = 0; j < n_next; j++) { /* offs = slot * row_size: a row's bytes start at offs * element size */
+        const char* k_row = k_bytes + offs_next[r][j] * k_element, *v_row = v_bytes + offs_next[r][j] * v_element;
+        for (int64_t b = 0; b < k_row_bytes; b += 64) _mm_prefetch(k_row + b, _MM_HINT_T0);
+        for (int64_t b = 0; b < v_row_bytes; b += 64) _mm_prefetch(v_row + b, _MM_HINT_T0);
       }
     }
     for (int64_t kvh = 0; kvh < num_kv_heads; kvh++) {

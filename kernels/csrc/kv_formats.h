@@ -78,7 +78,14 @@ static inline void kv_load_head(const kv_pages* pages, int64_t slot, int64_t hea
   } else if (pages->format == KV_BF16) {
     const uint16_t* src = (const uint16_t*)pages->values + at;
 #ifdef __AVX2__
-    for (int64_t d = 0; d < head_dim; d += 8) {
+    int64_t d = 0;
+#ifdef __AVX512F__
+    for (; d + 16 <= head_dim; d += 16) {
+      const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(src + d)));
+      _mm512_storeu_ps(dst + d, _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)));
+    }
+#endif
+    for (; d < head_dim; d += 8) {
       const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(src + d)));
       _mm256_storeu_ps(dst + d, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
     }

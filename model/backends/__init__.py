@@ -106,7 +106,7 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
             bf16_prefill_attention = cpu_prefill_attention.load_amx(build_dir, compiler)
         except NativeUnavailable as error:
             fallbacks.append(f"bf16 prefill attention off ({error}): the float32 C kernel")
-    # what each loaded library was built as (the decode kernels are AVX2 code on an AVX-512 machine too)
+    # what each loaded library was built as (the matvec kernels are AVX2 code on an AVX-512 machine too)
     loaded = (("int8 GEMM", "gemm_q8", gemm_q8), ("matvec", "matvec", matvec), ("decode ops", "decode_ops", ops))
     builds = ", ".join(f"{label} {library_variant(library, variant)}" for label, library, kernels in loaded
                        if kernels is not None)
