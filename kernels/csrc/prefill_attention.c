@@ -496,70 +496,52 @@ static void pack_values(const float* const* vrow, int64_t kp, int64_t D, int64_t
     }
 }
 
-/* st (KT x Mp) = K Q^T over keys < kp (a multiple of 32) */
+/* c (rows x 16 rows x 32 columns of float32, ldc floats apart: tiles 0, 1 its first 16 rows, 2, 3 the next
+   16) = c, or 0 (from_zero), + the sum over `steps` of A B: A two bf16 tiles of 16 rows (4 at a, 5 at a +
+   a_half; rows a_stride bytes apart), B two tiles of 16 pair columns in VNNI (6 at b, 7 at b + 32; rows
+   b_stride bytes apart); each step moves a by a_step and b by b_step. rows: 2, or 1 (tiles 0, 1 alone). */
+static inline __attribute__((always_inline)) void tiles_2x2(float* c, int64_t ldc, int from_zero, int rows,
+                                                           const uint16_t* a, int64_t a_half, int64_t a_stride,
+                                                           int64_t a_step, const uint16_t* b, int64_t b_stride,
+                                                           int64_t b_step, int64_t steps) {
+  float* c_low = c + 16 * ldc;
+  if (from_zero) {
+    _tile_zero(0);
+    _tile_zero(1);
+    if (rows == 2) { _tile_zero(2); _tile_zero(3); }
+  } else {
+    _tile_loadd(0, c, ldc * 4);
+    _tile_loadd(1, c + 16, ldc * 4);
+    if (rows == 2) { _tile_loadd(2, c_low, ldc * 4); _tile_loadd(3, c_low + 16, ldc * 4); }
+  }
+  for (int64_t s = 0; s < steps; s++, a += a_step, b += b_step) {
+    _tile_loadd(4, a, a_stride);
+    if (rows == 2) _tile_loadd(5, a + a_half, a_stride);
+    _tile_loadd(6, b, b_stride);
+    _tile_loadd(7, b + 32, b_stride);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if (rows == 2) { _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7); }
+  }
+  _tile_stored(0, c, ldc * 4);
+  _tile_stored(1, c + 16, ldc * 4);
+  if (rows == 2) { _tile_stored(2, c_low, ldc * 4); _tile_stored(3, c_low + 16, ldc * 4); }
+}
+
+/* st (KT x Mp) = K Q^T over keys < kp (a multiple of 32), 32 x 32 at a time */
 static void scores_amx(const uint16_t* ka, const uint16_t* qb, int64_t Mp, int64_t Dk, int64_t kp, float* st) {
   for (int64_t j0 = 0; j0 < kp; j0 += 32)
-    for (int64_t m0 = 0; m0 < Mp; m0 += 32) {
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
-      for (int64_t d0 = 0; d0 < Dk; d0 += 32) {
-        _tile_loadd(4, ka + j0 * Dk + d0, Dk * 2);
-        _tile_loadd(5, ka + (j0 + 16) * Dk + d0, Dk * 2);
-        _tile_loadd(6, qb + (d0 / 2) * (Mp * 2) + m0 * 2, Mp * 4);
-        _tile_loadd(7, qb + (d0 / 2) * (Mp * 2) + (m0 + 16) * 2, Mp * 4);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-      }
-      _tile_stored(0, st + j0 * Mp + m0, Mp * 4);
-      _tile_stored(1, st + j0 * Mp + m0 + 16, Mp * 4);
-      _tile_stored(2, st + (j0 + 16) * Mp + m0, Mp * 4);
-      _tile_stored(3, st + (j0 + 16) * Mp + m0 + 16, Mp * 4);
-    }
+    for (int64_t m0 = 0; m0 < Mp; m0 += 32)
+      tiles_2x2(st + j0 * Mp + m0, Mp, 1, 2, ka + j0 * Dk, 16 * Dk, Dk * 2, 32, qb + m0 * 2, Mp * 4, 32 * Mp, Dk / 32);
 }
 
 /* ot (Dp x Mp) += V^T P^T over keys < kp: 32 x 32 of ot at a time (four accumulator tiles, one load a
    product), 16 rows at the end when Dp is an odd number of 16s */
 static void pv_amx(const uint16_t* vt, const uint16_t* pb, int64_t Mp, int64_t Dp, int64_t kp, float* ot) {
-  int64_t d0 = 0;
-  for (; d0 + 32 <= Dp; d0 += 32)
-    for (int64_t m0 = 0; m0 < Mp; m0 += 32) {
-      _tile_loadd(0, ot + d0 * Mp + m0, Mp * 4);
-      _tile_loadd(1, ot + d0 * Mp + m0 + 16, Mp * 4);
-      _tile_loadd(2, ot + (d0 + 16) * Mp + m0, Mp * 4);
-      _tile_loadd(3, ot + (d0 + 16) * Mp + m0 + 16, Mp * 4);
-      for (int64_t k0 = 0; k0 < kp; k0 += 32) {
-        _tile_loadd(4, vt + d0 * KT + k0, KT * 2);
-        _tile_loadd(5, vt + (d0 + 16) * KT + k0, KT * 2);
-        _tile_loadd(6, pb + (k0 / 2) * (Mp * 2) + m0 * 2, Mp * 4);
-        _tile_loadd(7, pb + (k0 / 2) * (Mp * 2) + (m0 + 16) * 2, Mp * 4);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-      }
-      _tile_stored(0, ot + d0 * Mp + m0, Mp * 4);
-      _tile_stored(1, ot + d0 * Mp + m0 + 16, Mp * 4);
-      _tile_stored(2, ot + (d0 + 16) * Mp + m0, Mp * 4);
-      _tile_stored(3, ot + (d0 + 16) * Mp + m0 + 16, Mp * 4);
-    }
-  if (d0 < Dp)
-    for (int64_t m0 = 0; m0 < Mp; m0 += 32) {
-      _tile_loadd(0, ot + d0 * Mp + m0, Mp * 4);
-      _tile_loadd(1, ot + d0 * Mp + m0 + 16, Mp * 4);
-      for (int64_t k0 = 0; k0 < kp; k0 += 32) {
-        _tile_loadd(4, vt + d0 * KT + k0, KT * 2);
-        _tile_loadd(6, pb + (k0 / 2) * (Mp * 2) + m0 * 2, Mp * 4);
-        _tile_loadd(7, pb + (k0 / 2) * (Mp * 2) + (m0 + 16) * 2, Mp * 4);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-      }
-      _tile_stored(0, ot + d0 * Mp + m0, Mp * 4);
-      _tile_stored(1, ot + d0 * Mp + m0 + 16, Mp * 4);
-    }
+  for (int64_t d0 = 0; d0 < Dp; d0 += 32)
+    for (int64_t m0 = 0; m0 < Mp; m0 += 32)
+      tiles_2x2(ot + d0 * Mp + m0, Mp, 0, Dp - d0 >= 32 ? 2 : 1, vt + d0 * KT, 16 * KT, KT * 2, 32, pb + m0 * 2, Mp * 4,
+                32 * Mp, kp / 32);
 }
 
 /* exp(x) for x <= 0 to about 1e-4 relative (what bf16's 2^-9 rounding of P needs): 2^t, t = x log2(e) =
