@@ -56,11 +56,17 @@ class CpuPrefillAttention:
     """The loaded kernel. Thread count: torch's (`torch.get_num_threads()`), read on every call;
     small work runs on the calling thread."""
 
-    def __init__(self, library: ctypes.CDLL, instruction_set: str):
+    def __init__(self, library: ctypes.CDLL, instruction_set: str, arithmetic: str = ""):
         self.instruction_set = instruction_set  # "amx_bf16", "avx512_vnni", "avx2" or "portable"
+        # how it multiplies, where that is not float32 throughout (the AMX build's bf16 products)
+        self.arithmetic = arithmetic
         self._attention = library.paged_prefill_attention_packed
         self._attention.argtypes = [ctypes.c_char_p]
         self._attention.restype = ctypes.c_int64
+
+    def describe(self) -> str:
+        """The build, and its arithmetic where that is not float32 throughout."""
+        return f"{self.instruction_set}: {self.arithmetic}" if self.arithmetic else self.instruction_set
 
     @staticmethod
     def fits(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
@@ -129,4 +135,4 @@ def load_amx(build_dir: Path, compiler: str | None = FIND_COMPILER) -> CpuPrefil
     ready.argtypes, ready.restype = [], ctypes.c_int64
     if ready() != 0:
         raise NativeUnavailable("prefill_attention_amx: Linux did not grant the AMX tile state (arch_prctl)")
-    return CpuPrefillAttention(library, AMX_BF16)
+    return CpuPrefillAttention(library, AMX_BF16, "bf16 products on AMX tiles, float32 softmax")

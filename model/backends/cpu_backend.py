@@ -42,7 +42,7 @@ from kernels.attention_inputs import AttentionInputs
 from kernels.attention_plan import AttentionPolicy
 from kernels.cpu_decode_ops import CpuDecodeOps
 from kernels.cpu_gemm_q8 import CpuGemmQ8
-from kernels.cpu_prefill_attention import AMX_BF16, CpuPrefillAttention
+from kernels.cpu_prefill_attention import CpuPrefillAttention
 from kernels.block_formats import BlockWeight
 from kernels.block_matmul import BlockKernels
 from kernels.cpu_matvec import BLOCKS_MAX_ROWS, MATVEC_FORMATS, CpuMatvec
@@ -369,9 +369,7 @@ class CpuBackend(TorchBackend):
             row_ops="fused C kernels" if self.ops is not None else "torch ops",
             decode_attention=("fused C kernel over pages" if self.ops is not None
                               else "SDPA in length-sorted chunks"),
-            prefill_attention=(f"C kernel over pages ({self.prefill_attention.instruction_set}"
-                               + (": bf16 products on AMX tiles, float32 softmax)"
-                                  if self.prefill_attention.instruction_set == AMX_BF16 else ")")
+            prefill_attention=(f"C kernel over pages ({self.prefill_attention.describe()})"
                                if self.prefill_attention is not None else "SDPA over gathered K/V"),
             fallbacks=self.fallbacks, notes=notes)
 
