@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 
 from kernels.attention_inputs import slot_ids_of
+from kernels.kv_format import KVPages
 
 
 def seeded(*seed) -> torch.Generator:
@@ -30,3 +31,10 @@ def lay_out(seqs, page_size: int, num_pages: int, gen: torch.Generator,
         write(torch.tensor(slots), context_len)
         new_slots += slots[context_len - query_len:]
     return page_ids, new_slots
+
+
+def as_format(cache: torch.Tensor, kv_dtype: str) -> KVPages:
+    """float32 pages (num_pages, page_size, KVH, D) stored in the KV format `kv_dtype` (kernels/kv_format.py)."""
+    pages = KVPages.zeros(kv_dtype, tuple(cache.shape), "cpu")
+    pages.store(torch.arange(cache.shape[0] * cache.shape[1]), cache.view(-1, *cache.shape[2:]))
+    return pages

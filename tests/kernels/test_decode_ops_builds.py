@@ -2,8 +2,6 @@
 products and bf16 reads, row_ops.c compiled with AVX-512): the AVX2 build is the one the other kernel tests
 check against torch, so equal bits carry their checks over."""
 
-import zlib
-
 import pytest
 import torch
 
@@ -11,6 +9,7 @@ from kernels import cpu_decode_ops
 from kernels.cpu_features import VARIANTS, this_cpu
 from kernels.kv_format import KVPages
 from kernels.native_build import NativeUnavailable
+from tests.kernels.paged_layout import as_format, seeded
 
 AVX512 = "avx512_vnni"
 
@@ -20,21 +19,9 @@ def builds(tmp_path_factory):
     if not this_cpu().has(*VARIANTS[AVX512][0]):
         pytest.skip(f"this CPU has no {AVX512} build to compare")
     try:
-        return {variant: cpu_decode_ops.load(tmp_path_factory.mktemp(variant), variant=variant)
-                for variant in (AVX512, "avx2")}
+        return [cpu_decode_ops.load(tmp_path_factory.mktemp(variant), variant=variant) for variant in (AVX512, "avx2")]
     except NativeUnavailable as error:
         pytest.skip(str(error))
-
-
-def _gen(*seed):
-    return torch.Generator().manual_seed(zlib.crc32(repr(seed).encode()))
-
-
-def _pages(kv_dtype, num_pages, page_size, num_kv_heads, head_dim, gen):
-    pages = KVPages.zeros(kv_dtype, (num_pages, page_size, num_kv_heads, head_dim), "cpu")
-    pages.store(torch.arange(num_pages * page_size), 2 * torch.randn(num_pages * page_size, num_kv_heads, head_dim,
-                                                                     generator=gen))
-    return pages
 
 
 # (H, KVH, D): D = 40 and 72 leave a vector of 8 past the AVX-512 build's vectors of 16
@@ -44,43 +31,28 @@ HEADS = [(9, 3, 64), (4, 2, 40), (8, 2, 72), (2, 1, 128)]
 @pytest.mark.parametrize("num_heads, num_kv_heads, head_dim", HEADS)
 @pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16", "int8"])
 @pytest.mark.parametrize("window, softcap", [(None, None), (100, 30.0)])
-@pytest.mark.parametrize("threads", [1, 2])
-def test_decode_attention_is_the_same_bits_in_both_builds(builds, num_heads, num_kv_heads, head_dim, kv_dtype,
-                                                          window, softcap, threads):
-    gen = _gen(num_heads, num_kv_heads, head_dim, kv_dtype, window, softcap)
-    page_size, contexts = 16, [1, 17, 700, 64, 2100, 700]
-    num_pages = sum((c + page_size - 1) // page_size for c in contexts) + 2
-    k_cache, v_cache = (_pages(kv_dtype, num_pages, page_size, num_kv_heads, head_dim, gen) for _ in range(2))
-    order = torch.randperm(num_pages, generator=gen).tolist()
-    tables, at = [], 0
-    for context in contexts[:-1]:
-        count = (context + page_size - 1) // page_size
-        tables.append(order[at:at + count])
-        at += count
-    tables.append(tables[2])  # the last sequence shares the third one's pages: rows over one prefix
-    page_table = torch.zeros(len(tables), max(map(len, tables)), dtype=torch.int64)
-    for row, table in enumerate(tables):
-        page_table[row, :len(table)] = torch.tensor(table)
-    context_lens, rows = torch.tensor(contexts), torch.arange(len(contexts))
-    q = torch.randn(len(contexts), num_heads, head_dim, generator=gen)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        outs = []
-        for ops in builds.values():
-            out = torch.full_like(q, float("nan"))
-            ops.paged_decode_attention(q, k_cache, v_cache, page_table, context_lens, rows, head_dim ** -0.5, out,
-                                       window=window, softcap=softcap)
-            outs.append(out)
-    finally:
-        torch.set_num_threads(before)
+def test_decode_attention_is_the_same_bits_in_both_builds(builds, decode_case, num_threads, num_heads, num_kv_heads,
+                                                          head_dim, kv_dtype, window, softcap):
+    contexts = [1, 17, 700, 64, 2100]
+    q, k_cache, v_cache, inputs, scale, _ = decode_case(contexts, 16, num_heads, num_kv_heads, head_dim)
+    k_pages, v_pages = as_format(k_cache, kv_dtype), as_format(v_cache, kv_dtype)
+    # one more row over the third sequence's pages: rows of a batch over one prefix
+    page_table = torch.cat([inputs.page_table, inputs.page_table[2:3]])
+    context_lens = torch.tensor([*contexts, contexts[2]])
+    q = torch.cat([q, q[:1]])
+    outs = []
+    for ops in builds:
+        out = torch.full_like(q, float("nan"))
+        ops.paged_decode_attention(q, k_pages, v_pages, page_table, context_lens, torch.arange(q.shape[0]), scale, out,
+                                   window=window, softcap=softcap)
+        outs.append(out)
     assert not outs[0].isnan().any()
     assert torch.equal(outs[0], outs[1])
 
 
 @pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16", "int8"])
 def test_row_ops_are_the_same_bits_in_both_builds(builds, kv_dtype):
-    gen = _gen("rows", kv_dtype)
+    gen = seeded("rows", kv_dtype)
     rows, hidden, inter, num_heads, num_kv_heads, head_dim = 5, 576, 1536, 9, 3, 64
     x, residual = torch.randn(rows, hidden, generator=gen) * 3, torch.randn(rows, hidden, generator=gen)
     weight = torch.randn(hidden, generator=gen)
@@ -89,7 +61,7 @@ def test_row_ops_are_the_same_bits_in_both_builds(builds, kv_dtype):
     cos, sin = torch.randn(rows, head_dim, generator=gen), torch.randn(rows, head_dim, generator=gen)
     q_weight, k_weight = torch.randn(head_dim, generator=gen), torch.randn(head_dim, generator=gen)
     results = []
-    for ops in builds.values():
+    for ops in builds:
         own_residual, own_qkv = residual.clone(), qkv.clone()
         k_cache, v_cache = (KVPages.zeros(kv_dtype, (2, 16, num_kv_heads, head_dim), "cpu") for _ in range(2))
         normed = ops.add_rms_norm(own_residual, x, weight, 1e-5)

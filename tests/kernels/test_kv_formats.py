@@ -20,7 +20,7 @@ from kernels.kv_format import (C_KV_DTYPES, FLOAT8_MAX, KV_DTYPES, UNOFFERED_KV_
                                dequantize, quantize)
 from kernels.paged_attention import paged_attention, paged_attention_reference, store_kv
 from kernels.rotary import RotaryEmbedding
-from tests.kernels.paged_layout import lay_out, seeded
+from tests.kernels.paged_layout import as_format, lay_out, seeded
 
 FORMAT_TOLERANCE = {"float32": 1e-5, "bfloat16": 3e-2, "int8": 5e-2, "float8": 2.5e-1}
 FUSED = AttentionPolicy(64, 16, fused_decode=True, max_rows_as_decode=4)
@@ -41,12 +41,6 @@ def _case(seqs, page_size=4, num_kv_heads=2, group=3, head_dim=32, seed=0):
     inputs = AttentionInputs.build(new_slots, [q for _, q in seqs], [c for c, _ in seqs], page_ids, "cpu")
     q = torch.randn(inputs.num_tokens, num_kv_heads * group, head_dim, generator=gen) * 2
     return q, k_cache, v_cache, inputs
-
-
-def _as_format(cache: torch.Tensor, kv_dtype: str) -> KVPages:
-    pages = KVPages.zeros(kv_dtype, tuple(cache.shape), "cpu")
-    pages.store(torch.arange(cache.shape[0] * cache.shape[1]), cache.view(-1, *cache.shape[2:]))
-    return pages
 
 
 def _dequantized(pages: KVPages) -> torch.Tensor:
@@ -122,7 +116,7 @@ def test_attention_over_each_format_matches_float32(kv_dtype, window, softcap, p
     q, k_cache, v_cache, inputs = _case(SEQS, seed=len(kv_dtype))
     scale = q.shape[-1] ** -0.5
     expected = paged_attention_reference(q, k_cache, v_cache, inputs, scale, window=window, softcap=softcap)
-    k_pages, v_pages = _as_format(k_cache, kv_dtype), _as_format(v_cache, kv_dtype)
+    k_pages, v_pages = as_format(k_cache, kv_dtype), as_format(v_cache, kv_dtype)
     if path == "reference":
         got = paged_attention_reference(q, k_pages, v_pages, inputs, scale, window=window, softcap=softcap)
     elif path == "torch":
@@ -142,7 +136,7 @@ def test_attention_over_float8_matches_float32(window, softcap, path):
     q, k_cache, v_cache, inputs = _case(SEQS, seed=6)
     scale = q.shape[-1] ** -0.5
     expected = paged_attention_reference(q, k_cache, v_cache, inputs, scale, window=window, softcap=softcap)
-    k_pages, v_pages = _as_format(k_cache, "float8"), _as_format(v_cache, "float8")
+    k_pages, v_pages = as_format(k_cache, "float8"), as_format(v_cache, "float8")
     if path == "reference":
         got = paged_attention_reference(q, k_pages, v_pages, inputs, scale, window=window, softcap=softcap)
     else:
@@ -162,7 +156,7 @@ def _assert_format_error_alone(got, q, k_pages, v_pages, inputs, scale, window, 
 def test_k_and_v_in_different_formats_with_float8_on_the_torch_path(k_dtype, v_dtype):
     q, k_cache, v_cache, inputs = _case(SEQS, seed=8)
     scale = q.shape[-1] ** -0.5
-    k_pages, v_pages = _as_format(k_cache, k_dtype), _as_format(v_cache, v_dtype)
+    k_pages, v_pages = as_format(k_cache, k_dtype), as_format(v_cache, v_dtype)
     got = paged_attention(q, k_pages, v_pages, inputs, scale, CPU_ATTENTION)
     expected = paged_attention_reference(q, _dequantized(k_pages), _dequantized(v_pages), inputs, scale)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
@@ -174,7 +168,7 @@ def test_the_c_kernels_refuse_float8_pages_by_name(ops):
     assert "float8" in UNOFFERED_KV_DTYPES and "float8" not in C_KV_DTYPES
     q, k_cache, v_cache, inputs = _case(SEQS, seed=9)
     with pytest.raises(ValueError, match="float8"):
-        paged_attention(q, _as_format(k_cache, "float8"), _as_format(v_cache, "int8"), inputs, q.shape[-1] ** -0.5,
+        paged_attention(q, as_format(k_cache, "float8"), as_format(v_cache, "int8"), inputs, q.shape[-1] ** -0.5,
                         FUSED, ops)
 
 
@@ -182,7 +176,7 @@ def test_the_c_kernels_refuse_float8_pages_by_name(ops):
 def test_k_and_v_in_different_formats(ops, k_dtype, v_dtype):
     q, k_cache, v_cache, inputs = _case(SEQS, seed=7)
     scale = q.shape[-1] ** -0.5
-    k_pages, v_pages = _as_format(k_cache, k_dtype), _as_format(v_cache, v_dtype)
+    k_pages, v_pages = as_format(k_cache, k_dtype), as_format(v_cache, v_dtype)
     expected = paged_attention_reference(q, _dequantized(k_pages), _dequantized(v_pages), inputs, scale)
     for got in (paged_attention(q, k_pages, v_pages, inputs, scale, CPU_ATTENTION),
                 paged_attention(q, k_pages, v_pages, inputs, scale, FUSED, ops)):
@@ -198,7 +192,7 @@ def test_the_c_kernel_over_long_quantized_contexts(ops, kv_dtype, head_dim, num_
     q, k_cache, v_cache, inputs = _case([(701, 1), (333, 1), (1, 1), (130, 3)], page_size=16, num_kv_heads=3,
                                         group=3, head_dim=head_dim, seed=head_dim)
     scale = head_dim ** -0.5
-    k_pages, v_pages = _as_format(k_cache, kv_dtype), _as_format(v_cache, kv_dtype)
+    k_pages, v_pages = as_format(k_cache, kv_dtype), as_format(v_cache, kv_dtype)
     got = paged_attention(q, k_pages, v_pages, inputs, scale, FUSED, ops)
     exact = paged_attention_reference(q, _dequantized(k_pages), _dequantized(v_pages), inputs, scale)
     torch.testing.assert_close(got, exact, atol=1e-5, rtol=1e-5)
@@ -267,8 +261,8 @@ def test_the_c_kernel_over_a_prefix_shared_by_the_batch(ops, k_dtype, v_dtype, w
         next_page += count
     page_table[5] = page_table[2]  # the same context and pages twice
     shape = (num_pages, page_size, num_kv_heads, head_dim)
-    k_pages = _as_format(torch.randn(shape, generator=gen), k_dtype)
-    v_pages = _as_format(torch.randn(shape, generator=gen), v_dtype)
+    k_pages = as_format(torch.randn(shape, generator=gen), k_dtype)
+    v_pages = as_format(torch.randn(shape, generator=gen), v_dtype)
     q = torch.randn(len(context_lens), num_kv_heads * group, head_dim, generator=gen) * 2
     context = torch.tensor(context_lens)
     scale = head_dim ** -0.5
