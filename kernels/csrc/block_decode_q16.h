@@ -9,9 +9,10 @@
    32); ml is 0 for the symmetric formats, -m for Q4_1 / Q5_1. With |q_j| <= 4096 and int16
    activations (|x| <= 32767), a pair of products and the sum of a group's 16 pairs fit in int32.
 
-   Q4_K and Q6_K are decoded to BYTES instead (k_group_bytes_*): Q4_K's nibbles (0..15) and Q6_K's
-   unsigned 6-bit values u (0..63, the weight is u - 32, its per-16 sub-scale stays outside, in the
-   float scale), for block_matmul_q16.c's byte products (x split into a low and a high byte).
+   Q4_K, Q6_K and Q4_1 are decoded to BYTES instead (group_bytes_scalar, *_pair_bytes_*): Q4_K's and
+   Q4_1's nibbles (0..15) and Q6_K's unsigned 6-bit values u (0..63, the weight is u - 32, its per-16
+   sub-scale stays outside, in the float scale), for block_matmul_q16.c's byte products (x split into a
+   low and a high byte).
 
    The 32-weight formats decode a block's scales with its group (decode_group_q16_*); a K-quant
    block's scales and mins are decoded once for its 8 groups (k_block_factors; k_block_scales_avx2
@@ -104,11 +105,14 @@ static inline void decode_k_group_q16_scalar(int code, const uint8_t* b, int g, 
   }
 }
 
-/* The 32 bytes of group g of a Q4_K block (its nibbles, 0..15) or of a Q6_K block (its unsigned
-   6-bit values u, 0..63: the weight before the sub-scale is u - 32). */
-static inline void k_group_bytes_scalar(int code, const uint8_t* b, int g, uint8_t* u) {
+/* The 32 bytes of group g of a Q4_K block (its nibbles, 0..15), of a Q4_1 block (g = 0: its
+   nibbles, the low ones then the high) or of a Q6_K block (its unsigned 6-bit values u, 0..63: the
+   weight before the sub-scale is u - 32). */
+static inline void group_bytes_scalar(int code, const uint8_t* b, int g, uint8_t* u) {
   for (int j = 0; j < 32; j++) {
-    if (code == FORMAT_Q4_K) {
+    if (code == FORMAT_Q4_1) {
+      u[j] = j < 16 ? b[8 + j] & 0x0F : b[8 + j - 16] >> 4;
+    } else if (code == FORMAT_Q4_K) {
       u[j] = (b[16 + 32 * (g / 2) + j] >> (4 * (g % 2))) & 0x0F;
     } else {
       int h = g / 4, r = g % 4;
@@ -245,7 +249,7 @@ static inline __attribute__((always_inline)) void decode_k_group_q16_avx2(const 
   }
 }
 
-/* k_group_bytes_scalar's bytes of Q4_K groups 2t (q[0]) and 2t + 1 (q[1]): the low and the high
+/* group_bytes_scalar's bytes of Q4_K groups 2t (q[0]) and 2t + 1 (q[1]): the low and the high
    nibbles of qs[32t .. 32t + 31] */
 static inline __attribute__((always_inline)) void q4_k_pair_bytes_avx2(const uint8_t* b, int t, __m256i q[2]) {
   __m256i raw = load256(b + 16 + 32 * t);
@@ -253,7 +257,7 @@ static inline __attribute__((always_inline)) void q4_k_pair_bytes_avx2(const uin
   q[1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
 }
 
-/* k_group_bytes_scalar's bytes u of Q6_K group g (h = g / 4, r = g % 4): low 4 bits from
+/* group_bytes_scalar's bytes u of Q6_K group g (h = g / 4, r = g % 4): low 4 bits from
    ql[64 h + 32 (r % 2) + j] (nibble r / 2), high 2 bits from qh[32 h + j] >> 2r */
 static inline __attribute__((always_inline)) __m256i q6_k_group_bytes_avx2(const uint8_t* b, int g) {
   const int h = g / 4, r = g % 4;
@@ -310,7 +314,7 @@ static inline __attribute__((always_inline)) void k_block_scales_avx2(const int 
 
 #if defined(__AVX512BW__) && defined(__AVX512VNNI__)
 /* Two consecutive 32-groups of a row in one __m512i: for Q4_K and Q6_K their bytes (group 2t in
-   bytes 0..31, 2t + 1 in 32..63, k_group_bytes_scalar's values), for Q8_0 as 64 int16 in two
+   bytes 0..31, 2t + 1 in 32..63, group_bytes_scalar's values), for Q8_0 as 64 int16 in two
    __m512i laid out so that one zmm accumulator holds the AVX2 build's even accumulator (group g,
    lanes 0..7) and its odd one (group h = g + 1, lanes 8..15) with the same int32 lanes:
 
@@ -354,6 +358,14 @@ static inline __attribute__((always_inline)) void quad_words_512(__m512i w, __m5
 static inline __attribute__((always_inline)) __m512i q4_k_pair_bytes_512(const uint8_t* b, int t) {
   __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(b + 16 + 32 * t)));
   return _mm512_and_si512(_mm512_mask_srli_epi16(raw, 0xFFFF0000u, raw, 4), _mm512_set1_epi8(0x0F));
+}
+
+/* Q4_1 blocks b0 and b1 (24 bytes each: float d, float m, 16 bytes of nibbles): b0's 32 nibbles
+   (the low ones, then the high: group_bytes_scalar's order) in bytes 0..31, b1's in 32..63 */
+static inline __attribute__((always_inline)) __m512i q4_1_pair_bytes_512(const uint8_t* b0, const uint8_t* b1) {
+  __m512i raw = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)(b0 + 8))), 0xFF00,
+                                            _mm_loadu_si128((const __m128i*)(b1 + 8)));
+  return _mm512_and_si512(_mm512_mask_srli_epi16(raw, 0xFF00FF00u, raw, 4), _mm512_set1_epi8(0x0F));
 }
 
 /* Q6_K groups 2t, 2t + 1 (half h = t / 2, r = 2 (t % 2)): u, low 4 bits from ql[64 h + e] and

@@ -14,8 +14,9 @@
    an error of at most s / 2 = max|x over the group| / 65534 per value (about 15 bits of each
    group's largest value; float32 keeps 24): the weights' values are exact.
 
-   Q4_K and Q6_K multiply bytes instead (byte products): each xq is split into a low byte (unsigned)
-   and a high one (signed), xq = 256 xhi + xlo, and a group's 8 int32 lanes are
+   Q4_K, Q6_K and Q4_1 (rows of an even number of blocks: byte_products) multiply bytes instead (byte
+   products): each xq is split into a low byte (unsigned) and a high one (signed), xq = 256 xhi + xlo,
+   and a group's 8 int32 lanes are
 
      D_k = sum_{j = 4k .. 4k+3} q_j xq_j = 256 sum q_j xhi_j + sum q_j xlo_j          k = 0..7
 
@@ -28,10 +29,15 @@
    instead of 20); at more rows (above BYTE_ROWS) the weights are widened once, in the same lanes
    (quad_words_*, x in the quad layout), since then a byte product's extra op per row costs more.
 
-   The AVX-512 build multiplies Q4_K, Q6_K and Q8_0 rows two groups at a time (row_dot_512: one
+   Q4_1's two blocks are one pair of lanes, as two of Q4_K's groups; its mins stay one float chain per
+   accumulator (min_even, min_odd), so the byte products changed Q4_1's int32 lanes and nothing else.
+   The AVX2 build widens Q4_1's nibbles at every m (Q4_1_BYTE_ROWS: its maddubs pairs measured slower).
+
+   The AVX-512 build multiplies Q4_K, Q6_K, Q8_0 and Q4_1 rows two groups at a time (row_dot_512: one
    accumulator holding the even and the odd groups' 8 lanes side by side); for Q8_0 (32 lanes of
-   int16) it reads a copy of xq in a pair layout (pair_layout). Its int32 lanes and FMAs are the
-   AVX2 build's, so are its bits (tested).
+   int16) it reads a copy of xq in a pair layout (pair_layout), for Q4_1 each two groups' x scales
+   and sums spread over 16 lanes (pair_factors: one vector multiply for the scales, one FMA for both
+   mins, lanes 0 and 8). Its int32 lanes and FMAs are the AVX2 build's, so are its bits (tested).
 
    Rows of x are quantized independently and rows of W split statically between threads, so a
    row's result does not depend on m or on the thread count. The quantized x lives in a buffer
@@ -74,6 +80,8 @@ typedef struct {
   int8_t* xhi;  /* and its high bytes: xq = 256 xhi + xlo */
   int16_t* bias16;  /* Q6_K: -32 (xhi_2j + xhi_2j+1), (m, cols / 2) */
   int32_t* bias32;  /* Q6_K: -32 (xhi_4k + .. + xhi_4k+3), (m, cols / 4) */
+  float* pair_scale;  /* AVX-512 build, Q4_1: each two groups' scales as 16 lanes [s_g x 8 | s_g+1 x 8], (m, cols / 4) */
+  float* pair_sums;  /* and their sums32 as [S_g, 0 x 7 | S_g+1, 0 x 7] */
 } QuantizedRows;
 
 #if defined(__AVX512BW__) && defined(__AVX512VNNI__)
@@ -86,6 +94,17 @@ typedef struct {
    widen each weight once to int16 for all of them (the same lanes, so the same bits). Measured
    (2048-row weights, 2 rows): vpdpbusd still wins at 2 rows, AVX2's maddubs pairs at 1 only. */
 #define BYTE_ROWS (PAIR_LAYOUT ? 2 : 1)
+/* Q4_1 in the AVX2 build: the widened words at every m (measured: maddubs pairs cost more there) */
+#define Q4_1_BYTE_ROWS (PAIR_LAYOUT ? 2 : 0)
+#define BYTE_ROWS_OF(code) ((code) == FORMAT_Q4_1 ? Q4_1_BYTE_ROWS : BYTE_ROWS)
+
+/* Whether a weight of `code` and `cols` columns multiplies bytes (x split, or x in the quad layout):
+   Q4_K, Q6_K, and Q4_1 when its rows hold an even number of blocks (two blocks are one pair of
+   lanes, as two of Q4_K's groups; an odd count keeps the int16 words of decode_group_q16_*). The
+   choice depends on the weight alone, so a row's bits do not depend on m. */
+static inline int byte_products(int code, int64_t cols) {
+  return code == FORMAT_Q4_K || code == FORMAT_Q6_K || (code == FORMAT_Q4_1 && (cols / GROUP) % 2 == 0);
+}
 
 static __thread void* scratch = NULL;
 static __thread size_t scratch_bytes = 0;
@@ -95,9 +114,9 @@ static size_t aligned64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
 static int quantized_rows(int64_t m, int64_t cols, QuantizedRows* out) {
   const size_t n = (size_t)(m * cols), xq_bytes = aligned64(n * sizeof(int16_t));
   const size_t float_bytes = aligned64((2 * n / GROUP + n / 16) * sizeof(float));
-  /* xq, the floats, xp, xlo, xhi, bias16, bias32 */
+  /* xq, the floats, xp, xlo, xhi, bias16, bias32, pair_scale, pair_sums */
   size_t need = xq_bytes + float_bytes + xq_bytes + 2 * aligned64(n) + aligned64(n / 2 * sizeof(int16_t)) +
-                aligned64(n / 4 * sizeof(int32_t)) + 64;
+                aligned64(n / 4 * sizeof(int32_t)) + 2 * aligned64(n / 4 * sizeof(float)) + 64;
   if (need > scratch_bytes) {
     void* grown = realloc(scratch, need);
     if (grown == NULL) return -1;
@@ -112,7 +131,9 @@ static int quantized_rows(int64_t m, int64_t cols, QuantizedRows* out) {
   out->xlo = (uint8_t*)at, at += aligned64(n);
   out->xhi = (int8_t*)at, at += aligned64(n);
   out->bias16 = (int16_t*)at, at += aligned64(n / 2 * sizeof(int16_t));
-  out->bias32 = (int32_t*)at;
+  out->bias32 = (int32_t*)at, at += aligned64(n / 4 * sizeof(int32_t));
+  out->pair_scale = (float*)at, at += aligned64(n / 4 * sizeof(float));
+  out->pair_sums = (float*)at;
   return 0;
 }
 
@@ -127,6 +148,15 @@ static void quad_layout(const int16_t* xq, int16_t* xquad, int64_t n) {
           xquad[base + 16 * g + 2 * k + j] = xq[base + GROUP * g + 4 * k + j];
           xquad[base + 32 + 16 * g + 2 * k + j] = xq[base + GROUP * g + 4 * k + 2 + j];
         }
+}
+
+/* The per-group scale and sums32 of `groups` groups (an even number) -> pair_scale, pair_sums */
+static void pair_factors(const float* scale, const float* sums32, float* pair_scale, float* pair_sums, int64_t groups) {
+  for (int64_t g = 0; g < groups; g++)
+    for (int lane = 0; lane < 8; lane++) {
+      pair_scale[8 * g + lane] = scale[g];
+      pair_sums[8 * g + lane] = lane == 0 ? sums32[g] : 0.0f;
+    }
 }
 
 /* xq's n values -> xlo, xhi; with_bias (Q6_K): bias16, bias32 */
@@ -260,6 +290,34 @@ static inline __attribute__((always_inline)) __m256i quad_dot(const __m256i q[2]
   return two_vec_dot(q, xquad, xquad + 32);
 }
 
+/* Q4_1 blocks b0, b1, the row's groups `group` and group + 1 (group even), by byte products (m <=
+   BYTE_ROWS) or quad_dot into even and odd, their mins into min_even and min_odd: the lanes of a
+   pair of Q4_K groups, so the same bits for any m and in the AVX-512 build's row_dot_512. */
+static inline __attribute__((always_inline)) void q4_1_pair_avx2(const int m, const uint8_t* b0, const uint8_t* b1,
+                                                                 int64_t group, const QuantizedRows* x, int64_t cols,
+                                                                 __m256* even, __m256* odd, float* min_even,
+                                                                 float* min_odd) {
+  const int64_t groups_per_row = cols / GROUP;
+  const float dl0 = load_f32(b0), dl1 = load_f32(b1), ml0 = -load_f32(b0 + 4), ml1 = -load_f32(b1 + 4);
+  const __m256i q0 = nibble_bytes(b0 + 8), q1 = nibble_bytes(b1 + 8);
+  __m256i words0[2], words1[2];
+  if (m > Q4_1_BYTE_ROWS) quad_words_avx2(q0, _mm256_setzero_si256(), words0), quad_words_avx2(q1, _mm256_setzero_si256(), words1);
+  for (int i = 0; i < m; i++) {
+    const int64_t at = i * cols + group * GROUP, first = i * groups_per_row + group;
+    __m256i dot0, dot1;
+    if (m > Q4_1_BYTE_ROWS) {
+      dot0 = quad_dot(words0, x->xquad + at), dot1 = quad_dot(words1, x->xquad + at + 16);
+    } else {
+      dot0 = bytes_dot(q0, q0, x->xhi + at, x->xlo + at, NULL);
+      dot1 = bytes_dot(q1, q1, x->xhi + at + GROUP, x->xlo + at + GROUP, NULL);
+    }
+    even[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot0), _mm256_set1_ps(dl0 * x->scale[first]), even[i]);
+    odd[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot1), _mm256_set1_ps(dl1 * x->scale[first + 1]), odd[i]);
+    min_even[i] = fmaf(ml0, x->sums32[first], min_even[i]);
+    min_odd[i] = fmaf(ml1, x->sums32[first + 1], min_odd[i]);
+  }
+}
+
 /* One Q4_K or Q6_K block of a row (its first group is `group0` of the row) by byte products (m <=
    BYTE_ROWS) or quad_dot into even and odd (the groups alternate, as in row_dot); Q4_K's mins into
    min_lanes. */
@@ -341,7 +399,13 @@ static inline __attribute__((always_inline)) void row_dot(const int code, const 
   }
   const int groups = code >= FORMAT_Q2_K ? 8 : 1, has_min = format_has_min(code);
   const int64_t groups_per_row = cols / GROUP;
-  if (groups == 1) {
+  if (code == FORMAT_Q4_1 && byte_products(code, cols)) {
+    for (int64_t blk = 0; blk < num_blocks; blk += 2) {
+      const uint8_t* b0 = row + blk * block_bytes;
+      prefetch_ahead(b0, 2 * block_bytes);
+      q4_1_pair_avx2(m, b0, b0 + block_bytes, blk, x, cols, even, odd, min_even, min_odd);
+    }
+  } else if (groups == 1) {
     int64_t blk = 0;
     for (; blk + 2 <= num_blocks; blk += 2) {
       prefetch_ahead(row + blk * block_bytes, 2 * block_bytes);
@@ -380,14 +444,28 @@ static inline __attribute__((always_inline)) void row_dot(const int code, const 
 
 
 #if PAIR_LAYOUT
-/* row_dot for Q4_K, Q6_K and Q8_0 with 512-bit vectors: two groups at a time (g even in lanes
-   0..7, g + 1 in 8..15 of one accumulator: the AVX2 row_dot's even and odd accumulators side by
-   side), the same int32 lanes (Q8_0: block_decode_q16.h's pair layout; Q4_K, Q6_K: byte products,
-   4 bytes a lane in vpdpbusd) and the same FMAs in the same order per lane, so the same bits as
-   row_dot. */
+/* row_dot for Q4_K, Q6_K, Q8_0 and Q4_1 (byte_products) with 512-bit vectors: two groups at a time
+   (g even in lanes 0..7, g + 1 in 8..15 of one accumulator: the AVX2 row_dot's even and odd
+   accumulators side by side), the same int32 lanes (Q8_0: block_decode_q16.h's pair layout; Q4_K,
+   Q6_K, Q4_1: byte products, 4 bytes a lane in vpdpbusd) and the same FMAs in the same order per
+   lane, so the same bits as row_dot. */
 static inline __attribute__((always_inline)) __m512i pair_dot(const __m512i w[2], const int16_t* xp) {
   __m512i dot = _mm512_madd_epi16(w[0], _mm512_loadu_si512((const void*)xp));
   return _mm512_dpwssd_epi32(dot, w[1], _mm512_loadu_si512((const void*)(xp + 32)));
+}
+
+/* The 16 int32 lanes D_k of two groups (the row's values at `at` on): byte products of q (unsigned)
+   against x's high bytes (from `start`: Q6_K's bias) and of x's low bytes against w (signed: q, or
+   Q6_K's q - 32), or (words) the weights widened by quad_words_512 against x's quad layout. */
+static inline __attribute__((always_inline)) __m512i pair_lanes_512(const int bytes, __m512i q, __m512i w,
+                                                                    const __m512i words[2], const QuantizedRows* x,
+                                                                    int64_t at, __m512i start) {
+  if (!bytes) {
+    __m512i dot = _mm512_madd_epi16(words[0], _mm512_loadu_si512((const void*)(x->xquad + at)));
+    return _mm512_dpwssd_epi32(dot, words[1], _mm512_loadu_si512((const void*)(x->xquad + at + 32)));
+  }
+  __m512i dot = _mm512_dpbusd_epi32(start, q, _mm512_loadu_si512((const void*)(x->xhi + at)));
+  return _mm512_dpbusd_epi32(_mm512_slli_epi32(dot, 8), _mm512_loadu_si512((const void*)(x->xlo + at)), w);
 }
 
 static inline __attribute__((always_inline)) void row_dot_512(const int code, const int m, const uint8_t* row,
@@ -396,9 +474,38 @@ static inline __attribute__((always_inline)) void row_dot_512(const int code, co
                                                               int64_t out_stride) {
   __m512 acc[MAX_M];
   __m256 min_lanes[MAX_M];
-  for (int i = 0; i < m; i++) acc[i] = _mm512_setzero_ps(), min_lanes[i] = _mm256_setzero_ps();
+  __m512 min_pairs[MAX_M];
+  float min_even[MAX_M], min_odd[MAX_M];
+  for (int i = 0; i < m; i++) {
+    acc[i] = min_pairs[i] = _mm512_setzero_ps(), min_lanes[i] = _mm256_setzero_ps();
+    min_even[i] = min_odd[i] = 0.0f;
+  }
   const int64_t groups_per_row = cols / GROUP;
-  if (code == FORMAT_Q8_0) {
+  if (code == FORMAT_Q4_1) {  /* an even number of blocks a row (byte_products) */
+    for (int64_t blk = 0; blk < num_blocks; blk += 2) {
+      const uint8_t* b0 = row + blk * block_bytes;
+      const uint8_t* b1 = b0 + block_bytes;
+      prefetch_ahead(b0, 2 * block_bytes);
+      const __m512i q = q4_1_pair_bytes_512(b0, b1);
+      __m512i words[2];
+      if (m > BYTE_ROWS) quad_words_512(q, _mm512_setzero_si512(), words);
+      /* [d0 x 8 | d1 x 8] and the mins the same way */
+      const __m512 dl = _mm512_mask_broadcastss_ps(_mm512_set1_ps(load_f32(b0)), 0xFF00, _mm_load_ss((const float*)b1));
+      const __m512 ml = _mm512_mask_broadcastss_ps(_mm512_set1_ps(load_f32(b0 + 4)), 0xFF00, _mm_load_ss((const float*)(b1 + 4)));
+      for (int i = 0; i < m; i++) {
+        const int64_t pair = (i * groups_per_row + blk) * 8;
+        const __m512 scale = _mm512_mul_ps(dl, _mm512_loadu_ps(x->pair_scale + pair));
+        const __m512i dot = pair_lanes_512(m <= BYTE_ROWS, q, q, words, x, i * cols + blk * GROUP, _mm512_setzero_si512());
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[i]);
+        /* lanes 0 and 8: the AVX2 build's min_even and min_odd, fmaf(-m, S, .) */
+        min_pairs[i] = _mm512_fnmadd_ps(ml, _mm512_loadu_ps(x->pair_sums + pair), min_pairs[i]);
+      }
+    }
+    for (int i = 0; i < m; i++) {
+      min_even[i] = _mm512_cvtss_f32(min_pairs[i]);
+      min_odd[i] = _mm_cvtss_f32(_mm512_extractf32x4_ps(min_pairs[i], 2));
+    }
+  } else if (code == FORMAT_Q8_0) {
     int64_t blk = 0;
     for (; blk + 2 <= num_blocks; blk += 2) {
       const uint8_t* b0 = row + blk * block_bytes;
@@ -463,15 +570,9 @@ static inline __attribute__((always_inline)) void row_dot_512(const int code, co
           quad_words_512(w, code == FORMAT_Q4_K ? _mm512_setzero_si512() : _mm512_movm_epi8(_mm512_movepi8_mask(w)), words);
         for (int i = 0; i < m; i++) {
           const int64_t at = i * cols + (blk * 8 + 2 * t) * GROUP;
-          __m512i dot;
-          if (m > BYTE_ROWS) {
-            dot = _mm512_madd_epi16(words[0], _mm512_loadu_si512((const void*)(x->xquad + at)));
-            dot = _mm512_dpwssd_epi32(dot, words[1], _mm512_loadu_si512((const void*)(x->xquad + at + 32)));
-          } else {
-            const __m512i start = code == FORMAT_Q4_K ? _mm512_setzero_si512() : _mm512_loadu_si512((const void*)(x->bias32 + at / 4));
-            dot = _mm512_dpbusd_epi32(start, q, _mm512_loadu_si512((const void*)(x->xhi + at)));
-            dot = _mm512_dpbusd_epi32(_mm512_slli_epi32(dot, 8), _mm512_loadu_si512((const void*)(x->xlo + at)), w);
-          }
+          const __m512i start = code == FORMAT_Q4_K || m > BYTE_ROWS ? _mm512_setzero_si512()
+                                                                     : _mm512_loadu_si512((const void*)(x->bias32 + at / 4));
+          const __m512i dot = pair_lanes_512(m <= BYTE_ROWS, q, w, words, x, at, start);
           __m512 scale = _mm512_permutexvar_ps(code == FORMAT_Q4_K ? index[t] : quarters, sdl[i]);
           acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[i]);
         }
@@ -480,7 +581,7 @@ static inline __attribute__((always_inline)) void row_dot_512(const int code, co
   }
   for (int i = 0; i < m; i++) {
     __m256 sum = _mm256_add_ps(_mm512_castps512_ps256(acc[i]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i]), 1)));
-    out[i * out_stride] = hsum256(sum) - ((0.0f + 0.0f) + hsum256(min_lanes[i]));
+    out[i * out_stride] = hsum256(sum) - ((min_even[i] + min_odd[i]) + hsum256(min_lanes[i]));
   }
 }
 #endif
@@ -534,7 +635,15 @@ static inline void row_dot(const int code, const int m, const uint8_t* row, int6
         sdl[i] = dl * x->scale[i * groups_per_row + blk];
         if (format_has_min(code)) min_acc[i] = fmaf(ml[0], x->sums32[i * groups_per_row + blk], min_acc[i]);
       }
-      integer_group_step(m, q, blk, sdl, 1, x, cols, blk % 2 ? odd : even);
+      if (byte_products(code, cols)) {  /* Q4_1: the byte products' lanes */
+        uint8_t u[GROUP];
+        float scale[MAX_M][2];
+        group_bytes_scalar(code, row + blk * block_bytes, 0, u);
+        for (int i = 0; i < m; i++) scale[i][0] = scale[i][1] = sdl[i];
+        byte_group_step(m, u, 0, blk, scale, x, cols, blk % 2 ? odd : even);
+      } else {
+        integer_group_step(m, q, blk, sdl, 1, x, cols, blk % 2 ? odd : even);
+      }
     }
   } else {
     for (int64_t blk = 0; blk < num_blocks; blk++) {
@@ -560,7 +669,7 @@ static inline void row_dot(const int code, const int m, const uint8_t* row, int6
         if (code == FORMAT_Q4_K || code == FORMAT_Q6_K) {
           uint8_t u[GROUP];
           float scale[MAX_M][2];
-          k_group_bytes_scalar(code, block, g, u);
+          group_bytes_scalar(code, block, g, u);
           for (int i = 0; i < m; i++)
             for (int half = 0; half < 2; half++)
               scale[i][half] = code == FORMAT_Q4_K ? sdl[i][g]
@@ -583,7 +692,7 @@ static inline void row_dot(const int code, const int m, const uint8_t* row, int6
 #endif
 
 #if PAIR_LAYOUT
-#define USES_512(C) ((C) == FORMAT_Q4_K || (C) == FORMAT_Q6_K || (C) == FORMAT_Q8_0)
+#define USES_512(C) ((C) == FORMAT_Q4_K || (C) == FORMAT_Q6_K || (C) == FORMAT_Q8_0 || ((C) == FORMAT_Q4_1 && byte_products(C, cols)))
 #define ROW_CASE(C, M)                                                                             \
   case M:                                                                                         \
     if (USES_512(C)) row_dot_512(C, M, row, num_blocks, block_bytes, x, cols, out, out_stride);   \
@@ -623,13 +732,15 @@ int blocks_matmul_q16(int code, int64_t block_size, int64_t block_bytes, const u
                      quantized.scale + i * groups_per_row + group, quantized.sums + 2 * (i * groups_per_row + group),
                      quantized.sums32 + i * groups_per_row + group);
   if (PAIR_LAYOUT && code == FORMAT_Q8_0) pair_layout(quantized.xq, quantized.xp, m, cols);
+  if (PAIR_LAYOUT && code == FORMAT_Q4_1 && byte_products(code, cols))
+    pair_factors(quantized.scale, quantized.sums32, quantized.pair_scale, quantized.pair_sums, m * groups_per_row);
 #ifdef __AVX2__
-  if (code == FORMAT_Q4_K || code == FORMAT_Q6_K) {  /* byte products for calls of <= BYTE_ROWS rows */
+  if (byte_products(code, cols)) {  /* byte products for calls of <= BYTE_ROWS rows */
     const int64_t last = m - MAX_M * ((m - 1) / MAX_M);  /* the rows of the last group of MAX_M */
-    if (last <= BYTE_ROWS)
+    if (last <= BYTE_ROWS_OF(code))
       split_bytes(quantized.xq, quantized.xlo, quantized.xhi, quantized.bias16, quantized.bias32, m * cols,
                   code == FORMAT_Q6_K);
-    if (m > BYTE_ROWS) quad_layout(quantized.xq, quantized.xquad, m * cols);
+    if (m > BYTE_ROWS_OF(code)) quad_layout(quantized.xq, quantized.xquad, m * cols);
   }
 #endif
   const int64_t num_blocks = cols / block_size, row_bytes = num_blocks * block_bytes;
@@ -640,7 +751,8 @@ int blocks_matmul_q16(int code, int64_t block_size, int64_t block_bytes, const u
                           PAIR_LAYOUT ? quantized.xp + first * cols : NULL, quantized.xquad + first * cols,
                           quantized.xlo + first * cols,
                           quantized.xhi + first * cols, quantized.bias16 + first * cols / 2,
-                          quantized.bias32 + first * cols / 4};
+                          quantized.bias32 + first * cols / 4, quantized.pair_scale + first * cols / 4,
+                          quantized.pair_sums + first * cols / 4};
     float* yg = y + first * y_stride;
     #pragma omp parallel num_threads(num_threads)
     {

@@ -5,6 +5,7 @@ import logging
 import pytest
 
 from kernels import native_build
+from store.model_store import radixserve_home
 
 
 @pytest.fixture
@@ -58,3 +59,25 @@ def test_missing_compiler_is_logged(sources, tmp_path, caplog, monkeypatch):
 def test_no_compiler_can_be_said_explicitly(sources, tmp_path):
     with pytest.raises(native_build.NativeUnavailable, match="no C compiler"):
         native_build.load_library("probe", tmp_path / "build", compiler=None)
+
+
+def _buildable() -> list[tuple[str, str]]:
+    """(library, variant) for every build of the project's libraries this CPU runs."""
+    pairs = [(name, native_build.PORTABLE) for name in native_build.PORTABLE_LIBRARIES]
+    for name in native_build.LIBRARIES:
+        for variant in native_build.LIBRARY_VARIANTS.get(name, ("avx2",)):
+            needs = (*native_build.VARIANTS[variant][0], *native_build.LIBRARY_EXTRA_FLAGS.get(name, ((), ()))[0])
+            if native_build.cpu_has_flags(needs):
+                pairs.append((name, variant))
+    return pairs
+
+
+@pytest.mark.parametrize(("name", "variant"), _buildable())
+def test_every_build_this_cpu_runs_compiles(name, variant):
+    """A compile error in a kernel source must fail here: elsewhere the kernel tests skip a build that
+    cannot load (the machine may lack it) and the engine falls back to torch, which would hide it. (The
+    shared build directory: a library is cached by its sources' content, so only a build that compiled is
+    found there.)"""
+    if native_build.find_compiler() is None:
+        pytest.skip("no C compiler here")
+    native_build.load_library(name, radixserve_home() / "kernels", variant=variant)
