@@ -80,8 +80,10 @@ typedef struct {
   int8_t* xhi;  /* and its high bytes: xq = 256 xhi + xlo */
   int16_t* bias16;  /* Q6_K: -32 (xhi_2j + xhi_2j+1), (m, cols / 2) */
   int32_t* bias32;  /* Q6_K: -32 (xhi_4k + .. + xhi_4k+3), (m, cols / 4) */
-  float* pair_scale;  /* AVX-512 build, Q4_1: each two groups' scales as 16 lanes [s_g x 8 | s_g+1 x 8], (m, cols / 4) */
-  float* pair_sums;  /* and their sums32 as [S_g, 0 x 7 | S_g+1, 0 x 7] */
+  /* AVX-512 build, Q8_0 and Q4_1: each group's scale as 8 lanes, so that any two groups g, g + 1 read as
+     [s_g x 8 | s_g+1 x 8], (m, cols / 4); Q4_1: their sums32 as [S_g, 0 x 7 | S_g+1, 0 x 7] */
+  float* pair_scale;
+  float* pair_sums;
 } QuantizedRows;
 
 #if defined(__AVX512BW__) && defined(__AVX512VNNI__)
@@ -444,6 +446,12 @@ static inline __attribute__((always_inline)) void row_dot(const int code, const 
 
 
 #if PAIR_LAYOUT
+/* The fp16 scales at p0 and p1 as [d0 x 8 | d1 x 8] (exact, as f16c) */
+static inline __attribute__((always_inline)) __m512 f16_pair_512(const uint8_t* p0, const uint8_t* p1) {
+  return _mm512_cvtph_ps(_mm256_mask_blend_epi16(0xFF00, _mm256_set1_epi16((short)load_u16(p0)),
+                                                 _mm256_set1_epi16((short)load_u16(p1))));
+}
+
 /* row_dot for Q4_K, Q6_K, Q8_0 and Q4_1 (byte_products) with 512-bit vectors: two groups at a time
    (g even in lanes 0..7, g + 1 in 8..15 of one accumulator: the AVX2 row_dot's even and odd
    accumulators side by side), the same int32 lanes (Q8_0: block_decode_q16.h's pair layout; Q4_K,
@@ -512,10 +520,9 @@ static inline __attribute__((always_inline)) void row_dot_512(const int code, co
       prefetch_ahead(b0, 2 * block_bytes);
       __m512i w[2];
       decode_q8_0_pair_512(b0, b0 + block_bytes, w);
-      const float dl0 = f16c(b0), dl1 = f16c(b0 + block_bytes);
+      const __m512 dl = f16_pair_512(b0, b0 + block_bytes);
       for (int i = 0; i < m; i++) {
-        const float* xs = x->scale + i * groups_per_row + blk;
-        __m512 scale = _mm512_mask_mov_ps(_mm512_set1_ps(dl0 * xs[0]), 0xFF00, _mm512_set1_ps(dl1 * xs[1]));
+        const __m512 scale = _mm512_mul_ps(dl, _mm512_loadu_ps(x->pair_scale + (i * groups_per_row + blk) * 8));
         acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pair_dot(w, x->xp + i * cols + blk * GROUP)), scale, acc[i]);
       }
     }
@@ -732,7 +739,7 @@ int blocks_matmul_q16(int code, int64_t block_size, int64_t block_bytes, const u
                      quantized.scale + i * groups_per_row + group, quantized.sums + 2 * (i * groups_per_row + group),
                      quantized.sums32 + i * groups_per_row + group);
   if (PAIR_LAYOUT && code == FORMAT_Q8_0) pair_layout(quantized.xq, quantized.xp, m, cols);
-  if (PAIR_LAYOUT && code == FORMAT_Q4_1 && byte_products(code, cols))
+  if (PAIR_LAYOUT && (code == FORMAT_Q8_0 || (code == FORMAT_Q4_1 && byte_products(code, cols))))
     pair_factors(quantized.scale, quantized.sums32, quantized.pair_scale, quantized.pair_sums, m * groups_per_row);
 #ifdef __AVX2__
   if (byte_products(code, cols)) {  /* byte products for calls of <= BYTE_ROWS rows */
