@@ -105,13 +105,14 @@ static inline void decode_k_group_q16_scalar(int code, const uint8_t* b, int g, 
   }
 }
 
-/* The 32 bytes of group g of a Q4_K block (its nibbles, 0..15), of a Q4_1 block (g = 0: its
-   nibbles, the low ones then the high) or of a Q6_K block (its unsigned 6-bit values u, 0..63: the
+/* The 32 bytes of group g of a Q4_K block (its nibbles, 0..15), of a Q4_1 or Q4_0 block (g = 0:
+   its nibbles, the low ones then the high; Q4_0's weight is u - 8) or of a Q6_K block (its unsigned 6-bit values u, 0..63: the
    weight before the sub-scale is u - 32). */
 static inline void group_bytes_scalar(int code, const uint8_t* b, int g, uint8_t* u) {
   for (int j = 0; j < 32; j++) {
-    if (code == FORMAT_Q4_1) {
-      u[j] = j < 16 ? b[8 + j] & 0x0F : b[8 + j - 16] >> 4;
+    if (code == FORMAT_Q4_1 || code == FORMAT_Q4_0) {
+      const uint8_t* qs = b + (code == FORMAT_Q4_1 ? 8 : 2);
+      u[j] = j < 16 ? qs[j] & 0x0F : qs[j - 16] >> 4;
     } else if (code == FORMAT_Q4_K) {
       u[j] = (b[16 + 32 * (g / 2) + j] >> (4 * (g % 2))) & 0x0F;
     } else {
@@ -360,11 +361,12 @@ static inline __attribute__((always_inline)) __m512i q4_k_pair_bytes_512(const u
   return _mm512_and_si512(_mm512_mask_srli_epi16(raw, 0xFFFF0000u, raw, 4), _mm512_set1_epi8(0x0F));
 }
 
-/* Q4_1 blocks b0 and b1 (24 bytes each: float d, float m, 16 bytes of nibbles): b0's 32 nibbles
-   (the low ones, then the high: group_bytes_scalar's order) in bytes 0..31, b1's in 32..63 */
-static inline __attribute__((always_inline)) __m512i q4_1_pair_bytes_512(const uint8_t* b0, const uint8_t* b1) {
-  __m512i raw = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)(b0 + 8))), 0xFF00,
-                                            _mm_loadu_si128((const __m128i*)(b1 + 8)));
+/* The nibbles of two blocks whose 16 bytes of them are at b0 and b1 (Q4_1: 8 bytes in, after float d
+   and m; Q4_0: 2, after fp16 d): b0's 32 (the low ones, then the high: group_bytes_scalar's order) in
+   bytes 0..31, b1's in 32..63 */
+static inline __attribute__((always_inline)) __m512i nibble_pair_bytes_512(const uint8_t* b0, const uint8_t* b1) {
+  __m512i raw = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)b0)), 0xFF00,
+                                            _mm_loadu_si128((const __m128i*)b1));
   return _mm512_and_si512(_mm512_mask_srli_epi16(raw, 0xFF00FF00u, raw, 4), _mm512_set1_epi8(0x0F));
 }
 

@@ -14,30 +14,31 @@
    an error of at most s / 2 = max|x over the group| / 65534 per value (about 15 bits of each
    group's largest value; float32 keeps 24): the weights' values are exact.
 
-   Q4_K, Q6_K and Q4_1 (rows of an even number of blocks: byte_products) multiply bytes instead (byte
-   products): each xq is split into a low byte (unsigned) and a high one (signed), xq = 256 xhi + xlo,
-   and a group's 8 int32 lanes are
+   Q4_K, Q6_K, Q4_1 and Q4_0 (the last two in rows of an even number of blocks: byte_products) multiply
+   bytes instead (byte products): each xq is split into a low byte (unsigned) and a high one (signed),
+   xq = 256 xhi + xlo, and a group's 8 int32 lanes are
 
      D_k = sum_{j = 4k .. 4k+3} q_j xq_j = 256 sum q_j xhi_j + sum q_j xlo_j          k = 0..7
 
    over the weights' bytes as they are decoded (Q4_K's nibbles; Q6_K's u - 32, its per-16 sub-scale
    in the lane's float scale: (d * sc) * s), with vpdpbusd (u8 x s8, 4 bytes a lane) in the AVX-512
    build, vpmaddubsw + vpmaddwd in the AVX2 build (no pair sum saturates: |q| <= 63 against a byte),
-   plain C over xq in the portable one. Q6_K's high-byte products take u (unsigned) and add the
-   x-only correction -32 sum xhi_j (bias16, bias32). At one row of x that is fewer instructions than
+   plain C over xq in the portable one. Q6_K's and Q4_0's high-byte products take u (unsigned) and add
+   the x-only correction -32 (Q4_0: -8) sum xhi_j (bias16, bias32). At one row of x that is fewer instructions than
    widening the weights to int16 (AVX-512, per 64 weights by count: Q4_K 8 instead of 10, Q6_K 13
    instead of 20); at more rows (above BYTE_ROWS) the weights are widened once, in the same lanes
    (quad_words_*, x in the quad layout), since then a byte product's extra op per row costs more.
 
-   Q4_1's two blocks are one pair of lanes, as two of Q4_K's groups; its mins stay one float chain per
-   accumulator (min_even, min_odd), so the byte products changed Q4_1's int32 lanes and nothing else.
-   The AVX2 build widens Q4_1's nibbles at every m (Q4_1_BYTE_ROWS: its maddubs pairs measured slower).
+   Two Q4_1 or Q4_0 blocks are one pair of lanes, as two of Q4_K's groups; Q4_1's mins stay one float
+   chain per accumulator (min_even, min_odd), so the byte products changed their int32 lanes and
+   nothing else. The AVX2 build widens Q4_1's nibbles at every m (BYTE_ROWS_OF: its maddubs pairs
+   measured slower).
 
-   The AVX-512 build multiplies Q4_K, Q6_K, Q8_0 and Q4_1 rows two groups at a time (row_dot_512: one
-   accumulator holding the even and the odd groups' 8 lanes side by side); for Q8_0 (32 lanes of
-   int16) it reads a copy of xq in a pair layout (pair_layout), for Q4_1 each two groups' x scales
-   and sums spread over 16 lanes (pair_factors: one vector multiply for the scales, one FMA for both
-   mins, lanes 0 and 8). Its int32 lanes and FMAs are the AVX2 build's, so are its bits (tested).
+   The AVX-512 build multiplies Q4_K, Q6_K, Q8_0, Q4_1 and Q4_0 rows two groups at a time (row_dot_512:
+   one accumulator holding the even and the odd groups' 8 lanes side by side); for Q8_0 (32 lanes of
+   int16) it reads a copy of xq in a pair layout (pair_layout); for Q8_0, Q4_1 and Q4_0 each two groups'
+   x scales (and Q4_1's sums) spread over 16 lanes (pair_factors: one vector multiply for the scales,
+   one FMA for both mins, lanes 0 and 8). Its int32 lanes and FMAs are the AVX2 build's, so are its bits (tested).
 
    Rows of x are quantized independently and rows of W split statically between threads, so a
    row's result does not depend on m or on the thread count. The quantized x lives in a buffer
@@ -78,9 +79,9 @@ typedef struct {
   int16_t* xquad;  /* Q4_K, Q6_K, more than BYTE_ROWS rows: xq in the quad layout (quad_layout) */
   uint8_t* xlo;  /* Q4_K, Q6_K (AVX2 and AVX-512 builds): xq's low bytes, (m, cols) */
   int8_t* xhi;  /* and its high bytes: xq = 256 xhi + xlo */
-  int16_t* bias16;  /* Q6_K: -32 (xhi_2j + xhi_2j+1), (m, cols / 2) */
-  int32_t* bias32;  /* Q6_K: -32 (xhi_4k + .. + xhi_4k+3), (m, cols / 4) */
-  /* AVX-512 build, Q8_0 and Q4_1: each group's scale as 8 lanes, so that any two groups g, g + 1 read as
+  int16_t* bias16;  /* Q6_K: -32 (xhi_2j + xhi_2j+1), (m, cols / 2); Q4_0: -8 (...) */
+  int32_t* bias32;  /* Q6_K: -32 (xhi_4k + .. + xhi_4k+3), (m, cols / 4); Q4_0: -8 (...) */
+  /* AVX-512 build, Q8_0, Q4_1 and Q4_0: each group's scale as 8 lanes, so that any two groups g, g + 1 read as
      [s_g x 8 | s_g+1 x 8], (m, cols / 4); Q4_1: their sums32 as [S_g, 0 x 7 | S_g+1, 0 x 7] */
   float* pair_scale;
   float* pair_sums;
@@ -96,17 +97,24 @@ typedef struct {
    widen each weight once to int16 for all of them (the same lanes, so the same bits). Measured
    (2048-row weights, 2 rows): vpdpbusd still wins at 2 rows, AVX2's maddubs pairs at 1 only. */
 #define BYTE_ROWS (PAIR_LAYOUT ? 2 : 1)
-/* Q4_1 in the AVX2 build: the widened words at every m (measured: maddubs pairs cost more there) */
-#define Q4_1_BYTE_ROWS (PAIR_LAYOUT ? 2 : 0)
-#define BYTE_ROWS_OF(code) ((code) == FORMAT_Q4_1 ? Q4_1_BYTE_ROWS : BYTE_ROWS)
+static inline int is_nibble_pairs(int code) { return code == FORMAT_Q4_1 || code == FORMAT_Q4_0; }
+
+/* Calls of at most this many rows run byte products. The AVX2 build, measured against its int16
+   words at one row: Q4_1's maddubs pairs cost more than its widened words (so none), Q4_0's less
+   (its sign-extended words cost two more ops a group). */
+#define BYTE_ROWS_OF(code) \
+  (PAIR_LAYOUT || !is_nibble_pairs(code) ? BYTE_ROWS : ((code) == FORMAT_Q4_0 ? 1 : 0))
 
 /* Whether a weight of `code` and `cols` columns multiplies bytes (x split, or x in the quad layout):
-   Q4_K, Q6_K, and Q4_1 when its rows hold an even number of blocks (two blocks are one pair of
-   lanes, as two of Q4_K's groups; an odd count keeps the int16 words of decode_group_q16_*). The
+   Q4_K, Q6_K, and Q4_1 / Q4_0 when their rows hold an even number of blocks (two blocks are one pair
+   of lanes, as two of Q4_K's groups; an odd count keeps the int16 words of decode_group_q16_*). The
    choice depends on the weight alone, so a row's bits do not depend on m. */
 static inline int byte_products(int code, int64_t cols) {
-  return code == FORMAT_Q4_K || code == FORMAT_Q6_K || (code == FORMAT_Q4_1 && (cols / GROUP) % 2 == 0);
+  return code == FORMAT_Q4_K || code == FORMAT_Q6_K || (is_nibble_pairs(code) && (cols / GROUP) % 2 == 0);
 }
+
+/* Formats whose byte products add a bias to the high bytes' lanes, w = u - offset: -offset * sum xhi */
+static inline int byte_offset(int code) { return code == FORMAT_Q6_K ? 32 : (code == FORMAT_Q4_0 ? 8 : 0); }
 
 static __thread void* scratch = NULL;
 static __thread size_t scratch_bytes = 0;
@@ -161,12 +169,12 @@ static void pair_factors(const float* scale, const float* sums32, float* pair_sc
     }
 }
 
-/* xq's n values -> xlo, xhi; with_bias (Q6_K): bias16, bias32 */
+/* xq's n values -> xlo, xhi; with an offset (byte_offset: Q6_K, Q4_0) bias16, bias32 */
 static void split_bytes(const int16_t* xq, uint8_t* xlo, int8_t* xhi, int16_t* bias16, int32_t* bias32, int64_t n,
-                        int with_bias) {
+                        int offset) {
   for (int64_t e = 0; e < n; e++) xlo[e] = (uint8_t)(xq[e] & 0xFF), xhi[e] = (int8_t)(xq[e] >> 8);
-  if (!with_bias) return;
-  for (int64_t j = 0; j < n / 2; j++) bias16[j] = (int16_t)(-32 * (xhi[2 * j] + xhi[2 * j + 1]));
+  if (!offset) return;
+  for (int64_t j = 0; j < n / 2; j++) bias16[j] = (int16_t)(-offset * (xhi[2 * j] + xhi[2 * j + 1]));
   for (int64_t k = 0; k < n / 4; k++) bias32[k] = bias16[2 * k] + bias16[2 * k + 1];
 }
 
@@ -292,31 +300,40 @@ static inline __attribute__((always_inline)) __m256i quad_dot(const __m256i q[2]
   return two_vec_dot(q, xquad, xquad + 32);
 }
 
-/* Q4_1 blocks b0, b1, the row's groups `group` and group + 1 (group even), by byte products (m <=
-   BYTE_ROWS) or quad_dot into even and odd, their mins into min_even and min_odd: the lanes of a
-   pair of Q4_K groups, so the same bits for any m and in the AVX-512 build's row_dot_512. */
-static inline __attribute__((always_inline)) void q4_1_pair_avx2(const int m, const uint8_t* b0, const uint8_t* b1,
-                                                                 int64_t group, const QuantizedRows* x, int64_t cols,
-                                                                 __m256* even, __m256* odd, float* min_even,
-                                                                 float* min_odd) {
+/* Q4_1 or Q4_0 blocks b0, b1, the row's groups `group` and group + 1 (group even), their weights
+   (Q4_1 the nibbles, Q4_0 the nibbles - 8) by byte products (m <= BYTE_ROWS_OF) or widened to words
+   in quad_words_avx2's order against x's quad layout into even and odd, Q4_1's mins into min_even and
+   min_odd: the lanes of a pair of Q4_K groups, the AVX-512 build's row_dot_512's too, so the same bits
+   there and for any m. */
+static inline __attribute__((always_inline)) void nibble_pair_avx2(const int code, const int m, const uint8_t* b0,
+                                                                   const uint8_t* b1, int64_t group,
+                                                                   const QuantizedRows* x, int64_t cols, __m256* even,
+                                                                   __m256* odd, float* min_even, float* min_odd) {
   const int64_t groups_per_row = cols / GROUP;
-  const float dl0 = load_f32(b0), dl1 = load_f32(b1), ml0 = -load_f32(b0 + 4), ml1 = -load_f32(b1 + 4);
-  const __m256i q0 = nibble_bytes(b0 + 8), q1 = nibble_bytes(b1 + 8);
-  __m256i words0[2], words1[2];
-  if (m > Q4_1_BYTE_ROWS) quad_words_avx2(q0, _mm256_setzero_si256(), words0), quad_words_avx2(q1, _mm256_setzero_si256(), words1);
+  const int is_q4_1 = code == FORMAT_Q4_1, nibbles = is_q4_1 ? 8 : 2;
+  const float dl0 = is_q4_1 ? load_f32(b0) : f16c(b0), dl1 = is_q4_1 ? load_f32(b1) : f16c(b1);
+  __m256i w0 = nibble_bytes(b0 + nibbles), w1 = nibble_bytes(b1 + nibbles), words0[2], words1[2];
+  if (!is_q4_1) w0 = _mm256_sub_epi8(w0, _mm256_set1_epi8(8)), w1 = _mm256_sub_epi8(w1, _mm256_set1_epi8(8));
+  const int bytes = m <= BYTE_ROWS_OF(code);
+  if (!bytes) {
+    quad_words_avx2(w0, _mm256_cmpgt_epi8(_mm256_setzero_si256(), w0), words0);
+    quad_words_avx2(w1, _mm256_cmpgt_epi8(_mm256_setzero_si256(), w1), words1);
+  }
   for (int i = 0; i < m; i++) {
     const int64_t at = i * cols + group * GROUP, first = i * groups_per_row + group;
     __m256i dot0, dot1;
-    if (m > Q4_1_BYTE_ROWS) {
-      dot0 = quad_dot(words0, x->xquad + at), dot1 = quad_dot(words1, x->xquad + at + 16);
+    if (bytes) {
+      dot0 = bytes_dot(nibble_bytes(b0 + nibbles), w0, x->xhi + at, x->xlo + at, x->bias16 + at / 2);
+      dot1 = bytes_dot(nibble_bytes(b1 + nibbles), w1, x->xhi + at + GROUP, x->xlo + at + GROUP, x->bias16 + (at + GROUP) / 2);
     } else {
-      dot0 = bytes_dot(q0, q0, x->xhi + at, x->xlo + at, NULL);
-      dot1 = bytes_dot(q1, q1, x->xhi + at + GROUP, x->xlo + at + GROUP, NULL);
+      dot0 = quad_dot(words0, x->xquad + at), dot1 = quad_dot(words1, x->xquad + at + 16);
     }
     even[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot0), _mm256_set1_ps(dl0 * x->scale[first]), even[i]);
     odd[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot1), _mm256_set1_ps(dl1 * x->scale[first + 1]), odd[i]);
-    min_even[i] = fmaf(ml0, x->sums32[first], min_even[i]);
-    min_odd[i] = fmaf(ml1, x->sums32[first + 1], min_odd[i]);
+    if (is_q4_1) {
+      min_even[i] = fmaf(-load_f32(b0 + 4), x->sums32[first], min_even[i]);
+      min_odd[i] = fmaf(-load_f32(b1 + 4), x->sums32[first + 1], min_odd[i]);
+    }
   }
 }
 
@@ -401,11 +418,11 @@ static inline __attribute__((always_inline)) void row_dot(const int code, const 
   }
   const int groups = code >= FORMAT_Q2_K ? 8 : 1, has_min = format_has_min(code);
   const int64_t groups_per_row = cols / GROUP;
-  if (code == FORMAT_Q4_1 && byte_products(code, cols)) {
+  if (is_nibble_pairs(code) && byte_products(code, cols)) {
     for (int64_t blk = 0; blk < num_blocks; blk += 2) {
       const uint8_t* b0 = row + blk * block_bytes;
       prefetch_ahead(b0, 2 * block_bytes);
-      q4_1_pair_avx2(m, b0, b0 + block_bytes, blk, x, cols, even, odd, min_even, min_odd);
+      nibble_pair_avx2(code, m, b0, b0 + block_bytes, blk, x, cols, even, odd, min_even, min_odd);
     }
   } else if (groups == 1) {
     int64_t blk = 0;
@@ -452,10 +469,10 @@ static inline __attribute__((always_inline)) __m512 f16_pair_512(const uint8_t* 
                                                  _mm256_set1_epi16((short)load_u16(p1))));
 }
 
-/* row_dot for Q4_K, Q6_K, Q8_0 and Q4_1 (byte_products) with 512-bit vectors: two groups at a time
+/* row_dot for Q4_K, Q6_K, Q8_0, Q4_1 and Q4_0 (byte_products) with 512-bit vectors: two groups at a time
    (g even in lanes 0..7, g + 1 in 8..15 of one accumulator: the AVX2 row_dot's even and odd
    accumulators side by side), the same int32 lanes (Q8_0: block_decode_q16.h's pair layout; Q4_K,
-   Q6_K, Q4_1: byte products, 4 bytes a lane in vpdpbusd) and the same FMAs in the same order per
+   Q6_K, Q4_1, Q4_0: byte products, 4 bytes a lane in vpdpbusd) and the same FMAs in the same order per
    lane, so the same bits as row_dot. */
 static inline __attribute__((always_inline)) __m512i pair_dot(const __m512i w[2], const int16_t* xp) {
   __m512i dot = _mm512_madd_epi16(w[0], _mm512_loadu_si512((const void*)xp));
@@ -489,24 +506,31 @@ static inline __attribute__((always_inline)) void row_dot_512(const int code, co
     min_even[i] = min_odd[i] = 0.0f;
   }
   const int64_t groups_per_row = cols / GROUP;
-  if (code == FORMAT_Q4_1) {  /* an even number of blocks a row (byte_products) */
+  if (is_nibble_pairs(code)) {  /* Q4_1, Q4_0: an even number of blocks a row (byte_products) */
+    const int is_q4_1 = code == FORMAT_Q4_1, nibbles = is_q4_1 ? 8 : 2;
     for (int64_t blk = 0; blk < num_blocks; blk += 2) {
       const uint8_t* b0 = row + blk * block_bytes;
       const uint8_t* b1 = b0 + block_bytes;
       prefetch_ahead(b0, 2 * block_bytes);
-      const __m512i q = q4_1_pair_bytes_512(b0, b1);
+      const __m512i q = nibble_pair_bytes_512(b0 + nibbles, b1 + nibbles);
+      const __m512i w = is_q4_1 ? q : _mm512_sub_epi8(q, _mm512_set1_epi8(8));  /* the signed weights */
       __m512i words[2];
-      if (m > BYTE_ROWS) quad_words_512(q, _mm512_setzero_si512(), words);
-      /* [d0 x 8 | d1 x 8] and the mins the same way */
-      const __m512 dl = _mm512_mask_broadcastss_ps(_mm512_set1_ps(load_f32(b0)), 0xFF00, _mm_load_ss((const float*)b1));
-      const __m512 ml = _mm512_mask_broadcastss_ps(_mm512_set1_ps(load_f32(b0 + 4)), 0xFF00, _mm_load_ss((const float*)(b1 + 4)));
+      if (m > BYTE_ROWS) quad_words_512(w, _mm512_movm_epi8(_mm512_movepi8_mask(w)), words);
+      /* [d0 x 8 | d1 x 8], and Q4_1's mins the same way */
+      const __m512 dl = is_q4_1 ? _mm512_mask_broadcastss_ps(_mm512_set1_ps(load_f32(b0)), 0xFF00, _mm_load_ss((const float*)b1))
+                                : f16_pair_512(b0, b1);
+      const __m512 ml = is_q4_1 ? _mm512_mask_broadcastss_ps(_mm512_set1_ps(load_f32(b0 + 4)), 0xFF00,
+                                                             _mm_load_ss((const float*)(b1 + 4)))
+                                : _mm512_setzero_ps();
       for (int i = 0; i < m; i++) {
-        const int64_t pair = (i * groups_per_row + blk) * 8;
+        const int64_t pair = (i * groups_per_row + blk) * 8, at = i * cols + blk * GROUP;
         const __m512 scale = _mm512_mul_ps(dl, _mm512_loadu_ps(x->pair_scale + pair));
-        const __m512i dot = pair_lanes_512(m <= BYTE_ROWS, q, q, words, x, i * cols + blk * GROUP, _mm512_setzero_si512());
+        const __m512i start = is_q4_1 || m > BYTE_ROWS ? _mm512_setzero_si512()
+                                                       : _mm512_loadu_si512((const void*)(x->bias32 + at / 4));
+        const __m512i dot = pair_lanes_512(m <= BYTE_ROWS, q, w, words, x, at, start);
         acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[i]);
         /* lanes 0 and 8: the AVX2 build's min_even and min_odd, fmaf(-m, S, .) */
-        min_pairs[i] = _mm512_fnmadd_ps(ml, _mm512_loadu_ps(x->pair_sums + pair), min_pairs[i]);
+        if (is_q4_1) min_pairs[i] = _mm512_fnmadd_ps(ml, _mm512_loadu_ps(x->pair_sums + pair), min_pairs[i]);
       }
     }
     for (int i = 0; i < m; i++) {
@@ -642,12 +666,12 @@ static inline void row_dot(const int code, const int m, const uint8_t* row, int6
         sdl[i] = dl * x->scale[i * groups_per_row + blk];
         if (format_has_min(code)) min_acc[i] = fmaf(ml[0], x->sums32[i * groups_per_row + blk], min_acc[i]);
       }
-      if (byte_products(code, cols)) {  /* Q4_1: the byte products' lanes */
+      if (byte_products(code, cols)) {  /* Q4_1, Q4_0: the byte products' lanes */
         uint8_t u[GROUP];
         float scale[MAX_M][2];
         group_bytes_scalar(code, row + blk * block_bytes, 0, u);
         for (int i = 0; i < m; i++) scale[i][0] = scale[i][1] = sdl[i];
-        byte_group_step(m, u, 0, blk, scale, x, cols, blk % 2 ? odd : even);
+        byte_group_step(m, u, byte_offset(code), blk, scale, x, cols, blk % 2 ? odd : even);
       } else {
         integer_group_step(m, q, blk, sdl, 1, x, cols, blk % 2 ? odd : even);
       }
@@ -699,7 +723,7 @@ static inline void row_dot(const int code, const int m, const uint8_t* row, int6
 #endif
 
 #if PAIR_LAYOUT
-#define USES_512(C) ((C) == FORMAT_Q4_K || (C) == FORMAT_Q6_K || (C) == FORMAT_Q8_0 || ((C) == FORMAT_Q4_1 && byte_products(C, cols)))
+#define USES_512(C) ((C) == FORMAT_Q4_K || (C) == FORMAT_Q6_K || (C) == FORMAT_Q8_0 || (is_nibble_pairs(C) && byte_products(C, cols)))
 #define ROW_CASE(C, M)                                                                             \
   case M:                                                                                         \
     if (USES_512(C)) row_dot_512(C, M, row, num_blocks, block_bytes, x, cols, out, out_stride);   \
@@ -739,14 +763,14 @@ int blocks_matmul_q16(int code, int64_t block_size, int64_t block_bytes, const u
                      quantized.scale + i * groups_per_row + group, quantized.sums + 2 * (i * groups_per_row + group),
                      quantized.sums32 + i * groups_per_row + group);
   if (PAIR_LAYOUT && code == FORMAT_Q8_0) pair_layout(quantized.xq, quantized.xp, m, cols);
-  if (PAIR_LAYOUT && (code == FORMAT_Q8_0 || (code == FORMAT_Q4_1 && byte_products(code, cols))))
+  if (PAIR_LAYOUT && (code == FORMAT_Q8_0 || (is_nibble_pairs(code) && byte_products(code, cols))))
     pair_factors(quantized.scale, quantized.sums32, quantized.pair_scale, quantized.pair_sums, m * groups_per_row);
 #ifdef __AVX2__
   if (byte_products(code, cols)) {  /* byte products for calls of <= BYTE_ROWS rows */
     const int64_t last = m - MAX_M * ((m - 1) / MAX_M);  /* the rows of the last group of MAX_M */
     if (last <= BYTE_ROWS_OF(code))
       split_bytes(quantized.xq, quantized.xlo, quantized.xhi, quantized.bias16, quantized.bias32, m * cols,
-                  code == FORMAT_Q6_K);
+                  byte_offset(code));
     if (m > BYTE_ROWS_OF(code)) quad_layout(quantized.xq, quantized.xquad, m * cols);
   }
 #endif

@@ -142,12 +142,13 @@ def test_int16_activation_products_are_the_same_bits_in_every_build(format_name)
 
 def _edge_rows(format_name: str, cols: int) -> np.ndarray:
     """Random blocks, then rows at the byte products' edges: Q4_K nibbles 15 (scales and mins 63),
-    Q4_1 nibbles 15 and 0, Q6_K values u = 0 (weight -32) and u = 63 with sub-scales -128 and 127."""
+    Q4_1 and Q4_0 nibbles 15 and 0 (Q4_0's weights 7 and -8), Q6_K values u = 0 (weight -32) and u = 63 with sub-scales -128 and 127."""
     rows = random_gguf_rows(format_name, 6, cols, seed=11)
     blocks = rows.reshape(6, cols // FORMATS[format_name].block_size, -1)
-    if format_name == "Q4_1":  # fp16 d and m, then 16 bytes of nibbles
-        blocks[0, :, 4:] = 0xFF
-        blocks[1, :, 4:] = 0x00
+    if format_name in ("Q4_1", "Q4_0"):  # fp16 d (and m), then 16 bytes of nibbles
+        nibbles = 4 if format_name == "Q4_1" else 2
+        blocks[0, :, nibbles:] = 0xFF
+        blocks[1, :, nibbles:] = 0x00
     elif format_name == "Q4_K":
         blocks[0, :, 4:] = 0xFF
         blocks[1, :, 16:] = 0x00
@@ -176,10 +177,10 @@ def _edge_x(cols: int) -> torch.Tensor:
     return x
 
 
-@pytest.mark.parametrize("format_name", ["Q4_1", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("format_name", ["Q4_0", "Q4_1", "Q4_K", "Q6_K"])
 def test_byte_products_at_their_edges_agree_in_every_build(format_name):
-    """Q4_K, Q6_K and Q4_1 (rows of an even number of blocks) multiply x split in two bytes (one row a call,
-    Q4_1 none in the AVX2 build; two in the AVX-512 build) and int16 weights in the same lanes (more rows):
+    """Q4_K, Q6_K, Q4_1 and Q4_0 (rows of an even number of blocks) multiply x split in two bytes (one row a
+    call, Q4_1 and Q4_0 none in the AVX2 build; two in the AVX-512 build) and int16 weights in the same lanes (more rows):
     within the int16 bound, and the same bits in every build, for every number of rows a call (9 = 8 + 1
     mixes both ways in one call)."""
     cols = 512
