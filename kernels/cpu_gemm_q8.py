@@ -11,10 +11,16 @@ blocks they come from (plus the padding of a last partial group).
 Numerics: the weights are exactly the blocks' values; x carries a rounding error of at
 most half its block's scale per element. The quality this costs a model is measured
 (docs/performance.md); the cpu backend uses the path where that measurement allows.
+
+`matmul_q16` multiplies the same repacked Q4_1 / Q4_K weights by int16 activations instead (the
+few-rows block kernels' quantization, kernels/csrc/q16_activations.h), for decode: the weights read
+16 (8) rows a vector with x's bytes broadcast, where the block kernels read one row's blocks at a
+time (docs/performance.md, "Decode over interleaved rows").
 `load()` raises native_build.NativeUnavailable where the kernels cannot run.
 """
 
 import ctypes
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,13 +28,17 @@ import torch
 from torch import Tensor
 
 from kernels.block_formats import FORMATS, BlockWeight
-from kernels.kernel_program import note_unrecorded
+from kernels.kernel_program import PackedKernel, note_unrecorded
 from kernels.native_build import FIND_COMPILER, library_variant, load_library
 
 # The block formats (kernels/block_formats.py) the kernels repack: Q4_1 and Q4_K into 32-weight groups
 # with a float32 scale and min each (Q4_K's d * sc and -dmin * m are exact in float32: 24 bytes per 32
 # weights against Q4_K's 18), Q4_0 and Q8_0 into groups with a float32 scale (20 and 36 bytes).
 GEMM_FORMATS = ("Q4_0", "Q4_1", "Q8_0", "Q4_K")
+# The formats matmul_q16 reads repacked (the layout with a float32 scale and min per 32 weights)
+Q16_FORMATS = ("Q4_1", "Q4_K")
+# gemm_q16_packed's fields: layout, packed W, x, y, m, rows, cols, y's row stride, threads
+_Q16_ARGS = struct.Struct("<9q").pack
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,7 @@ class CpuGemmQ8:
         self._gemm = library.gemm_q8
         self._gemm.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
         self._gemm.restype = ctypes.c_int
+        self._gemm_q16 = PackedKernel(library.gemm_q16_packed)  # recordable (kernels/kernel_program.py)
 
     @staticmethod
     def fits(weight: BlockWeight) -> bool:
@@ -92,6 +103,32 @@ class CpuGemmQ8:
                             x.shape[0], weight.rows, weight.cols, torch.get_num_threads())
         if status:
             raise MemoryError("gemm_q8: no memory for the quantized activations")
+        return out
+
+
+    def matmul_q16(self, x: Tensor, weight: PackedBlocks, out: Tensor | None = None) -> Tensor:
+        """x (m, in) float32 @ weight^T -> (m, out) float32, x quantized to int16 per group of 32; into `out`
+        when given: (m, weight.rows) float32 with contiguous rows (the columns of a fused projection's output)."""
+        x = x.contiguous()
+        if weight.format not in Q16_FORMATS:
+            raise ValueError(f"matmul_q16 reads {', '.join(Q16_FORMATS)} repacked, not {weight.format}")
+        if x.dim() != 2 or x.shape[1] != weight.cols or x.dtype != torch.float32:
+            raise ValueError(f"matmul_q16 wants x (m, {weight.cols}) float32, got {tuple(x.shape)} {x.dtype}")
+        if weight.variant != self.variant:
+            raise ValueError(f"weight packed for {weight.variant}, kernels are {self.variant}")
+        if out is None:
+            out = torch.empty((x.shape[0], weight.rows), dtype=torch.float32)
+        elif (out.shape != (x.shape[0], weight.rows) or out.dtype != torch.float32 or out.stride(1) != 1
+              or out.stride(0) < weight.rows):
+            raise ValueError(f"out must be float32 ({x.shape[0]}, {weight.rows}) with contiguous rows, got "
+                             f"{out.dtype} {tuple(out.shape)} strides {out.stride()}")
+        status = self._gemm_q16(_Q16_ARGS(weight.layout, weight.packed.data_ptr(), x.data_ptr(), out.data_ptr(),
+                                          x.shape[0], weight.rows, weight.cols, out.stride(0),
+                                          torch.get_num_threads()))
+        if status == -2:
+            raise MemoryError("matmul_q16: no memory for the quantized activations")
+        if status:
+            raise ValueError(f"matmul_q16: layout {weight.layout} is not the scale-and-min one")
         return out
 
 

@@ -49,10 +49,10 @@
 #include <stdlib.h>
 
 #include "block_decode_q16.h"
+#include "q16_activations.h"
 
 #define GROUP 32
 #define MAX_M 8
-#define Q16_MAX 32767.0f
 /* Each thread reads its rows of W once, as one forward stream (rows are contiguous). At one row of x the
    hardware prefetchers alone left a core waiting on memory: a 16384x2048 Q4_K weight read from memory at
    ~5-6 GB/s on one thread of an Intel Xeon where the same kernel runs at ~17 GB/s from cache and a plain
@@ -178,46 +178,6 @@ static void split_bytes(const int16_t* xq, uint8_t* xlo, int8_t* xhi, int16_t* b
   for (int64_t k = 0; k < n / 4; k++) bias32[k] = bias16[2 * k] + bias16[2 * k + 1];
 }
 
-static void quantize_group(const float* x, int16_t* xq, float* scale, float* sums, float* sum32) {
-#ifdef __AVX2__
-  __m256 v[4], amax = _mm256_setzero_ps();
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-  for (int k = 0; k < 4; k++) {
-    v[k] = _mm256_loadu_ps(x + 8 * k);
-    amax = _mm256_max_ps(amax, _mm256_and_ps(v[k], abs_mask));
-  }
-  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-  float max_abs = _mm_cvtss_f32(m4);
-  float inverse = max_abs > 0.0f ? Q16_MAX / max_abs : 0.0f;
-  __m256 inv = _mm256_set1_ps(inverse);
-  __m256i lo = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[0], inv)), _mm256_cvtps_epi32(_mm256_mul_ps(v[1], inv)));
-  __m256i hi = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[2], inv)), _mm256_cvtps_epi32(_mm256_mul_ps(v[3], inv)));
-  /* packs interleaves 128-bit lanes: put the 16-bit values back in order */
-  _mm256_storeu_si256((__m256i*)xq, _mm256_permute4x64_epi64(lo, 0xD8));
-  _mm256_storeu_si256((__m256i*)(xq + 16), _mm256_permute4x64_epi64(hi, 0xD8));
-  for (int half = 0; half < 2; half++) {
-    __m256 s = _mm256_add_ps(v[2 * half], v[2 * half + 1]);
-    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
-    sums[half] = _mm_cvtss_f32(s4);
-  }
-#else
-  float max_abs = 0.0f;
-  for (int j = 0; j < GROUP; j++) max_abs = fmaxf(max_abs, fabsf(x[j]));
-  float inverse = max_abs > 0.0f ? Q16_MAX / max_abs : 0.0f;
-  for (int j = 0; j < GROUP; j++) xq[j] = (int16_t)nearbyintf(x[j] * inverse);  /* ties to even, as cvtps */
-  for (int half = 0; half < 2; half++) {
-    float lane[8];
-    for (int k = 0; k < 8; k++) lane[k] = x[16 * half + k] + x[16 * half + 8 + k];
-    sums[half] = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
-  }
-#endif
-  *scale = max_abs / Q16_MAX;
-  *sum32 = sums[0] + sums[1];
-}
 
 /* xq (m, cols) -> xp: each row's 32-groups g, h = g + 1 (g even) as
    [x_g 0..15 | x_h 16..31 | x_g 16..31 | x_h 0..15] (block_decode_q16.h's pair layout); a row of

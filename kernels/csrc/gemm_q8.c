@@ -20,7 +20,15 @@
    A micro-kernel multiplies one group (R rows) by up to TOKENS x rows, block by block,
    the block's weight vectors loaded once for all of them; OpenMP splits the groups. The sum
    over blocks runs in block order in float32 for every m, so a row's result does not depend
-   on how many rows share the call. */
+   on how many rows share the call.
+
+   gemm_q16 multiplies the same layout (LAYOUT_SCALE_MIN: Q4_1, Q4_K) by int16 activations instead
+   (q16_activations.h: what the few-rows block kernels use, 15 bits of each group's largest value), for
+   decode: each int16 x value split in a high byte (signed) and a low one (unsigned), x = 256 hi + lo,
+   and a block's integer dot product of row r the exact int32 256 * sum w hi + sum w lo (two vpdpbusd
+   a weight vector: nibbles x hi, lo x nibbles; AVX2: maddubs pairs); then per row and block, in block
+   order, acc = fma(float(dot), d_w * s_x, acc) and mins = fma(m_w, sum x, mins), y = acc + mins: the
+   same float operations in both builds, so the same bits, and none depends on m. */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
@@ -28,6 +36,7 @@
 #include <string.h>
 
 #include "block_decode.h"
+#include "q16_activations.h"
 
 #define BLOCK 32
 #define TOKENS 8
@@ -323,4 +332,156 @@ int gemm_q8(int layout, const uint8_t* packed, const float* x, float* y, int64_t
   }
   free(xq), free(xd), free(xc);
   return 0;
+}
+
+/* ------------------------------------------------------------ int16 activations (gemm_q16) */
+
+/* x (m, cols) quantized (q16_activations.h), split in bytes: lo, hi (m, cols); s (m, nb) the scales;
+   sums (m, nb) the float sums of each 32 */
+typedef struct {
+  uint8_t* lo;
+  int8_t* hi;
+  float* s;
+  float* sums;
+} SplitRows;
+
+/* gemm_q16 asks for each group's weights this many bytes ahead of the block it multiplies (a group's
+   blocks are one forward stream; at one row of x the hardware prefetchers alone left it waiting, as
+   block_matmul_q16.c's PREFETCH_DISTANCE says of the blocks) */
+#define Q16_PREFETCH 2048
+
+static __thread void* q16_scratch = NULL;
+static __thread size_t q16_scratch_bytes = 0;
+
+static int split_rows(const float* x, int64_t m, int64_t cols, SplitRows* out) {
+  const int64_t n = m * cols, nb = cols / BLOCK;
+  const size_t need = (size_t)(2 * n + 8 * m * nb + 128);
+  if (need > q16_scratch_bytes) {
+    void* grown = realloc(q16_scratch, need);
+    if (grown == NULL) return -1;
+    q16_scratch = grown, q16_scratch_bytes = need;
+  }
+  out->lo = (uint8_t*)q16_scratch;
+  out->hi = (int8_t*)(out->lo + n);
+  out->s = (float*)(((uintptr_t)(out->hi + n) + 63) & ~(uintptr_t)63);
+  out->sums = out->s + m * nb;
+  for (int64_t index = 0; index < m * nb; index++) {
+    int16_t xq[BLOCK];
+    float sums16[2];
+    quantize_group(x + index * BLOCK, xq, out->s + index, sums16, out->sums + index);
+    for (int e = 0; e < BLOCK; e++) {
+      out->lo[index * BLOCK + e] = (uint8_t)(xq[e] & 0xFF);
+      out->hi[index * BLOCK + e] = (int8_t)(xq[e] >> 8);
+    }
+  }
+  return 0;
+}
+
+#if R == 16
+/* One group (16 rows) x nt rows of x over all nb blocks -> out (16 rows' results each). */
+static inline __attribute__((always_inline)) void group_tile_q16(const int nt, const uint8_t* group, int64_t nb,
+                                                                 const SplitRows* x, int64_t cols, float* out,
+                                                                 int64_t out_stride, int valid) {
+  __m512 acc[TOKENS], mins[TOKENS];
+  const int64_t gbb = group_block_bytes(LAYOUT_SCALE_MIN);
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int t = 0; t < nt; t++) acc[t] = mins[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; b++) {
+    const uint8_t* p = group + b * gbb;
+    for (int64_t byte = 0; byte < gbb; byte += 64) _mm_prefetch((const char*)p + Q16_PREFETCH + byte, _MM_HINT_T0);
+    const __m512 dw = _mm512_loadu_ps((const float*)p), mw = _mm512_loadu_ps((const float*)p + R);
+    const uint8_t* q = p + scale_bytes(LAYOUT_SCALE_MIN);
+    __m512i w[8];  /* w[k]: elements 4k..4k+3 of each row's 32 */
+    for (int j = 0; j < 4; j++) {
+      __m512i v = _mm512_loadu_si512((const void*)(q + 64 * j));
+      w[j] = _mm512_and_si512(v, low);
+      w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    }
+    for (int t = 0; t < nt; t++) {
+      const int8_t* hb = x->hi + t * cols + b * BLOCK;
+      const uint8_t* lb = x->lo + t * cols + b * BLOCK;
+      __m512i hi = _mm512_setzero_si512(), lo = _mm512_setzero_si512();
+      for (int k = 0; k < 8; k++) {
+        hi = _mm512_dpbusd_epi32(hi, w[k], _mm512_set1_epi32(x4(hb + 4 * k)));
+        lo = _mm512_dpbusd_epi32(lo, _mm512_set1_epi32(x4((const int8_t*)lb + 4 * k)), w[k]);
+      }
+      const __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(hi, 8), lo);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, _mm512_set1_ps(x->s[t * nb + b])), acc[t]);
+      mins[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(x->sums[t * nb + b]), mins[t]);
+    }
+  }
+  for (int t = 0; t < nt; t++) store_rows(out + t * out_stride, _mm512_add_ps(acc[t], mins[t]), valid);
+}
+#else
+/* AVX2: the nibbles (<= 15) against the high bytes make maddubs pairs <= 3840, eight of them add up in
+   int16 (30720); the low bytes (<= 255) against the nibbles make pairs <= 7650, four add up (30600). */
+static inline __attribute__((always_inline)) void group_tile_q16(const int nt, const uint8_t* group, int64_t nb,
+                                                                 const SplitRows* x, int64_t cols, float* out,
+                                                                 int64_t out_stride, int valid) {
+  __m256 acc[TOKENS], mins[TOKENS];
+  const int64_t gbb = group_block_bytes(LAYOUT_SCALE_MIN);
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  for (int t = 0; t < nt; t++) acc[t] = mins[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; b++) {
+    const uint8_t* p = group + b * gbb;
+    for (int64_t byte = 0; byte < gbb; byte += 64) _mm_prefetch((const char*)p + Q16_PREFETCH + byte, _MM_HINT_T0);
+    const __m256 dw = _mm256_loadu_ps((const float*)p), mw = _mm256_loadu_ps((const float*)p + R);
+    const uint8_t* q = p + scale_bytes(LAYOUT_SCALE_MIN);
+    __m256i w[8];
+    for (int j = 0; j < 4; j++) {
+      __m256i v = _mm256_loadu_si256((const __m256i*)(q + 32 * j));
+      w[j] = _mm256_and_si256(v, low);
+      w[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    }
+    for (int t = 0; t < nt; t++) {
+      const int8_t* hb = x->hi + t * cols + b * BLOCK;
+      const uint8_t* lb = x->lo + t * cols + b * BLOCK;
+      __m256i hi16 = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(x4(hb)));
+      for (int k = 1; k < 8; k++) hi16 = _mm256_add_epi16(hi16, _mm256_maddubs_epi16(w[k], _mm256_set1_epi32(x4(hb + 4 * k))));
+      __m256i lo = _mm256_setzero_si256();
+      for (int half = 0; half < 2; half++) {
+        __m256i lo16 = _mm256_maddubs_epi16(_mm256_set1_epi32(x4((const int8_t*)lb + 16 * half)), w[4 * half]);
+        for (int k = 4 * half + 1; k < 4 * half + 4; k++)
+          lo16 = _mm256_add_epi16(lo16, _mm256_maddubs_epi16(_mm256_set1_epi32(x4((const int8_t*)lb + 4 * k)), w[k]));
+        lo = _mm256_add_epi32(lo, _mm256_madd_epi16(lo16, ones));
+      }
+      const __m256i dot = _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(hi16, ones), 8), lo);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dw, _mm256_set1_ps(x->s[t * nb + b])), acc[t]);
+      mins[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(x->sums[t * nb + b]), mins[t]);
+    }
+  }
+  for (int t = 0; t < nt; t++) store_rows(out + t * out_stride, _mm256_add_ps(acc[t], mins[t]), valid);
+}
+#endif
+
+#define Q16_CASE(NT) case NT: group_tile_q16(NT, group, nb, &part, cols, out, y_stride, valid); break;
+
+/* packed: gemm_q8_repack's output in LAYOUT_SCALE_MIN; y (m, rows) = x (m, cols) @ W^T with x quantized to
+   int16, row i of y at y + i * y_stride (y_stride >= rows). Returns 0, -1 for another layout, -2 when the
+   quantized x cannot be allocated. Groups split statically between threads. */
+int gemm_q16(int layout, const uint8_t* packed, const float* x, float* y, int64_t m, int64_t rows, int64_t cols,
+             int64_t y_stride, int num_threads) {
+  if (layout != LAYOUT_SCALE_MIN) return -1;
+  SplitRows split;
+  if (split_rows(x, m, cols, &split)) return -2;
+  const int64_t nb = cols / BLOCK, groups = (rows + R - 1) / R, gbb = group_block_bytes(layout);
+  #pragma omp parallel for schedule(static) num_threads(num_threads)
+  for (int64_t g = 0; g < groups; g++) {
+    const uint8_t* group = packed + g * nb * gbb;
+    const int valid = rows - g * R < R ? (int)(rows - g * R) : R;
+    for (int64_t t0 = 0; t0 < m; t0 += TOKENS) {
+      const int nt = m - t0 < TOKENS ? (int)(m - t0) : TOKENS;
+      const SplitRows part = {split.lo + t0 * cols, split.hi + t0 * cols, split.s + t0 * nb, split.sums + t0 * nb};
+      float* out = y + t0 * y_stride + g * R;
+      switch (nt) { Q16_CASE(1) Q16_CASE(2) Q16_CASE(3) Q16_CASE(4) Q16_CASE(5) Q16_CASE(6) Q16_CASE(7) Q16_CASE(8) }
+    }
+  }
+  return 0;
+}
+
+/* The packed-argument entry point (kernels/kernel_program.py records it): gemm_q16's parameters in
+   order, 8 bytes each. */
+int64_t gemm_q16_packed(const int64_t* a) {
+  return gemm_q16((int)a[0], (const uint8_t*)(intptr_t)a[1], (const float*)(intptr_t)a[2], (float*)(intptr_t)a[3],
+                  a[4], a[5], a[6], a[7], (int)a[8]);
 }

@@ -95,3 +95,50 @@ def test_refuses_what_it_cannot_run(gemm):
     assert not gemm.fits(q6)
     with pytest.raises(ValueError, match="gemm_q8 reads"):
         gemm.repack(q6)
+
+
+@pytest.mark.parametrize("block_format", cpu_gemm_q8.Q16_FORMATS)
+@pytest.mark.parametrize("rows, cols", [(37, 256), (40, 768)])
+def test_int16_activations_are_within_their_bound(gemm, block_format, rows, cols):
+    """matmul_q16 over the repacked blocks: the weights exact, each x value off by at most max|x over its
+    group of 32| / 65534 (the few-rows block kernels' bound: the same quantization); 37 rows end in a
+    partial group; 11 rows are a call of 8 and one of 3, and a row's bits do not depend on them."""
+    weight, dense = _block_weight(block_format, rows, cols, seed=rows)
+    packed = gemm.repack(weight)
+    x = torch.randn(11, cols, generator=torch.Generator().manual_seed(cols))
+    x[2, 40] = 30.0  # an outlier: its group's other values get coarser steps
+    got = gemm.matmul_q16(x, packed)
+    group_max = x.abs().reshape(11, -1, 32).amax(-1, keepdim=True).expand(-1, -1, 32).reshape(11, cols).double()
+    bound = (group_max / 65534) @ torch.from_numpy(np.abs(dense)).T
+    error = (got.double() - x.double() @ torch.from_numpy(dense).T).abs()
+    assert (error <= bound * 1.001 + 1e-5).all()
+    for m in (1, 3, 8):
+        assert torch.equal(gemm.matmul_q16(x[:m], packed), got[:m])
+    wider = torch.zeros(11, rows + 5)
+    gemm.matmul_q16(x, packed, out=wider[:, 2:2 + rows])  # the columns of a wider output
+    assert torch.equal(wider[:, 2:2 + rows], got) and not wider[:, :2].any() and not wider[:, 2 + rows:].any()
+
+
+def test_int16_activations_are_the_same_bits_in_every_build():
+    """Each build runs its own group height (16 rows, 8) and integer products (vpdpbusd, maddubs pairs), but
+    the same float operations per row and block: the same bits."""
+    builds = [cpu_gemm_q8.load(radixserve_home() / "kernels", variant=name) for name in RUNNABLE]
+    if len(builds) < 2 or find_compiler() is None:
+        pytest.skip("one build runs here: nothing to compare")
+    for block_format in cpu_gemm_q8.Q16_FORMATS:
+        weight, _ = _block_weight(block_format, 40, 768, seed=5)
+        x = torch.randn(9, 768, generator=torch.Generator().manual_seed(6))
+        results = [kernels.matmul_q16(x, kernels.repack(weight)) for kernels in builds]
+        for other in results[1:]:
+            assert torch.equal(other, results[0]), block_format
+
+
+def test_int16_activations_refuse_what_they_cannot_run(gemm):
+    weight, _ = _block_weight("Q8_0", 16, 256, seed=7)
+    with pytest.raises(ValueError):
+        gemm.matmul_q16(torch.zeros(1, 256), gemm.repack(weight))  # not a scale-and-min layout
+    weight, _ = _block_weight("Q4_1", 16, 256, seed=7)
+    with pytest.raises(ValueError):
+        gemm.matmul_q16(torch.zeros(1, 255), gemm.repack(weight))
+    with pytest.raises(ValueError):
+        gemm.matmul_q16(torch.zeros(2, 256), gemm.repack(weight), out=torch.zeros(2, 15))
