@@ -48,9 +48,13 @@ from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from model import backends
+from kernels import cpu_gemm_q8
+from kernels.cpu_features import resolve_variant, this_cpu
+from kernels.cpu_gemm_q8 import Q16_FORMATS
+from kernels.native_build import NativeUnavailable
 from model.backends.cpu_backend import INT8_FLOAT_ACTIVATION_LAYERS, CpuBackend
 from model.backends.cpu_linear import BlockLinear, CpuLinear
-from store.model_store import pull
+from store.model_store import pull, radixserve_home
 
 PATHS = ("bf16", "bf16-all", "int8", "int16-decode")
 NUM_ANSWER_TOKENS = 16
@@ -87,24 +91,35 @@ def _engine(model_dir, int8_activations: bool, cpu_kernels: str, float_layers: t
 
 class Int16TailRows:
     """Switches an engine's few-rows products over blocks to int16 activations for every row count
-    (the tail rows of prompt_tail_logits go through the decode kernels), and back to float32."""
+    (the tail rows of prompt_tail_logits go through the decode kernels), and back to float32. Its Q4_1 / Q4_K
+    projections get the copies in interleaved rows that an int16-decode engine holds (cpu_backend,
+    DECODE_COPY_MAX_BYTES), where their kernels run here, so the kernels scored are the ones serving decodes with."""
 
-    def __init__(self, engine: LLMEngine):
+    def __init__(self, engine: LLMEngine, cpu_kernels: str):
         self.backend = engine.backend
         self.modules = [m for m in engine.model.modules()
                         if isinstance(m, BlockLinear) or (isinstance(m, CpuLinear) and m.few_rows is not None)]
-        self.limits = [m.few_rows_max for m in self.modules]
+        self.limits = [(m.few_rows_max, m.kernel_rows_max) for m in self.modules]
         self.activations = self.backend.decode_activations
+        try:
+            interleaved = cpu_gemm_q8.load(radixserve_home() / "kernels", variant=resolve_variant(cpu_kernels, this_cpu())[0])
+        except NativeUnavailable as error:
+            print(f"int16-decode over the blocks only ({error})", file=sys.stderr)
+            return
+        for module in self.modules:
+            parts = module.parts if isinstance(module, BlockLinear) else module.few_rows.keywords["parts"]
+            if all(part.format in Q16_FORMATS for part in parts):
+                self.backend.add_decode_copies(interleaved, parts)
 
     def __enter__(self):
         self.backend.decode_activations = "int16"
-        for module in self.modules:
-            module.few_rows_max = sys.maxsize
+        for module in self.modules:  # every row count through the few-rows kernels (in groups of 8)
+            module.few_rows_max = module.kernel_rows_max = sys.maxsize
 
     def __exit__(self, *exc_info):
         self.backend.decode_activations = self.activations
-        for module, limit in zip(self.modules, self.limits):
-            module.few_rows_max = limit
+        for module, (limit, kernel_limit) in zip(self.modules, self.limits):
+            module.few_rows_max, module.kernel_rows_max = limit, kernel_limit
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -142,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         engines[path] = reference if path == "int16-decode" else _path_engine(path, model_dir, args.cpu_kernels,
                                                                                float_layers)
         print(f"{path}: {engines[path].backend.describe()}", file=sys.stderr)
-    int16_tail = Int16TailRows(reference)
+    int16_tail = Int16TailRows(reference, args.cpu_kernels)
     greedy = SamplingParams(max_tokens=NUM_ANSWER_TOKENS, temperature=0.0)
     scores = {path: ([], [], []) for path in paths}  # path -> (KL rows, agreement rows, first answer token same)
     answers: list[list[int]] = []

@@ -60,6 +60,7 @@ class CpuGemmQ8:
         variant_name = library.gemm_q8_variant
         variant_name.restype = ctypes.c_char_p
         self.variant = variant_name().decode()
+        self.interleave = int(library.gemm_q8_interleave())  # rows a group: 16 (AVX-512), 8 (AVX2)
         self._layout = library.gemm_q8_layout
         self._layout.argtypes = [ctypes.c_int]
         self._layout.restype = ctypes.c_int

@@ -65,12 +65,17 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
     if float_prefill_max_bytes is None:  # bf16 products need no copy (cpu_backend.FLOAT_PREFILL_MAX_BYTES: why)
         float_prefill_max_bytes = 0 if prefill_math.bf16_products else FLOAT_PREFILL_MAX_BYTES
     fallbacks = list(skipped) + list(bf16_skipped)
-    gemm_q8 = None
+    gemm_q8 = interleaved = None
     if int8_activations:
         try:
             gemm_q8 = cpu_gemm_q8.load(build_dir, compiler, variant)
         except NativeUnavailable as error:
             fallbacks.append(f"int8 GEMM over blocks off ({error}): oneDNN float32 and the float blocks kernel")
+    elif decode_activations == "int16":
+        try:  # the same library's int16 products over interleaved rows, for decode (cpu_backend.DECODE_COPY_MAX_BYTES)
+            interleaved = cpu_gemm_q8.load(build_dir, compiler, variant)
+        except NativeUnavailable as error:
+            fallbacks.append(f"int16 decode over interleaved rows off ({error}): over the blocks")
     try:
         matvec = cpu_matvec.load(build_dir, compiler, variant)
     except NativeUnavailable as error:
@@ -116,7 +121,8 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
                       functools.partial(block_matmul.load_best, build_dir, compiler, variant), gemm_q8=gemm_q8,
                       instruction_sets=instruction_sets, float_prefill_max_bytes=float_prefill_max_bytes,
                       decode_activations=decode_activations, prefill_math=prefill_math,
-                      prefill_attention=prefill_attention, bf16_prefill_attention=bf16_prefill_attention)
+                      prefill_attention=prefill_attention, bf16_prefill_attention=bf16_prefill_attention,
+                      interleaved=interleaved)
 
 
 # name -> what it needs to run here (None: runs)

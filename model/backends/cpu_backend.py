@@ -7,7 +7,9 @@ instruction sets the CPU has, and which kernel variant was built: kernels/cpu_fe
   prefill and decode alike, as int8 GEMMs with activations quantized per block of 32
   (kernels/cpu_gemm_q8.py: AVX-512 VNNI or AVX2), the blocks repacked at load; other formats, and
   every weight without it, as below;
-- weights held as GGUF blocks: decode over the blocks (C kernels); prefill over a copy of the
+- weights held as GGUF blocks: decode over the blocks (C kernels), with int16 activations (the default) the
+  Q4_1 / Q4_K projections over a copy repacked into interleaved rows where it fits in
+  `decode_copy_max_bytes` (kernels/cpu_gemm_q8.py, matmul_q16); prefill over a copy of the
   projections in prefill's dtype when it fits in `float_prefill_max_bytes` (a small model), else a tiled
   GEMM over rows dequantized on the fly (no copy of a weight is ever whole). Prefill's dtype is float32,
   or bfloat16 where the CPU has native bf16 and it is asked for or measured faster (kernels/cpu_features.py,
@@ -41,7 +43,7 @@ from torch import Tensor, nn
 from kernels.attention_inputs import AttentionInputs
 from kernels.attention_plan import AttentionPolicy
 from kernels.cpu_decode_ops import CpuDecodeOps
-from kernels.cpu_gemm_q8 import CpuGemmQ8
+from kernels.cpu_gemm_q8 import Q16_FORMATS, CpuGemmQ8, PackedBlocks
 from kernels.cpu_prefill_attention import CpuPrefillAttention
 from kernels.block_formats import BlockWeight
 from kernels.block_matmul import BlockKernels
@@ -98,6 +100,13 @@ INT8_FLOAT_ACTIVATION_LAYERS: tuple[str, ...] = ()
 # 0.96x (1k tokens) and 0.89x (4k) as fast in 512-token chunks, the server's, and held 0.5 GiB less
 # (docs/performance.md, "Decode steps replayed").
 FLOAT_PREFILL_MAX_BYTES = 1 << 30
+# With int16 decode activations, a model whose Q4_1 / Q4_K projections take at most this many bytes keeps a copy of
+# them repacked into rows interleaved by 16 (8 with AVX2: kernels/cpu_gemm_q8.py) beside the blocks, and decodes
+# over it: the same activations' quantization, 2-3x the block kernels' speed at one row (docs/performance.md,
+# "Decode over interleaved rows"). The copy costs the blocks' bytes again (SmolLM2-135M: 76 MiB; the
+# Llama-3.2-1B-shaped Q4_K_M file's Q4_K weights: 446 MiB); larger models keep the blocks only, until prefill
+# reads the interleaved rows too and the blocks can go.
+DECODE_COPY_MAX_BYTES = 1 << 30
 # With bfloat16 prefill, the projections (last part of the name) that prefill in float32 all the same. The LM
 # head's output is the logits sampling reads: rounded to bf16 (steps of 1/16 at 16) near-ties flip; and in
 # serving it runs on one row per prefilling sequence, so float32 costs it nothing there.
@@ -115,7 +124,8 @@ class CpuBackend(TorchBackend):
                  decode_activations: str = "int16", prefill_math: PrefillMath = FLOAT32_MATH,
                  bf16_float_layers: tuple[str, ...] = BF16_FLOAT_LAYERS,
                  prefill_attention: CpuPrefillAttention | None = None,
-                 bf16_prefill_attention: CpuPrefillAttention | None = None):
+                 bf16_prefill_attention: CpuPrefillAttention | None = None,
+                 interleaved: CpuGemmQ8 | None = None, decode_copy_max_bytes: int | None = None):
         super().__init__(torch.device("cpu"), torch.float32, fallbacks)
         # how prefill's GEMMs over GGUF blocks multiply (resolved: kernels.cpu_features.resolve_prefill_dtype,
         # then model.backends._make_cpu)
@@ -139,6 +149,12 @@ class CpuBackend(TorchBackend):
         # Built and loaded when a model first has blocks (a float32 model never pays the build).
         self._load_block_kernels = load_block_kernels
         self.gemm_q8 = gemm_q8  # products over blocks with int8 activations (every row count); None: off
+        # int16 decode over copies repacked into interleaved rows (the same library); None: over the blocks
+        self.interleaved = interleaved
+        self.decode_copy_max_bytes = DECODE_COPY_MAX_BYTES if decode_copy_max_bytes is None else decode_copy_max_bytes
+        self._decode_copy = False  # decided per model in prepare
+        self._decode_copies: dict[int, PackedBlocks] = {}  # id(a projection's BlockWeight) -> its copy
+        self._decode_copy_bytes = 0
         # with gemm_q8, the projections (last name part) that keep float activations (quality: docs/performance.md)
         self.float_activation_layers = float_activation_layers
         self.instruction_sets = instruction_sets  # the CPU's, and the kernel variant chosen
@@ -206,9 +222,21 @@ class CpuBackend(TorchBackend):
         for part in parts:
             self._resident[part.format] = self._resident.get(part.format, 0) + part.blocks.numel()
 
+    def add_decode_copies(self, interleaved: CpuGemmQ8, parts: list[BlockWeight]) -> None:
+        """Copies of `parts` (Q4_1 / Q4_K) in interleaved rows, which int16 decode then reads: what load makes
+        within decode_copy_max_bytes; also for a measurement that switches a float32-decode engine's
+        activations after load (bench/int8_activation_quality.py)."""
+        self.interleaved = interleaved
+        for part in parts:
+            copy = self._decode_copies[id(part)] = interleaved.repack(part)
+            self._decode_copy_bytes += copy.packed.numel()
+
     def _few_rows_over_blocks(self, x: Tensor, part: BlockWeight, out: Tensor | None = None) -> Tensor:
         """x @ part^T, into `out` (columns of a fused projection's output) when given."""
         if self.decode_activations == "int16":
+            copy = self._decode_copies.get(id(part))
+            if copy is not None:
+                return self.interleaved.matmul_q16(x, copy, out)
             return self.block_kernels.matmul_q16(x, part, out)  # every format (float ones run float32)
         if self.matvec is not None and part.format in MATVEC_FORMATS:
             return into(out, self.matvec.matmul_blocks(x, part))  # the tuned Q4_1 / Q8_0 kernel (csrc/matvec.c)
@@ -231,7 +259,11 @@ class CpuBackend(TorchBackend):
             self._linears[name] = LinearPlan(f"int8 GEMM over {formats} blocks ({self.gemm_q8.variant})")
             return BlockLinear(packed, layer.bias, self._int8_product, self.block_kernels.dequantize_rows, sys.maxsize)
         tuned = self.matvec is not None and all(p.format in MATVEC_FORMATS for p in parts)
-        if self.decode_activations == "int16":
+        if self._decode_copy and all(p.format in Q16_FORMATS for p in parts):
+            self.add_decode_copies(self.interleaved, parts)
+            kernel = (f"C int16 activations (a copy in rows interleaved by {self.interleaved.interleave}, "
+                      f"{self.interleaved.variant})")
+        elif self.decode_activations == "int16":
             kernel = f"C block matmul, int16 activations ({self.block_kernels.instruction_set})"
         else:
             kernel = "C matvec" if tuned else f"C block matmul ({self.block_kernels.instruction_set})"
@@ -271,6 +303,13 @@ class CpuBackend(TorchBackend):
         projection_bytes = sum(self._prefill_math_of(name).dtype.itemsize * part.rows * part.cols
                                for name, parts in blocks.items() if name != "embed_tokens" for part in parts)
         self._float_prefill = 0 < projection_bytes <= self.float_prefill_max_bytes
+        copy_bytes = sum(part.blocks.numel() for name, parts in blocks.items() if name != "embed_tokens"
+                         for part in parts if part.format in Q16_FORMATS)
+        self._decode_copy = (self.interleaved is not None and self.decode_activations == "int16"
+                             and 0 < copy_bytes <= self.decode_copy_max_bytes)
+        if self.interleaved is not None and copy_bytes > self.decode_copy_max_bytes:
+            self.fallbacks += (f"int16 decode over the blocks: a copy in interleaved rows would take "
+                               f"{copy_bytes / 2**20:.0f} MiB, over {self.decode_copy_max_bytes / 2**20:.0f} MiB",)
         if self.bf16_prefill_attention is not None and self.prefill_math.bf16_products and projection_bytes:
             self.prefill_attention = self.bf16_prefill_attention
         super().prepare(model, blocks)
@@ -345,6 +384,9 @@ class CpuBackend(TorchBackend):
         if self._resident:
             notes += ("weights resident as blocks: " + ", ".join(
                 f"{fmt} {size / 2**20:.0f} MiB" for fmt, size in sorted(self._resident.items())),)
+        if self._decode_copy_bytes:
+            notes += (f"decode over a copy of the Q4_1 / Q4_K projections in interleaved rows, "
+                      f"{self._decode_copy_bytes / 2**20:.0f} MiB (it fits in {self.decode_copy_max_bytes / 2**20:.0f} MiB)",)
         if self._float_prefill_bytes:
             notes += (f"prefill over {str(self.prefill_math.dtype).removeprefix('torch.')} copies of the projections, "
                       f"{self._float_prefill_bytes / 2**20:.0f} MiB (they fit in "
