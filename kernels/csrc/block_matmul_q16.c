@@ -172,7 +172,7 @@ static void pair_factors(const float* scale, const float* sums32, float* pair_sc
 /* xq's n values -> xlo, xhi; with an offset (byte_offset: Q6_K, Q4_0) bias16, bias32 */
 static void split_bytes(const int16_t* xq, uint8_t* xlo, int8_t* xhi, int16_t* bias16, int32_t* bias32, int64_t n,
                         int offset) {
-  for (int64_t e = 0; e < n; e++) xlo[e] = (uint8_t)(xq[e] & 0xFF), xhi[e] = (int8_t)(xq[e] >> 8);
+  split_int16(xq, xlo, xhi, n);
   if (!offset) return;
   for (int64_t j = 0; j < n / 2; j++) bias16[j] = (int16_t)(-offset * (xhi[2 * j] + xhi[2 * j + 1]));
   for (int64_t k = 0; k < n / 4; k++) bias32[k] = bias16[2 * k] + bias16[2 * k + 1];

@@ -369,10 +369,7 @@ static int split_rows(const float* x, int64_t m, int64_t cols, SplitRows* out) {
     int16_t xq[BLOCK];
     float sums16[2];
     quantize_group(x + index * BLOCK, xq, out->s + index, sums16, out->sums + index);
-    for (int e = 0; e < BLOCK; e++) {
-      out->lo[index * BLOCK + e] = (uint8_t)(xq[e] & 0xFF);
-      out->hi[index * BLOCK + e] = (int8_t)(xq[e] >> 8);
-    }
+    split_int16(xq, out->lo + index * BLOCK, out->hi + index * BLOCK, BLOCK);
   }
   return 0;
 }

@@ -56,4 +56,9 @@ static inline void quantize_group(const float* x, int16_t* xq, float* scale, flo
   *sum32 = sums[0] + sums[1];
 }
 
+/* xq's n values split in bytes, xq = 256 hi + lo: lo unsigned, hi signed (the byte products' operands) */
+static inline void split_int16(const int16_t* xq, uint8_t* lo, int8_t* hi, int64_t n) {
+  for (int64_t e = 0; e < n; e++) lo[e] = (uint8_t)(xq[e] & 0xFF), hi[e] = (int8_t)(xq[e] >> 8);
+}
+
 #endif
