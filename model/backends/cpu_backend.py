@@ -259,10 +259,13 @@ class CpuBackend(TorchBackend):
             self._linears[name] = LinearPlan(f"int8 GEMM over {formats} blocks ({self.gemm_q8.variant})")
             return BlockLinear(packed, layer.bias, self._int8_product, self.block_kernels.dequantize_rows, sys.maxsize)
         tuned = self.matvec is not None and all(p.format in MATVEC_FORMATS for p in parts)
-        if self._decode_copy and all(p.format in Q16_FORMATS for p in parts):
-            self.add_decode_copies(self.interleaved, parts)
+        copied = [p for p in parts if p.format in Q16_FORMATS] if self._decode_copy else []
+        if copied:  # a fused projection's other parts (a Q6_K v) stay on the blocks
+            self.add_decode_copies(self.interleaved, copied)
             kernel = (f"C int16 activations (a copy in rows interleaved by {self.interleaved.interleave}, "
-                      f"{self.interleaved.variant})")
+                      f"{self.interleaved.variant}" + (f", for its {'+'.join(p.format for p in copied)} parts; "
+                                                       f"the rest C block matmul" if len(copied) < len(parts) else "")
+                      + ")")
         elif self.decode_activations == "int16":
             kernel = f"C block matmul, int16 activations ({self.block_kernels.instruction_set})"
         else:

@@ -137,6 +137,8 @@ def test_every_block_type_runs_as_blocks_and_matches_dequantized(tmp_path, tiny_
     assert [on_int16.generate([p], params)[0] for p in prompts] == batched  # a path agrees with itself
     if on_int16.backend.interleaved is not None:  # the Q4_1 projection decodes over its interleaved copy
         assert "interleaved" in on_int16.backend.plan().linears["layers.1.self_attn.o_proj"].few_rows
+        qkv = on_int16.backend.plan().linears["layers.0.self_attn.qkv_proj"].few_rows  # Q4_K q+k, Q6_K v
+        assert "for its Q4_K parts; the rest C block matmul" in qkv
         assert "decode over a copy of the Q4_1 / Q4_K projections" in on_int16.backend.describe()
 
 
