@@ -92,8 +92,8 @@ def _engine(model_dir, int8_activations: bool, cpu_kernels: str, float_layers: t
 class Int16TailRows:
     """Switches an engine's few-rows products over blocks to int16 activations for every row count
     (the tail rows of prompt_tail_logits go through the decode kernels), and back to float32. Its Q4_1 / Q4_K
-    projections get the copies in interleaved rows that an int16-decode engine holds (cpu_backend,
-    DECODE_COPY_MAX_BYTES), where their kernels run here, so the kernels scored are the ones serving decodes with."""
+    projections get the copies in interleaved rows that an int16-decode engine holds
+    (model/backends/decode_copies.py), where their kernels run here, so the kernels scored are the ones serving decodes with."""
 
     def __init__(self, engine: LLMEngine, cpu_kernels: str):
         self.backend = engine.backend
@@ -109,7 +109,7 @@ class Int16TailRows:
         for module in self.modules:
             parts = module.parts if isinstance(module, BlockLinear) else module.few_rows.keywords["parts"]
             if all(part.format in Q16_FORMATS for part in parts):
-                self.backend.add_decode_copies(interleaved, parts)
+                self.backend.decode_copies.add(interleaved, parts)
 
     def __enter__(self):
         self.backend.decode_activations = "int16"

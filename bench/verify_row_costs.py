@@ -6,7 +6,7 @@ One request decodes after a `--context`-token prompt; every step it verifies a c
 last token + r - 1 drafts that are never accepted, so the sequence grows one token a step and the
 context stays near the prompt's length), r = 1..max_rows in turn, `--repeats` rounds. Each r's best
 step time (one thread's CPU time by default, like bench.speculation_bench) over the 1-row best is the
-table StepPolicy.verify_row_costs holds (model/backends/cpu_backend.py: CPU_VERIFY_ROW_COSTS).
+table StepPolicy.verify_row_costs holds (model/backends/cpu_row_limits.py: CPU_VERIFY_ROW_COSTS).
 """
 
 import argparse

@@ -21,7 +21,8 @@ from kernels import (bf16_products, block_matmul, cpu_decode_ops, cpu_gemm_q8, c
 from kernels.cpu_features import PORTABLE, resolve_prefill_dtype, resolve_variant, this_cpu
 from kernels.native_build import FIND_COMPILER, NativeUnavailable, library_variant
 from model.backends.base import Backend, BackendPlan, LinearPlan, StepPolicy
-from model.backends.cpu_backend import FIXED, FLOAT_PREFILL_MAX_BYTES, CpuBackend
+from model.backends.cpu_backend import FLOAT_PREFILL_MAX_BYTES, CpuBackend
+from model.backends.cpu_row_limits import FIXED
 from model.backends.cpu_linear import BF16_PRODUCTS_MATH, BF16_TENSORS_MATH, FLOAT32_MATH
 from model.backends.crossover import bf16_gemm_speedup
 from model.backends.kv_formats import cpu_kv_unfit, torch_kv_unfit
@@ -72,7 +73,7 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
         except NativeUnavailable as error:
             fallbacks.append(f"int8 GEMM over blocks off ({error}): oneDNN float32 and the float blocks kernel")
     elif decode_activations == "int16":
-        try:  # the same library's int16 products over interleaved rows, for decode (cpu_backend.DECODE_COPY_MAX_BYTES)
+        try:  # the same library's int16 products over interleaved rows, for decode (model/backends/decode_copies.py)
             interleaved = cpu_gemm_q8.load(build_dir, compiler, variant)
         except NativeUnavailable as error:
             fallbacks.append(f"int16 decode over interleaved rows off ({error}): over the blocks")

@@ -8,8 +8,8 @@ instruction sets the CPU has, and which kernel variant was built: kernels/cpu_fe
   (kernels/cpu_gemm_q8.py: AVX-512 VNNI or AVX2), the blocks repacked at load; other formats, and
   every weight without it, as below;
 - weights held as GGUF blocks: decode over the blocks (C kernels), with int16 activations (the default) the
-  Q4_1 / Q4_K projections over a copy repacked into interleaved rows where it fits in
-  `decode_copy_max_bytes` (kernels/cpu_gemm_q8.py, matmul_q16); prefill over a copy of the
+  Q4_1 / Q4_K projections over a copy repacked into interleaved rows where it fits in its budget
+  (model/backends/decode_copies.py); prefill over a copy of the
   projections in prefill's dtype when it fits in `float_prefill_max_bytes` (a small model), else a tiled
   GEMM over rows dequantized on the fly (no copy of a weight is ever whole). Prefill's dtype is float32,
   or bfloat16 where the CPU has native bf16 and it is asked for or measured faster (kernels/cpu_features.py,
@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from kernels.attention_inputs import AttentionInputs
 from kernels.attention_plan import AttentionPolicy
 from kernels.cpu_decode_ops import CpuDecodeOps
-from kernels.cpu_gemm_q8 import Q16_FORMATS, CpuGemmQ8, PackedBlocks
+from kernels.cpu_gemm_q8 import CpuGemmQ8
 from kernels.cpu_prefill_attention import CpuPrefillAttention
 from kernels.block_formats import BlockWeight
 from kernels.block_matmul import BlockKernels
@@ -55,31 +55,12 @@ from model.backends.base import BackendPlan, LayersFn, LinearPlan, StepPolicy
 from model.backends.cpu_linear import (FLOAT32_MATH, BlockEmbedding, BlockLinear, CpuLinear, PrefillLinear,
                                       PrefillMath, PrefillOutputs, StepRows, into, joined_products)
 from model.backends.crossover import measure_crossover
+from model.backends.cpu_row_limits import (BLOCK_KERNEL_MAX_ROWS, CPU_VERIFY_ROW_COSTS, FIXED, MATVEC_F32_MAX_ROWS,
+                                           MAX_VERIFY_ROWS_AS_DECODE, MEASURE, grouped_rows_max)
+from model.backends.decode_copies import DecodeCopies
 from model.backends.decode_programs import DecodePrograms
 from model.backends.torch_backend import TorchBackend
 
-MEASURE = "measure"  # few-rows limits timed per weight shape at load
-FIXED = "fixed"  # the limits of kernels.cpu_matvec.BLOCKS_MAX_ROWS (and 1 row for float32)
-MATVEC_F32_MAX_ROWS = 1  # the float32 matvec kernel takes one row
-# A speculative verify chunk (a decode's last token + its drafts) of at most this many rows runs its
-# attention in the fused decode kernel, one row per token (kernels/attention_plan.py).
-MAX_VERIFY_ROWS_AS_DECODE = 16
-# Up to these many rows (a decode batch, the LM head's rows) the few-rows block kernels run, in groups of their
-# limit (8), before a GEMM: their rows do not depend on how many share a call. Over tiles (a model without a
-# prefill copy) every GEMM dequantizes the whole weight again: grouped decode of the 1B-shaped files at batch 16
-# / 32 / 64 ran 2.4x / 1.5x / 1.0x (Q4_K_M) and 1.9x / 1.2x / 0.82x (Q8_0) the tiles' (docs/performance.md,
-# "bfloat16 products"). Over a copy, only under bf16 products, so that a decode batch up to it gives each
-# request the bits it gets alone: the default model decoded at batch 16 as fast this way, at 32 at 0.67x.
-TILE_GROUPED_ROWS_MAX = 32
-GROUPED_ROWS_MAX = 16
-# A step of one sequence's 1..8 rows after a 600-token prefix, relative to 1 row (measured by
-# bench/verify_row_costs.py; the run is in docs/performance.md, "Verify row costs"): the blocks kernels decode each
-# weight block once for all rows, but their multiply-adds grow with the rows, and so does attention (each row
-# scores the whole context; the rows of a chunk read it in one pass).
-CPU_VERIFY_ROW_COSTS = (1.0, 1.22, 1.47, 1.71, 1.92, 2.14, 2.35, 2.58)
-# Up to this many rows the block kernels (kernels/block_matmul.py) run a projection; past it, the
-# tiled GEMM over dequantized rows. The kernels decode each block once for up to 8 rows.
-BLOCK_KERNEL_MAX_ROWS = 8
 # What the few-rows block kernels multiply the blocks with (kernels/block_matmul.py): "int16" (the
 # default), x quantized per group of 32 (integer dot products; top-1 agreement with float32 0.9998 on 200
 # prompts of the default model, teacher-forced: docs/performance.md), or "float32", each weight decoded to
@@ -100,13 +81,6 @@ INT8_FLOAT_ACTIVATION_LAYERS: tuple[str, ...] = ()
 # 0.96x (1k tokens) and 0.89x (4k) as fast in 512-token chunks, the server's, and held 0.5 GiB less
 # (docs/performance.md, "Decode steps replayed").
 FLOAT_PREFILL_MAX_BYTES = 1 << 30
-# With int16 decode activations, a model whose Q4_1 / Q4_K projections take at most this many bytes keeps a copy of
-# them repacked into rows interleaved by 16 (8 with AVX2: kernels/cpu_gemm_q8.py) beside the blocks, and decodes
-# over it: the same activations' quantization, 2-3x the block kernels' speed at one row (docs/performance.md,
-# "Decode over interleaved rows"). The copy costs the blocks' bytes again (SmolLM2-135M: 76 MiB; the
-# Llama-3.2-1B-shaped Q4_K_M file's Q4_K weights: 446 MiB); larger models keep the blocks only, until prefill
-# reads the interleaved rows too and the blocks can go.
-DECODE_COPY_MAX_BYTES = 1 << 30
 # With bfloat16 prefill, the projections (last part of the name) that prefill in float32 all the same. The LM
 # head's output is the logits sampling reads: rounded to bf16 (steps of 1/16 at 16) near-ties flip; and in
 # serving it runs on one row per prefilling sequence, so float32 costs it nothing there.
@@ -149,12 +123,8 @@ class CpuBackend(TorchBackend):
         # Built and loaded when a model first has blocks (a float32 model never pays the build).
         self._load_block_kernels = load_block_kernels
         self.gemm_q8 = gemm_q8  # products over blocks with int8 activations (every row count); None: off
-        # int16 decode over copies repacked into interleaved rows (the same library); None: over the blocks
-        self.interleaved = interleaved
-        self.decode_copy_max_bytes = DECODE_COPY_MAX_BYTES if decode_copy_max_bytes is None else decode_copy_max_bytes
-        self._decode_copy = False  # decided per model in prepare
-        self._decode_copies: dict[int, PackedBlocks] = {}  # id(a projection's BlockWeight) -> its copy
-        self._decode_copy_bytes = 0
+        # int16 decode over copies repacked into interleaved rows (the same library; None: over the blocks)
+        self.decode_copies = DecodeCopies(interleaved, decode_copy_max_bytes)
         # with gemm_q8, the projections (last name part) that keep float activations (quality: docs/performance.md)
         self.float_activation_layers = float_activation_layers
         self.instruction_sets = instruction_sets  # the CPU's, and the kernel variant chosen
@@ -222,21 +192,12 @@ class CpuBackend(TorchBackend):
         for part in parts:
             self._resident[part.format] = self._resident.get(part.format, 0) + part.blocks.numel()
 
-    def add_decode_copies(self, interleaved: CpuGemmQ8, parts: list[BlockWeight]) -> None:
-        """Copies of `parts` (Q4_1 / Q4_K) in interleaved rows, which int16 decode then reads: what load makes
-        within decode_copy_max_bytes; also for a measurement that switches a float32-decode engine's
-        activations after load (bench/int8_activation_quality.py)."""
-        self.interleaved = interleaved
-        for part in parts:
-            copy = self._decode_copies[id(part)] = interleaved.repack(part)
-            self._decode_copy_bytes += copy.packed.numel()
-
     def _few_rows_over_blocks(self, x: Tensor, part: BlockWeight, out: Tensor | None = None) -> Tensor:
         """x @ part^T, into `out` (columns of a fused projection's output) when given."""
         if self.decode_activations == "int16":
-            copy = self._decode_copies.get(id(part))
-            if copy is not None:
-                return self.interleaved.matmul_q16(x, copy, out)
+            over_copy = self.decode_copies.product(x, part, out)
+            if over_copy is not None:
+                return over_copy
             return self.block_kernels.matmul_q16(x, part, out)  # every format (float ones run float32)
         if self.matvec is not None and part.format in MATVEC_FORMATS:
             return into(out, self.matvec.matmul_blocks(x, part))  # the tuned Q4_1 / Q8_0 kernel (csrc/matvec.c)
@@ -259,15 +220,9 @@ class CpuBackend(TorchBackend):
             self._linears[name] = LinearPlan(f"int8 GEMM over {formats} blocks ({self.gemm_q8.variant})")
             return BlockLinear(packed, layer.bias, self._int8_product, self.block_kernels.dequantize_rows, sys.maxsize)
         tuned = self.matvec is not None and all(p.format in MATVEC_FORMATS for p in parts)
-        copied = [p for p in parts if p.format in Q16_FORMATS] if self._decode_copy else []
-        if copied:  # a fused projection's other parts (a Q6_K v) stay on the blocks
-            self.add_decode_copies(self.interleaved, copied)
-            kernel = (f"C int16 activations (a copy in rows interleaved by {self.interleaved.interleave}, "
-                      f"{self.interleaved.variant}" + (f", for its {'+'.join(p.format for p in copied)} parts; "
-                                                       f"the rest C block matmul" if len(copied) < len(parts) else "")
-                      + ")")
-        elif self.decode_activations == "int16":
-            kernel = f"C block matmul, int16 activations ({self.block_kernels.instruction_set})"
+        if self.decode_activations == "int16":
+            kernel = (self.decode_copies.copy(parts)
+                      or f"C block matmul, int16 activations ({self.block_kernels.instruction_set})")
         else:
             kernel = "C matvec" if tuned else f"C block matmul ({self.block_kernels.instruction_set})"
         limit = min(BLOCKS_MAX_ROWS.get(p.format, BLOCK_KERNEL_MAX_ROWS) for p in parts)
@@ -275,7 +230,7 @@ class CpuBackend(TorchBackend):
         tiles = "" if math == FLOAT32_MATH else f" ({math.name})"
         if limit < self.policy.max_verify_rows_per_step:
             self.policy = dataclasses.replace(self.policy, max_verify_rows_per_step=limit)
-        grouped = self._grouped_rows_max(limit, over_tiles=not self._float_prefill)
+        grouped = grouped_rows_max(limit, not self._float_prefill, self.prefill_math.bf16_products)
         few_rows = f"{kernel} over {formats} blocks" + (f" (in groups of {limit} rows)" if grouped > limit else "")
         if self._float_prefill:
             return self._float_copy_over_blocks(name, layer, parts, formats, few_rows, limit, grouped)
@@ -291,14 +246,6 @@ class CpuBackend(TorchBackend):
         """The resolved prefill dtype: "float32" or "bfloat16" (kernels.cpu_features.PREFILL_DTYPES)."""
         return "float32" if self.prefill_math == FLOAT32_MATH else "bfloat16"
 
-    def _grouped_rows_max(self, limit: int, over_tiles: bool) -> int:
-        """Up to how many rows the few-rows kernel runs, in groups of `limit` (0: none)."""
-        if not limit:
-            return 0
-        if over_tiles:
-            return max(limit, TILE_GROUPED_ROWS_MAX)
-        return max(limit, GROUPED_ROWS_MAX) if self.prefill_math.bf16_products else limit
-
     def _prefill_math_of(self, name: str) -> PrefillMath:
         return FLOAT32_MATH if name.rsplit(".", 1)[-1] in self.bf16_float_layers else self.prefill_math
 
@@ -306,13 +253,9 @@ class CpuBackend(TorchBackend):
         projection_bytes = sum(self._prefill_math_of(name).dtype.itemsize * part.rows * part.cols
                                for name, parts in blocks.items() if name != "embed_tokens" for part in parts)
         self._float_prefill = 0 < projection_bytes <= self.float_prefill_max_bytes
-        copy_bytes = sum(part.blocks.numel() for name, parts in blocks.items() if name != "embed_tokens"
-                         for part in parts if part.format in Q16_FORMATS)
-        self._decode_copy = (self.interleaved is not None and self.decode_activations == "int16"
-                             and 0 < copy_bytes <= self.decode_copy_max_bytes)
-        if self.interleaved is not None and copy_bytes > self.decode_copy_max_bytes:
-            self.fallbacks += (f"int16 decode over the blocks: a copy in interleaved rows would take "
-                               f"{copy_bytes / 2**20:.0f} MiB, over {self.decode_copy_max_bytes / 2**20:.0f} MiB",)
+        over_budget = self.decode_copies.plan(blocks, self.decode_activations == "int16")
+        if over_budget:
+            self.fallbacks += (over_budget,)
         if self.bf16_prefill_attention is not None and self.prefill_math.bf16_products and projection_bytes:
             self.prefill_attention = self.bf16_prefill_attention
         super().prepare(model, blocks)
@@ -387,9 +330,7 @@ class CpuBackend(TorchBackend):
         if self._resident:
             notes += ("weights resident as blocks: " + ", ".join(
                 f"{fmt} {size / 2**20:.0f} MiB" for fmt, size in sorted(self._resident.items())),)
-        if self._decode_copy_bytes:
-            notes += (f"decode over a copy of the Q4_1 / Q4_K projections in interleaved rows, "
-                      f"{self._decode_copy_bytes / 2**20:.0f} MiB (it fits in {self.decode_copy_max_bytes / 2**20:.0f} MiB)",)
+        notes += tuple(filter(None, (self.decode_copies.note(),)))
         if self._float_prefill_bytes:
             notes += (f"prefill over {str(self.prefill_math.dtype).removeprefix('torch.')} copies of the projections, "
                       f"{self._float_prefill_bytes / 2**20:.0f} MiB (they fit in "

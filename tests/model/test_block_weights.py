@@ -13,7 +13,7 @@ from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.speculation_config import SpeculationConfig
 from kernels.block_formats import FORMATS
-from model.backends import cpu_backend
+from model.backends import decode_copies
 from store.block_file import BLOCKS_FILE, read_block_file
 from store.gguf_import import convert_gguf, read_metadata
 from tests.kernels.test_block_matmul import random_gguf_rows
@@ -135,7 +135,7 @@ def test_every_block_type_runs_as_blocks_and_matches_dequantized(tmp_path, tiny_
     assert "int16 activations" in on_int16.backend.plan().linears["layers.0.mlp.gate_up_proj"].few_rows
     batched = on_int16.generate(prompts, params)
     assert [on_int16.generate([p], params)[0] for p in prompts] == batched  # a path agrees with itself
-    if on_int16.backend.interleaved is not None:  # the Q4_1 projection decodes over its interleaved copy
+    if on_int16.backend.decode_copies.kernels is not None:  # the Q4_1 projection decodes over its interleaved copy
         assert "interleaved" in on_int16.backend.plan().linears["layers.1.self_attn.o_proj"].few_rows
         qkv = on_int16.backend.plan().linears["layers.0.self_attn.qkv_proj"].few_rows  # Q4_K q+k, Q6_K v
         assert "for its Q4_K parts; the rest C block matmul" in qkv
@@ -152,9 +152,9 @@ def test_int16_decode_over_interleaved_copies_keeps_to_its_budget(tmp_path, tiny
     prompts = [[int(t) for t in rng.integers(3, 250, size)] for size in (5, 30)]
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     with_copy = _engine(model_dir, "cpu", decode_activations="int16")
-    if with_copy.backend.interleaved is None:
+    if with_copy.backend.decode_copies.kernels is None:
         pytest.skip("the interleaved-rows kernels do not run here: " + "; ".join(with_copy.backend.fallbacks))
-    monkeypatch.setattr(cpu_backend, "DECODE_COPY_MAX_BYTES", 1)
+    monkeypatch.setattr(decode_copies, "DECODE_COPY_MAX_BYTES", 1)
     over_blocks = _engine(model_dir, "cpu", decode_activations="int16")
     assert "decode over a copy" not in over_blocks.backend.describe()
     assert "int16 decode over the blocks: a copy in interleaved rows would take" in over_blocks.backend.describe()

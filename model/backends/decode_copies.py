@@ -1,0 +1,74 @@
+"""Decode over copies of a model's Q4_1 / Q4_K projections repacked into interleaved rows.
+
+With int16 decode activations, the few-rows products of those projections read a copy of their blocks in
+the int8 GEMM's layout (16 rows interleaved by 4 bytes with AVX-512, 8 with AVX2) through
+kernels/cpu_gemm_q8.py's `matmul_q16`: the block kernels' quantization of x, integer products summed per
+block instead of per lane, 2-3x their speed at one row (docs/performance.md, "Decode over interleaved
+rows"). Prefill and the embedding still read the blocks, so the copy costs their bytes again; a model keeps
+one only where its Q4_1 / Q4_K projections fit in the budget, part by part (a fused projection's other
+formats stay on the blocks).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from kernels.block_formats import BlockWeight
+from kernels.cpu_gemm_q8 import Q16_FORMATS, CpuGemmQ8, PackedBlocks
+
+# The budget: SmolLM2-135M's copy takes 76 MiB, the Llama-3.2-1B-shaped Q4_K_M file's ~0.5 GiB; larger models
+# keep the blocks only, until prefill reads the interleaved rows too and the blocks can go.
+DECODE_COPY_MAX_BYTES = 1 << 30
+
+
+class DecodeCopies:
+    """The copies of one backend's model. `kernels`: the loaded library (None: none, every product over the
+    blocks)."""
+
+    def __init__(self, kernels: CpuGemmQ8 | None, max_bytes: int | None = None):
+        self.kernels = kernels
+        self.max_bytes = DECODE_COPY_MAX_BYTES if max_bytes is None else max_bytes
+        self._active = False  # decided per model in plan()
+        self._copies: dict[int, PackedBlocks] = {}  # id(a projection's BlockWeight) -> its copy
+        self._bytes = 0
+
+    def plan(self, blocks: dict[str, list[BlockWeight]], int16_decode: bool) -> str | None:
+        """Decides for a model (its blocks by module name) whether its projections get copies; returns the
+        reason they do not, for describe()'s fallbacks, where the budget is what refuses them."""
+        need = sum(part.blocks.numel() for name, parts in blocks.items() if name != "embed_tokens"
+                   for part in parts if part.format in Q16_FORMATS)
+        self._active = self.kernels is not None and int16_decode and 0 < need <= self.max_bytes
+        if self.kernels is not None and need > self.max_bytes:
+            return (f"int16 decode over the blocks: a copy in interleaved rows would take {need / 2**20:.0f} MiB, "
+                    f"over {self.max_bytes / 2**20:.0f} MiB")
+        return None
+
+    def copy(self, parts: list[BlockWeight]) -> str | None:
+        """Copies a projection's Q4_1 / Q4_K parts where plan() allowed; returns what its few rows then run
+        (None: nothing copied)."""
+        copied = [part for part in parts if part.format in Q16_FORMATS] if self._active else []
+        if not copied:
+            return None
+        self.add(self.kernels, copied)
+        rest = (f", for its {'+'.join(p.format for p in copied)} parts; the rest C block matmul"
+                if len(copied) < len(parts) else "")
+        return f"C int16 activations (a copy in rows interleaved by {self.kernels.interleave}, {self.kernels.variant}{rest})"
+
+    def add(self, kernels: CpuGemmQ8, parts: list[BlockWeight]) -> None:
+        """Copies of `parts` (Q4_1 / Q4_K), whatever the budget: also for a measurement that switches a
+        float32-decode engine's activations after load (bench/int8_activation_quality.py)."""
+        self.kernels = kernels
+        for part in parts:
+            copy = self._copies[id(part)] = kernels.repack(part)
+            self._bytes += copy.packed.numel()
+
+    def product(self, x: Tensor, part: BlockWeight, out: Tensor | None) -> Tensor | None:
+        """x @ part^T over the part's copy, into `out` when given; None when the part has none."""
+        copy = self._copies.get(id(part))
+        return None if copy is None else self.kernels.matmul_q16(x, copy, out)
+
+    def note(self) -> str | None:
+        if not self._bytes:
+            return None
+        return (f"decode over a copy of the Q4_1 / Q4_K projections in interleaved rows, {self._bytes / 2**20:.0f} MiB "
+                f"(it fits in {self.max_bytes / 2**20:.0f} MiB)")
