@@ -70,12 +70,7 @@ class BlockKernels:
         if x.dim() != 2 or x.shape[1] != weight.cols or x.dtype != torch.float32:
             raise ValueError(f"blocks matmul wants x (m, {weight.cols}) float32, got {tuple(x.shape)} {x.dtype}")
         spec = weight.spec
-        if out is None:
-            out = torch.empty((x.shape[0], weight.rows), dtype=torch.float32)
-        elif (out.shape != (x.shape[0], weight.rows) or out.dtype != torch.float32 or out.stride(1) != 1
-              or out.stride(0) < weight.rows):
-            raise ValueError(f"out must be float32 ({x.shape[0]}, {weight.rows}) with contiguous rows, got "
-                             f"{out.dtype} {tuple(out.shape)} strides {out.stride()}")
+        out = product_out(out, x.shape[0], weight.rows)
         status = kernel(_PRODUCT_ARGS(spec.code, spec.block_size, spec.bytes, weight.blocks.data_ptr(), x.data_ptr(),
                                       out.data_ptr(), x.shape[0], weight.rows, weight.cols, out.stride(0),
                                       torch.get_num_threads()))
@@ -118,6 +113,17 @@ class BlockKernels:
             self._dequantize(spec.code, spec.block_size, spec.bytes, start, None, count, weight.cols,
                              out.data_ptr(), torch.get_num_threads())
         return out
+
+
+def product_out(out: Tensor | None, m: int, rows: int) -> Tensor:
+    """A product's output: `out` checked, (m, rows) float32 whose rows are contiguous (the columns of a wider
+    output that parts of a fused projection fill), or a new tensor."""
+    if out is None:
+        return torch.empty((m, rows), dtype=torch.float32)
+    if out.shape != (m, rows) or out.dtype != torch.float32 or out.stride(1) != 1 or out.stride(0) < rows:
+        raise ValueError(f"out must be float32 ({m}, {rows}) with contiguous rows, got "
+                         f"{out.dtype} {tuple(out.shape)} strides {out.stride()}")
+    return out
 
 
 def load(build_dir: Path, compiler: str | None = FIND_COMPILER, portable: bool = False,

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from kernels.block_formats import FORMATS, BlockWeight
+from kernels.block_matmul import product_out
 from kernels.kernel_program import PackedKernel, note_unrecorded
 from kernels.native_build import FIND_COMPILER, library_variant, load_library
 
@@ -117,12 +118,7 @@ class CpuGemmQ8:
             raise ValueError(f"matmul_q16 wants x (m, {weight.cols}) float32, got {tuple(x.shape)} {x.dtype}")
         if weight.variant != self.variant:
             raise ValueError(f"weight packed for {weight.variant}, kernels are {self.variant}")
-        if out is None:
-            out = torch.empty((x.shape[0], weight.rows), dtype=torch.float32)
-        elif (out.shape != (x.shape[0], weight.rows) or out.dtype != torch.float32 or out.stride(1) != 1
-              or out.stride(0) < weight.rows):
-            raise ValueError(f"out must be float32 ({x.shape[0]}, {weight.rows}) with contiguous rows, got "
-                             f"{out.dtype} {tuple(out.shape)} strides {out.stride()}")
+        out = product_out(out, x.shape[0], weight.rows)
         status = self._gemm_q16(_Q16_ARGS(weight.layout, weight.packed.data_ptr(), x.data_ptr(), out.data_ptr(),
                                           x.shape[0], weight.rows, weight.cols, out.stride(0),
                                           torch.get_num_threads()))
