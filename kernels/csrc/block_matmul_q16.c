@@ -160,12 +160,13 @@ static void quad_layout(const int16_t* xq, int16_t* xquad, int64_t n) {
         }
 }
 
-/* The per-group scale and sums32 of `groups` groups (an even number) -> pair_scale, pair_sums */
-static void pair_factors(const float* scale, const float* sums32, float* pair_scale, float* pair_sums, int64_t groups) {
+/* The per-group scale of `groups` groups -> pair_scale; with a min (Q4_1), their sums32 -> pair_sums */
+static void pair_factors(const float* scale, const float* sums32, float* pair_scale, float* pair_sums, int64_t groups,
+                         int with_min) {
   for (int64_t g = 0; g < groups; g++)
     for (int lane = 0; lane < 8; lane++) {
       pair_scale[8 * g + lane] = scale[g];
-      pair_sums[8 * g + lane] = lane == 0 ? sums32[g] : 0.0f;
+      if (with_min) pair_sums[8 * g + lane] = lane == 0 ? sums32[g] : 0.0f;
     }
 }
 
@@ -272,8 +273,10 @@ static inline __attribute__((always_inline)) void nibble_pair_avx2(const int cod
   const int64_t groups_per_row = cols / GROUP;
   const int is_q4_1 = code == FORMAT_Q4_1, nibbles = is_q4_1 ? 8 : 2;
   const float dl0 = is_q4_1 ? load_f32(b0) : f16c(b0), dl1 = is_q4_1 ? load_f32(b1) : f16c(b1);
-  __m256i w0 = nibble_bytes(b0 + nibbles), w1 = nibble_bytes(b1 + nibbles), words0[2], words1[2];
-  if (!is_q4_1) w0 = _mm256_sub_epi8(w0, _mm256_set1_epi8(8)), w1 = _mm256_sub_epi8(w1, _mm256_set1_epi8(8));
+  const __m256i u0 = nibble_bytes(b0 + nibbles), u1 = nibble_bytes(b1 + nibbles);  /* unsigned: 0..15 */
+  const __m256i w0 = is_q4_1 ? u0 : _mm256_sub_epi8(u0, _mm256_set1_epi8(8));     /* the weights */
+  const __m256i w1 = is_q4_1 ? u1 : _mm256_sub_epi8(u1, _mm256_set1_epi8(8));
+  __m256i words0[2], words1[2];
   const int bytes = m <= BYTE_ROWS_OF(code);
   if (!bytes) {
     quad_words_avx2(w0, _mm256_cmpgt_epi8(_mm256_setzero_si256(), w0), words0);
@@ -283,8 +286,8 @@ static inline __attribute__((always_inline)) void nibble_pair_avx2(const int cod
     const int64_t at = i * cols + group * GROUP, first = i * groups_per_row + group;
     __m256i dot0, dot1;
     if (bytes) {
-      dot0 = bytes_dot(nibble_bytes(b0 + nibbles), w0, x->xhi + at, x->xlo + at, x->bias16 + at / 2);
-      dot1 = bytes_dot(nibble_bytes(b1 + nibbles), w1, x->xhi + at + GROUP, x->xlo + at + GROUP, x->bias16 + (at + GROUP) / 2);
+      dot0 = bytes_dot(u0, w0, x->xhi + at, x->xlo + at, x->bias16 + at / 2);
+      dot1 = bytes_dot(u1, w1, x->xhi + at + GROUP, x->xlo + at + GROUP, x->bias16 + (at + GROUP) / 2);
     } else {
       dot0 = quad_dot(words0, x->xquad + at), dot1 = quad_dot(words1, x->xquad + at + 16);
     }
@@ -724,7 +727,8 @@ int blocks_matmul_q16(int code, int64_t block_size, int64_t block_bytes, const u
                      quantized.sums32 + i * groups_per_row + group);
   if (PAIR_LAYOUT && code == FORMAT_Q8_0) pair_layout(quantized.xq, quantized.xp, m, cols);
   if (PAIR_LAYOUT && (code == FORMAT_Q8_0 || (is_nibble_pairs(code) && byte_products(code, cols))))
-    pair_factors(quantized.scale, quantized.sums32, quantized.pair_scale, quantized.pair_sums, m * groups_per_row);
+    pair_factors(quantized.scale, quantized.sums32, quantized.pair_scale, quantized.pair_sums, m * groups_per_row,
+                 code == FORMAT_Q4_1);
 #ifdef __AVX2__
   if (byte_products(code, cols)) {  /* byte products for calls of <= BYTE_ROWS rows */
     const int64_t last = m - MAX_M * ((m - 1) / MAX_M);  /* the rows of the last group of MAX_M */
