@@ -59,6 +59,22 @@ static inline int scale_q3_k(const uint8_t* scales, int s) {
   return (low | (high << 4)) - 32;
 }
 
+/* A row of `cols` weights as *num_blocks blocks of *bytes bytes, *groups 32-weight groups a block. The float
+   formats (F16, BF16, F32) are one value a block in the table; here their "block" is a group of 32 values
+   (block_bytes = 32 * value bytes), one group per block. */
+static inline void row_shape(int code, int64_t cols, int64_t block_size, int64_t block_bytes, int64_t* num_blocks,
+                             int64_t* bytes, int* groups) {
+  if (code >= FORMAT_F16) {
+    *num_blocks = cols / 32;
+    *bytes = block_bytes * 32;
+    *groups = 1;
+  } else {
+    *num_blocks = cols / block_size;
+    *bytes = block_bytes;
+    *groups = (int)(block_size / 32);
+  }
+}
+
 /* ---------------------------------------------------------------- portable: 32 floats */
 
 static inline void decode_group_scalar(int code, const uint8_t* b, int g, float* w) {

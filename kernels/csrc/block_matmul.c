@@ -148,21 +148,6 @@ static void row_dispatch(int code, int m, const uint8_t* row, int64_t num_blocks
   }
 }
 
-/* The float formats (F16, BF16, F32) are one value a block in the table; here their "block" is a
-   group of 32 values (block_bytes = 32 * value bytes), one group per block. */
-static void shape_of(int code, int64_t cols, int64_t block_size, int64_t block_bytes, int64_t* num_blocks,
-                     int64_t* bytes, int* groups) {
-  if (code >= FORMAT_F16) {
-    *num_blocks = cols / GROUP;
-    *bytes = block_bytes * GROUP;
-    *groups = 1;
-  } else {
-    *num_blocks = cols / block_size;
-    *bytes = block_bytes;
-    *groups = (int)(block_size / GROUP);
-  }
-}
-
 /* y (m, rows) = x (m, cols) @ W^T, row i of y at y + i * y_stride (y_stride >= rows: the columns of a wider
    output). Returns 0, or -1 for a bad format code. */
 int blocks_matmul(int code, int64_t block_size, int64_t block_bytes, const uint8_t* W, const float* x, float* y,
@@ -170,7 +155,7 @@ int blocks_matmul(int code, int64_t block_size, int64_t block_bytes, const uint8
   if (code < 0 || code >= NUM_FORMATS) return -1;
   int64_t num_blocks, bytes;
   int groups;
-  shape_of(code, cols, block_size, block_bytes, &num_blocks, &bytes, &groups);
+  row_shape(code, cols, block_size, block_bytes, &num_blocks, &bytes, &groups);
   int64_t row_bytes = num_blocks * bytes;
   for (int64_t first = 0; first < m; first += MAX_M) {
     int group_m = (int)(m - first < MAX_M ? m - first : MAX_M);
@@ -200,7 +185,7 @@ static void dequantize_rows(int code, int64_t block_size, int64_t block_bytes, c
                             int64_t num_rows, int64_t cols, void* out, int out_bf16, int num_threads) {
   int64_t num_blocks, bytes;
   int groups;
-  shape_of(code, cols, block_size, block_bytes, &num_blocks, &bytes, &groups);
+  row_shape(code, cols, block_size, block_bytes, &num_blocks, &bytes, &groups);
   int64_t row_bytes = num_blocks * bytes;
   #pragma omp parallel for schedule(static) num_threads(num_threads)
   for (int64_t i = 0; i < num_rows; i++) {

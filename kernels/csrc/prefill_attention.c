@@ -382,72 +382,13 @@ static void attend_tile(const prefill_job* j, const scratch* sc, const float* co
    Every value of a query vector is computed from its own lane alone, in a fixed order: its bits do not
    depend on the cut (as above). */
 
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "amx_tiles.h"
 
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
-
-/* Asks Linux for the AMX tile state (once a process; without it the first tile instruction faults).
-   Returns 0 when granted. */
-int64_t prefill_attention_amx_ready(void) {
-  return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 0 : -1;
-}
-
-typedef struct {
-  uint8_t palette_id, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-} tile_config;
-
-/* Every tile 16 rows of 64 bytes. A constant in memory: stores into a local the compiler may drop, since it
-   does not see ldtilecfg read them. Loaded on each thread at each call: oneDNN configures tiles its own way
-   between our calls. */
-static const tile_config TILES_16X64 = {
-    .palette_id = 1,
-    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
-    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
-};
-
-static void configure_tiles(void) { _tile_loadconfig(&TILES_16X64); }
+/* Asks Linux for the AMX tile state (amx_tiles.h). Returns 0 when granted. */
+int64_t prefill_attention_amx_ready(void) { return amx_tiles_ready(); }
 
 #define SLAB 64 /* query lanes taken through a key tile together: a multiple of LANES (and of 32, two tiles' columns) */
 _Static_assert(SLAB % LANES == 0 && SLAB % 32 == 0, "a slab is whole vectors of lanes and whole tile pairs");
-
-/* 16 floats' bits as bf16 (to nearest even) in the low 16 bits of each 32-bit lane */
-static inline __m512i bf16_lanes(__m512 x) { return _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x)); }
-
-/* 16 bf16 pairs (a[i], b[i]): two rows side by side, one 32-bit lane a pair */
-static inline __m512i pairs_of(__m512 a, __m512 b) {
-  return _mm512_or_si512(bf16_lanes(a), _mm512_slli_epi32(bf16_lanes(b), 16));
-}
-
-/* x[i] (16 x 16 32-bit lanes) transposed in place */
-static inline void transpose16(__m512i x[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(x[i], x[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(x[i], x[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    x[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    x[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    x[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    x[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  for (int i = 0; i < 4; i++) {
-    t[i] = _mm512_shuffle_i32x4(x[i], x[i + 4], 0x88);
-    t[i + 4] = _mm512_shuffle_i32x4(x[i], x[i + 4], 0xdd);
-    t[i + 8] = _mm512_shuffle_i32x4(x[i + 8], x[i + 12], 0x88);
-    t[i + 12] = _mm512_shuffle_i32x4(x[i + 8], x[i + 12], 0xdd);
-  }
-  for (int i = 0; i < 4; i++) {
-    x[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
-    x[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
-    x[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
-    x[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xdd);
-  }
-}
 
 /* 16 floats of row at d0 (0 past D) */
 static inline __m512 load_head_part(const float* row, int64_t d0, int64_t D) {
@@ -494,38 +435,6 @@ static void pack_values(const float* const* vrow, int64_t kp, int64_t D, int64_t
       transpose16(x);
       for (int c = 0; c < 16; c++) _mm512_storeu_si512(vt + (d0 + c) * KT + i0 * 2, x[c]);
     }
-}
-
-/* c (rows x 16 rows x 32 columns of float32, ldc floats apart: tiles 0, 1 its first 16 rows, 2, 3 the next
-   16) = c, or 0 (from_zero), + the sum over `steps` of A B: A two bf16 tiles of 16 rows (4 at a, 5 at a +
-   a_half; rows a_stride bytes apart), B two tiles of 16 pair columns in VNNI (6 at b, 7 at b + 32; rows
-   b_stride bytes apart); each step moves a by a_step and b by b_step. rows: 2, or 1 (tiles 0, 1 alone). */
-static inline __attribute__((always_inline)) void tiles_2x2(float* c, int64_t ldc, int from_zero, int rows,
-                                                           const uint16_t* a, int64_t a_half, int64_t a_stride,
-                                                           int64_t a_step, const uint16_t* b, int64_t b_stride,
-                                                           int64_t b_step, int64_t steps) {
-  float* c_low = c + 16 * ldc;
-  if (from_zero) {
-    _tile_zero(0);
-    _tile_zero(1);
-    if (rows == 2) { _tile_zero(2); _tile_zero(3); }
-  } else {
-    _tile_loadd(0, c, ldc * 4);
-    _tile_loadd(1, c + 16, ldc * 4);
-    if (rows == 2) { _tile_loadd(2, c_low, ldc * 4); _tile_loadd(3, c_low + 16, ldc * 4); }
-  }
-  for (int64_t s = 0; s < steps; s++, a += a_step, b += b_step) {
-    _tile_loadd(4, a, a_stride);
-    if (rows == 2) _tile_loadd(5, a + a_half, a_stride);
-    _tile_loadd(6, b, b_stride);
-    _tile_loadd(7, b + 32, b_stride);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    if (rows == 2) { _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7); }
-  }
-  _tile_stored(0, c, ldc * 4);
-  _tile_stored(1, c + 16, ldc * 4);
-  if (rows == 2) { _tile_stored(2, c_low, ldc * 4); _tile_stored(3, c_low + 16, ldc * 4); }
 }
 
 /* st (KT x Mp) = K Q^T over keys < kp (a multiple of 32), 32 x 32 at a time */
