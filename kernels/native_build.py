@@ -8,7 +8,7 @@ variant (kernels/cpu_features.py: "avx512_vnni", "avx2") with that variant's -m
 flags; LIBRARY_VARIANTS says which variants it has (the matvec kernels are AVX2 code only; the int8
 GEMM, the block kernels, the decode ops and prefill attention have an AVX-512 VNNI build too), and `load_library` builds the best of them at
 or below the variant asked for. A library may need instruction sets beyond its variant's
-(LIBRARY_EXTRA_FLAGS: the AMX build of prefill attention). The library is cached under `build_dir` by the hash of its sources, headers and
+(LIBRARY_EXTRA_FLAGS: the AMX builds of prefill attention and of the prefill GEMM over blocks). The library is cached under `build_dir` by the hash of its sources, headers and
 flags and loaded with ctypes. `load_library` raises NativeUnavailable, with the
 reason in one line, where it cannot run (not x86-64, no AVX2/FMA/F16C, no
 compiler, a failed build); callers then keep their torch path, which is also
@@ -42,14 +42,15 @@ LIBRARIES = {
     "gemm_q8": ("gemm_q8.c",),
     "prefill_attention": ("prefill_attention.c",),
     "prefill_attention_amx": ("prefill_attention.c",),
+    "blocks_amx": ("gemm_amx.c",),
 }
 # library name -> the variants it is written for, best first (default: avx2 only)
 LIBRARY_VARIANTS = {"gemm_q8": ("avx512_vnni", "avx2"), "blocks": ("avx512_vnni", "avx2"),
                     "decode_ops": ("avx512_vnni", "avx2"), "prefill_attention": ("avx512_vnni", "avx2"),
-                    "prefill_attention_amx": ("avx512_vnni",)}
+                    "prefill_attention_amx": ("avx512_vnni",), "blocks_amx": ("avx512_vnni",)}
 # library name -> (the cpuinfo flags, the compiler flags) it needs beyond its variant's
-LIBRARY_EXTRA_FLAGS = {"prefill_attention_amx": (("amx_tile", "amx_bf16", "avx512_bf16"),
-                                                 ("-mamx-tile", "-mamx-bf16", "-mavx512bf16"))}
+AMX_BF16_FLAGS = (("amx_tile", "amx_bf16", "avx512_bf16"), ("-mamx-tile", "-mamx-bf16", "-mavx512bf16"))
+LIBRARY_EXTRA_FLAGS = {"prefill_attention_amx": AMX_BF16_FLAGS, "blocks_amx": AMX_BF16_FLAGS}
 # library name -> its C sources, built with PORTABLE_COMPILE_FLAGS: runs on any CPU with a compiler
 PORTABLE_LIBRARIES = {
     "blocks_portable": ("block_matmul.c", "block_matmul_q16.c"),

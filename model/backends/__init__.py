@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from kernels import amx_gemm as amx_gemm_kernels
 from kernels import (bf16_products, block_matmul, cpu_decode_ops, cpu_gemm_q8, cpu_matvec, cpu_prefill_attention,
                      packed_linear)
 from kernels.cpu_features import PORTABLE, resolve_prefill_dtype, resolve_variant, this_cpu
@@ -112,6 +113,12 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
             bf16_prefill_attention = cpu_prefill_attention.load_amx(build_dir, compiler)
         except NativeUnavailable as error:
             fallbacks.append(f"bf16 prefill attention off ({error}): the float32 C kernel")
+    amx_gemm = None
+    if prefill_math.bf16_products:
+        try:  # the same products as oneDNN's over tiles, on the blocks (docs/performance.md, "Prefill GEMMs on AMX tiles")
+            amx_gemm = amx_gemm_kernels.load(build_dir, compiler, variant)
+        except NativeUnavailable as error:
+            fallbacks.append(f"AMX GEMM over blocks off ({error}): oneDNN over dequantized tiles")
     # what each loaded library was built as (the matvec kernels are AVX2 code on an AVX-512 machine too)
     loaded = (("int8 GEMM", "gemm_q8", gemm_q8), ("matvec", "matvec", matvec), ("decode ops", "decode_ops", ops))
     builds = ", ".join(f"{label} {library_variant(library, variant)}" for label, library, kernels in loaded
@@ -123,7 +130,7 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
                       instruction_sets=instruction_sets, float_prefill_max_bytes=float_prefill_max_bytes,
                       decode_activations=decode_activations, prefill_math=prefill_math,
                       prefill_attention=prefill_attention, bf16_prefill_attention=bf16_prefill_attention,
-                      interleaved=interleaved)
+                      interleaved=interleaved, amx_gemm=amx_gemm)
 
 
 # name -> what it needs to run here (None: runs)

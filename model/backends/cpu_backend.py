@@ -43,6 +43,7 @@ from torch import Tensor, nn
 from kernels.attention_inputs import AttentionInputs
 from kernels.attention_plan import AttentionPolicy
 from kernels.cpu_decode_ops import CpuDecodeOps
+from kernels.amx_gemm import AmxGemm
 from kernels.cpu_gemm_q8 import CpuGemmQ8
 from kernels.cpu_prefill_attention import CpuPrefillAttention
 from kernels.block_formats import BlockWeight
@@ -53,7 +54,8 @@ from kernels.packed_linear import pack_weight, packed_linear
 from kernels.paged_attention import paged_attention
 from model.backends.base import BackendPlan, LayersFn, LinearPlan, StepPolicy
 from model.backends.cpu_linear import (FLOAT32_MATH, BlockEmbedding, BlockLinear, CpuLinear, PrefillLinear,
-                                      PrefillMath, PrefillOutputs, StepRows, into, joined_products)
+                                      PrefillMath, PrefillOutputs, StepRows, into, joined_products,
+                                      prefill_over_blocks)
 from model.backends.crossover import measure_crossover
 from model.backends.cpu_row_limits import (BLOCK_KERNEL_MAX_ROWS, CPU_VERIFY_ROW_COSTS, FIXED, MATVEC_F32_MAX_ROWS,
                                            MAX_VERIFY_ROWS_AS_DECODE, MEASURE, grouped_rows_max)
@@ -99,7 +101,8 @@ class CpuBackend(TorchBackend):
                  bf16_float_layers: tuple[str, ...] = BF16_FLOAT_LAYERS,
                  prefill_attention: CpuPrefillAttention | None = None,
                  bf16_prefill_attention: CpuPrefillAttention | None = None,
-                 interleaved: CpuGemmQ8 | None = None, decode_copy_max_bytes: int | None = None):
+                 interleaved: CpuGemmQ8 | None = None, decode_copy_max_bytes: int | None = None,
+                 amx_gemm: AmxGemm | None = None):
         super().__init__(torch.device("cpu"), torch.float32, fallbacks)
         # how prefill's GEMMs over GGUF blocks multiply (resolved: kernels.cpu_features.resolve_prefill_dtype,
         # then model.backends._make_cpu)
@@ -125,6 +128,8 @@ class CpuBackend(TorchBackend):
         self.gemm_q8 = gemm_q8  # products over blocks with int8 activations (every row count); None: off
         # int16 decode over copies repacked into interleaved rows (the same library; None: over the blocks)
         self.decode_copies = DecodeCopies(interleaved, decode_copy_max_bytes)
+        # prefill GEMMs over blocks on AMX tiles (bf16 products, like the tiles'; None: over dequantized tiles)
+        self.amx_gemm = amx_gemm if prefill_math.bf16_products else None
         # with gemm_q8, the projections (last name part) that keep float activations (quality: docs/performance.md)
         self.float_activation_layers = float_activation_layers
         self.instruction_sets = instruction_sets  # the CPU's, and the kernel variant chosen
@@ -227,19 +232,19 @@ class CpuBackend(TorchBackend):
             kernel = "C matvec" if tuned else f"C block matmul ({self.block_kernels.instruction_set})"
         limit = min(BLOCKS_MAX_ROWS.get(p.format, BLOCK_KERNEL_MAX_ROWS) for p in parts)
         math = self._prefill_math_of(name)
-        tiles = "" if math == FLOAT32_MATH else f" ({math.name})"
+        math_note = "" if math == FLOAT32_MATH else f" ({math.name})"
         if limit < self.policy.max_verify_rows_per_step:
             self.policy = dataclasses.replace(self.policy, max_verify_rows_per_step=limit)
         grouped = grouped_rows_max(limit, not self._float_prefill, self.prefill_math.bf16_products)
         few_rows = f"{kernel} over {formats} blocks" + (f" (in groups of {limit} rows)" if grouped > limit else "")
         if self._float_prefill:
             return self._float_copy_over_blocks(name, layer, parts, formats, few_rows, limit, grouped)
-        self._linears[name] = LinearPlan(f"torch GEMM over dequantized tiles of {formats} blocks{tiles}",
-                                         few_rows, grouped)
+        amx = self.amx_gemm if math.bf16_products else None
+        self._linears[name] = LinearPlan(prefill_over_blocks(formats, parts, math_note, amx), few_rows, grouped)
         in_layers = name.startswith("layers.")  # the LM head's logits leave the model: a fresh output each
         return BlockLinear(parts, layer.bias, self._few_rows_over_blocks, self.block_kernels.dequantize_rows, limit,
                            math, self.step_rows, grouped, self.prefill_outputs if in_layers else None,
-                           name.rsplit(".", 1)[-1])
+                           name.rsplit(".", 1)[-1], amx)
 
     @property
     def prefill_dtype(self) -> str:

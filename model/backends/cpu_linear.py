@@ -19,12 +19,14 @@ kernel over the GGUF blocks of the weight, or over a row-major float32 copy
 """
 
 import contextlib
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
+from kernels.amx_gemm import ROW_MULTIPLE, AmxGemm, PackedRows
 from kernels.attention_inputs import AttentionInputs
 from kernels.bf16_products import bf16_products, padded_rows
 from kernels.packed_linear import packed_linear
@@ -176,10 +178,13 @@ class BlockLinear(PrefillLinear):
     def __init__(self, parts: list, bias: Tensor | None, few_rows: Callable[..., Tensor],
                  dequantize_rows: Callable[..., Tensor], few_rows_max: int,
                  prefill_math: PrefillMath = FLOAT32_MATH, step_rows: StepRows | None = None,
-                 grouped_rows_max: int = 0, outputs: PrefillOutputs | None = None, role: str = ""):
+                 grouped_rows_max: int = 0, outputs: PrefillOutputs | None = None, role: str = "",
+                 amx: AmxGemm | None = None):
         super().__init__(bias, sum(part.rows for part in parts), few_rows_max, prefill_math, step_rows,
                          grouped_rows_max)
         self.parts = parts  # BlockWeight, row-wise
+        # under bf16 products: the GEMM on AMX tiles over the blocks, for the parts it supports (None: tiles)
+        self.amx = amx if prefill_math.bf16_products else None
         # with step_rows: during a forward the GEMM's output is outputs.take(role, ...) (PrefillOutputs)
         self.outputs, self.role = outputs, role
         self.few_rows = few_rows  # (x (m, in), part, out=None) -> (m, part.rows), into `out` when given
@@ -192,8 +197,18 @@ class BlockLinear(PrefillLinear):
         x_prefill = x.to(math.dtype).contiguous()  # once for every part
         in_forward = self.outputs is not None and self.step_rows is not None and self.step_rows.inputs is not None
         out = self.outputs.take(self.role, x.shape[0], self.out_features) if in_forward else None
+        if self.amx is not None and math.bf16_products:
+            packed = self.amx.pack(x_prefill)  # x in bf16, once for every part
+            return joined_products(x_prefill, self.parts, functools.partial(self._on_amx, packed, math), out)
         with math.products():
             return joined_products(x_prefill, self.parts, self._tiled, out)
+
+    def _on_amx(self, packed: PackedRows, math: PrefillMath, x: Tensor, part, out: Tensor | None = None) -> Tensor:
+        """The AMX GEMM's product of a part, or the tiles' for a part it does not support (AmxGemm.supports)."""
+        if self.amx.supports(part):
+            return self.amx.matmul(packed, part, out)
+        with math.products():
+            return self._tiled(x, part, out)
 
     def _tiled(self, x: Tensor, part, out: Tensor | None = None) -> Tensor:
         """x (M, in) contiguous, of the tiles' dtype -> (M, part.rows) float32 (into `out` when given)."""
@@ -210,6 +225,17 @@ class BlockLinear(PrefillLinear):
             else:
                 into(out[:, first:first + count], torch.mm(x, weights.T))
         return out
+
+
+def prefill_over_blocks(formats: str, parts: list, math_note: str, amx: AmxGemm | None) -> str:
+    """What a BlockLinear's prefill GEMM runs, as describe() says it."""
+    tiles = f"torch GEMM over dequantized tiles of {formats} blocks{math_note}"
+    if amx is None:
+        return tiles
+    on_tiles = [part.rows for part in parts if not amx.supports(part)]
+    return (f"AMX GEMM over {formats} blocks (bf16 products)"
+            + (f", parts of {'/'.join(map(str, on_tiles))} rows (not multiples of {ROW_MULTIPLE}) as {tiles}"
+               if on_tiles else ""))
 
 
 def into(out: Tensor | None, result: Tensor) -> Tensor:

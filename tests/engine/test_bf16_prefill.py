@@ -34,13 +34,28 @@ def _engine(model_dir, prefill_dtype: str, float_prefill_max_bytes: int) -> LLME
                                   float_prefill_max_bytes=float_prefill_max_bytes))
 
 
-@pytest.fixture(params=["products", "tensors"])
+@pytest.fixture(params=["amx", "products", "tensors"])
 def bf16_math(request, monkeypatch):
-    """bf16 products where oneDNN runs them (AMX); bf16 tensors, forced by hiding them, on any native-bf16 CPU."""
-    from kernels import bf16_products
+    """bf16 products where oneDNN runs them (AMX): over the blocks on AMX tiles ("amx", kernels/amx_gemm.py), or
+    with that GEMM off over oneDNN's tiles ("products"); bf16 tensors, forced by hiding the products, on any
+    native-bf16 CPU. Returns how describe() names the prefill GEMMs' math: "products" or "tensors"."""
+    from kernels import amx_gemm, bf16_products
+    from kernels.native_build import NativeUnavailable
+    from store.model_store import radixserve_home
 
-    if request.param == "products" and not bf16_products.run_here():
+    if request.param != "tensors" and not bf16_products.run_here():
         pytest.skip("oneDNN runs no bf16 products in float32 GEMMs here (needs AMX)")
+    if request.param == "amx":
+        try:
+            amx_gemm.load(radixserve_home() / "kernels")
+        except NativeUnavailable as error:
+            pytest.skip(str(error))
+        return "amx"
+
+    def refuse(*args, **kwargs):
+        raise NativeUnavailable("blocks_amx: off for this test")
+
+    monkeypatch.setattr(amx_gemm, "load", refuse)
     if request.param == "tensors":
         monkeypatch.setattr(bf16_products, "run_here", lambda: False)
     return request.param
@@ -54,8 +69,11 @@ def test_bf16_prefill_is_named_close_to_float32_and_batched_equals_alone(quantiz
     share steps."""
     engine = _engine(quantized_tiny_dir, "bfloat16", copy_bytes)
     plan = engine.backend.plan()
+    on_amx, bf16_math = bf16_math == "amx", "tensors" if bf16_math == "tensors" else "products"
     copy_dtype = "float32" if bf16_math == "products" else "bfloat16"
-    assert plan.linears["layers.0.mlp.gate_up_proj"].large == path.format(copy_dtype) + f" (bfloat16 {bf16_math})"
+    expected = ("AMX GEMM over Q4_1 blocks (bf16 products)" if on_amx and not copy_bytes
+                else path.format(copy_dtype) + f" (bfloat16 {bf16_math})")
+    assert plan.linears["layers.0.mlp.gate_up_proj"].large == expected
     assert f"prefill GEMMs: bfloat16 {bf16_math}" in engine.backend.describe()
     reference = _engine(quantized_tiny_dir, "float32", copy_bytes)
     if copy_bytes:  # a copy in bf16 holds half the bytes of the float32 one; bf16 products read float32's
@@ -114,7 +132,7 @@ def test_by_default_bf16_products_keep_no_copy_of_the_projections_and_float32_do
 
     bf16, float32 = engine("bfloat16").backend, engine("float32").backend
     assert float32._float_prefill_bytes > 0
-    assert (bf16._float_prefill_bytes == 0) == (bf16_math == "products")
+    assert (bf16._float_prefill_bytes == 0) == (bf16_math != "tensors")
 
 
 def test_prefill_attention_in_bf16_on_amx_where_the_projections_run_bf16_products(quantized_tiny_dir, tiny_llama_dir):

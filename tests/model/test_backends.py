@@ -331,6 +331,12 @@ def test_bf16_tensor_tiles_round_to_bf16_and_decode_rows_stay_float32(build_dir,
     torch.testing.assert_close(head(x), layer(x), atol=1e-4, rtol=1e-4)
 
 
+def _refuse(*args, **kwargs):
+    from kernels.native_build import NativeUnavailable
+
+    raise NativeUnavailable("blocks_amx: off for this test")
+
+
 def _step(query_lens: list[int], num_generated: list[int]):
     """The AttentionInputs of a step of sequences with these new tokens, the last num_generated of each generated."""
     from kernels.attention_inputs import AttentionInputs
@@ -339,22 +345,32 @@ def _step(query_lens: list[int], num_generated: list[int]):
                                  num_generated)
 
 
-def test_bf16_products_run_prompt_rows_on_the_gemm_and_generated_rows_as_float32(build_dir):
-    """Under bf16 products a step's prompt rows take the bf16 GEMM at any count, its generated rows the float32
-    path by their own count (over tiles the few-rows kernel, in groups of 8, up to 32 rows); outside a step, by the
-    row count."""
-    from kernels import bf16_products
+@pytest.mark.parametrize("gemm", ["AMX GEMM over Q4_1 blocks (bf16 products)",
+                                  "torch GEMM over dequantized tiles of Q4_1 blocks (bfloat16 products)"])
+def test_bf16_products_run_prompt_rows_on_the_gemm_and_generated_rows_as_float32(build_dir, monkeypatch, gemm):
+    """Under bf16 products a step's prompt rows take the bf16 GEMM at any count (on AMX tiles over the blocks,
+    or oneDNN's over dequantized tiles where that GEMM is off), its generated rows the float32 path by their own
+    count (over tiles the few-rows kernel, in groups of 8, up to 32 rows); outside a step, by the row count."""
+    from kernels import amx_gemm, bf16_products
+    from kernels.native_build import NativeUnavailable
 
     _native_bf16_or_skip()
     if not bf16_products.run_here():
         pytest.skip("oneDNN runs no bf16 products in float32 GEMMs here (needs AMX)")
+    if gemm.startswith("AMX"):
+        try:
+            amx_gemm.load(build_dir)
+        except NativeUnavailable as error:
+            pytest.skip(str(error))
+    else:
+        monkeypatch.setattr(amx_gemm, "load", _refuse)
     ops = select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, prefill_dtype="bfloat16",
                          decode_activations="float32")
     assert "prefill GEMMs: bfloat16 products" in ops.describe()
+    assert any(line.startswith("AMX GEMM over blocks off") for line in ops.plan().fallbacks) == gemm.startswith("torch")
     layer, blocks = _blocks_layer("Q4_1", 96, 64, seed=12)
     linear = ops.make_linear("layers.0.mlp.down_proj", layer, [blocks])
-    assert ops.plan().linears["layers.0.mlp.down_proj"].large == (
-        "torch GEMM over dequantized tiles of Q4_1 blocks (bfloat16 products)")
+    assert ops.plan().linears["layers.0.mlp.down_proj"].large == gemm
     x = torch.randn(40, 64, generator=_gen(7))
     rounded = x.bfloat16().double() @ layer.weight.bfloat16().double().t()
     prefill = linear(x)
