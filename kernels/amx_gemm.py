@@ -52,18 +52,25 @@ class AmxGemm:
                                ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                                ctypes.c_int]
         self._gemm.restype = ctypes.c_int
+        # pack's output, kept and grown: a fresh one (up to 8 MiB a projection at 512 rows) was a fresh mapping whose
+        # pages faulted in and were zeroed on every call (4% of a 1B model's prefill)
+        self._rows_buffer = torch.empty(0, dtype=torch.bfloat16)
 
     @staticmethod
     def supports(weight: BlockWeight) -> bool:
         return weight.rows % ROW_MULTIPLE == 0 and weight.cols % ROW_MULTIPLE == 0
 
     def pack(self, x: Tensor) -> PackedRows:
-        """x (M, K) float32 with contiguous rows -> PackedRows."""
+        """x (M, K) float32 with contiguous rows -> PackedRows, valid until the next pack (one buffer serves
+        every call: a projection packs its x, multiplies it by its parts, and is done with it)."""
         if x.dim() != 2 or x.dtype != torch.float32 or x.stride(1) != 1 or x.shape[1] % ROW_MULTIPLE:
             raise ValueError(f"AMX GEMM packs x (M, K) float32 with contiguous rows and K a multiple of "
                              f"{ROW_MULTIPLE}, got {x.dtype} {tuple(x.shape)} strides {x.stride()}")
         rows, cols = x.shape
-        data = torch.empty((-(-rows // ROW_MULTIPLE) * ROW_MULTIPLE, cols), dtype=torch.bfloat16)
+        padded = -(-rows // ROW_MULTIPLE) * ROW_MULTIPLE
+        if self._rows_buffer.numel() < padded * cols:
+            self._rows_buffer = torch.empty(padded * cols, dtype=torch.bfloat16)
+        data = self._rows_buffer[:padded * cols].view(padded, cols)
         note_unrecorded("blocks_amx_pack_rows")
         self._pack(x.data_ptr(), rows, cols, x.stride(0), data.data_ptr(), torch.get_num_threads())
         return PackedRows(data, rows)

@@ -56,25 +56,89 @@ static inline __m512i bf16_pairs(const __m256 v[4]) {
   return (__m512i)_mm512_cvtne2ps_pbh(high, low);
 }
 
+/* 16 bytes at p as 16 int32 lanes (unsigned) */
+static inline __m512i bytes16(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)); }
+
+/* Group g of `block` as 16 bf16 pairs, 512 bits at a time for the formats served most (half the instructions of
+   decode_group_avx2's four 256-bit vectors); the same float32 values before the rounding (each scale product
+   exact, one rounding of d * q +- m), so the same bf16. The other formats: decode_group_avx2. */
+static inline __attribute__((always_inline)) __m512i decode_group_pairs(const int code, const uint8_t* b, int g) {
+  const __m512i low4 = _mm512_set1_epi32(0x0F);
+  switch (code) {
+    case FORMAT_Q4_1: {
+      __m512 d = _mm512_set1_ps(load_f32(b)), m = _mm512_set1_ps(load_f32(b + 4));
+      __m512i q = bytes16(b + 8); /* weights j (low nibble) and 16 + j (high) */
+      __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(q, low4)), d, m);
+      __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)), d, m);
+      return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+    }
+    case FORMAT_Q4_0: {
+      __m512 d = _mm512_set1_ps(_cvtsh_ss(load_u16(b)));
+      __m512i q = bytes16(b + 2), eight = _mm512_set1_epi32(8);
+      __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(q, low4), eight)), d);
+      __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(q, 4), eight)), d);
+      return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+    }
+    case FORMAT_Q8_0: {
+      __m512 d = _mm512_set1_ps(_cvtsh_ss(load_u16(b)));
+      __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(b + 2)))), d);
+      __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(b + 18)))), d);
+      return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+    }
+    case FORMAT_Q4_K: {
+      int sc, mn;
+      scale_min_k4(b + 4, g, &sc, &mn);
+      __m512 dl = _mm512_set1_ps(_cvtsh_ss(load_u16(b)) * (float)sc);
+      __m512 ml = _mm512_set1_ps(_cvtsh_ss(load_u16(b + 2)) * (float)mn);
+      const uint8_t* qs = b + 16 + 32 * (g / 2);
+      const int shift = 4 * (g % 2);
+      __m512i q0 = _mm512_and_si512(_mm512_srli_epi32(bytes16(qs), shift), low4);
+      __m512i q1 = _mm512_and_si512(_mm512_srli_epi32(bytes16(qs + 16), shift), low4);
+      return (__m512i)_mm512_cvtne2ps_pbh(_mm512_fmsub_ps(_mm512_cvtepi32_ps(q1), dl, ml),
+                                           _mm512_fmsub_ps(_mm512_cvtepi32_ps(q0), dl, ml));
+    }
+    case FORMAT_Q6_K: {
+      const float d = _cvtsh_ss(load_u16(b + 208));
+      const int h = g / 4, r = g % 4;
+      const uint8_t* ql = b + 64 * h + 32 * (r % 2);
+      const uint8_t* qh = b + 128 + 32 * h;
+      __m512 half[2];
+      for (int i = 0; i < 2; i++) { /* weights 16 i .. 16 i + 15, one scale */
+        __m512i low = _mm512_and_si512(_mm512_srli_epi32(bytes16(ql + 16 * i), 4 * (r / 2)), low4);
+        __m512i high = _mm512_and_si512(_mm512_srli_epi32(bytes16(qh + 16 * i), 2 * r), _mm512_set1_epi32(3));
+        __m512i q = _mm512_sub_epi32(_mm512_or_si512(low, _mm512_slli_epi32(high, 4)), _mm512_set1_epi32(32));
+        half[i] = _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(d * (float)(int8_t)b[192 + 2 * g + i]));
+      }
+      return (__m512i)_mm512_cvtne2ps_pbh(half[1], half[0]);
+    }
+    default: {
+      __m256 v[4];
+      decode_group_avx2(code, b, g, v);
+      return bf16_pairs(v);
+    }
+  }
+}
+
 /* panel (ck / 2 rows of `width` pairs) = W's rows n0 .. n0 + width over k0 .. k0 + ck in bf16, VNNI: row i,
    pair c = (W[n0 + c][k0 + 2 i], W[n0 + c][k0 + 2 i + 1]). Inlined with a constant code (decode_panel). */
 static inline __attribute__((always_inline)) void decode_panel_as(const int code, const uint8_t* W, int64_t row_bytes,
                                                                    int64_t bytes, int groups, int64_t n0, int64_t width,
                                                                    int64_t k0, int64_t ck, uint16_t* panel) {
+  /* known from the (constant) code, so the group loop unrolls and each group's shifts and scale positions fold
+     to constants; a chunk starts on a block (CHUNK_K is whole blocks) */
+  const int block_groups = code >= FORMAT_Q2_K && code <= FORMAT_Q6_K ? 8 : 1;
+  (void)groups;
   for (int64_t c0 = 0; c0 < width; c0 += 16) {
     const uint8_t* rows = W + (n0 + c0) * row_bytes;
-    for (int64_t k = 0; k < ck; k += 32) {
-      const int64_t group = (k0 + k) / 32;
-      const uint8_t* block = rows + group / groups * bytes;
-      const int g = (int)(group % groups);
-      __m512i lanes[16]; /* row r: weight row n0 + c0 + r's 16 pairs of these 32 k */
-      for (int r = 0; r < 16; r++) {
-        __m256 v[4];
-        decode_group_avx2(code, block + r * row_bytes, g, v);
-        lanes[r] = bf16_pairs(v);
+    for (int64_t k = 0; k < ck; k += 32 * block_groups) {
+      const uint8_t* block = rows + (k0 + k) / (32 * block_groups) * bytes;
+      #pragma GCC unroll 8
+      for (int g = 0; g < block_groups; g++) {
+        __m512i lanes[16]; /* row r: weight row n0 + c0 + r's 16 pairs of these 32 k */
+        for (int r = 0; r < 16; r++) lanes[r] = decode_group_pairs(code, block + r * row_bytes, g);
+        transpose16(lanes); /* row i: pair i of the 32 k for the 16 weight rows */
+        for (int i = 0; i < 16; i++) _mm512_storeu_si512(panel + (((k + 32 * g) / 2 + i) * width + c0) * 2, lanes[i]);
       }
-      transpose16(lanes); /* row i: pair i of the 32 k for the 16 weight rows */
-      for (int i = 0; i < 16; i++) _mm512_storeu_si512(panel + ((k / 2 + i) * width + c0) * 2, lanes[i]);
     }
   }
 }

@@ -50,6 +50,14 @@ def test_every_format_against_the_bf16_product(amx, blocks, format_name):
     assert_close_to(y, bf16_reference(x, blocks.dequantize_rows(weight)))
 
 
+@pytest.mark.parametrize("format_name", sorted(FORMATS))
+def test_the_weights_multiplied_are_the_dequantized_ones_rounded_to_bf16(amx, blocks, format_name):
+    """x = the identity: each product is one weight times 1, exact, so y^T is the weights the tiles saw, bit for bit."""
+    weight = random_weight(format_name, 64, 256, seed=6)
+    y = amx.matmul(amx.pack(torch.eye(256)), weight)
+    assert torch.equal(y.T, blocks.dequantize_rows(weight).bfloat16().float())
+
+
 @pytest.mark.parametrize("rows,cols", [(608, 256), (64, 4096), (32, 2304)])
 def test_panels_and_k_chunks(amx, blocks, rows, cols):
     """Weights wider than a panel (256 rows) and deeper than a K chunk (2048): chunks accumulate in y."""
