@@ -6,8 +6,8 @@ against the machine's limits, side by side in one run.
 
 First the machine's limits on one weight shape (2048 x 2048, 512 rows): our int8 GEMM over Q8_0 blocks
 (kernels/cpu_gemm_q8.py), torch's fbgemm dynamic int8 linear, oneDNN's bfloat16 and float32 GEMMs and, where they run, bf16
-products in a float32 GEMM (what bf16 prefill runs: kernels/bf16_products.py) (GOP/s,
-interleaved, best of 3), and copy bandwidth (GB/s, read + write). Then, per model, each server started
+products in a float32 GEMM and our AMX GEMM over Q8_0 blocks (what bf16 prefill runs:
+kernels/bf16_products.py, kernels/amx_gemm.py) (GOP/s, interleaved, best of 3), and copy bandwidth (GB/s, read + write). Then, per model, each server started
 alone on the model's GGUF file: llama-server (bench/llama_server.py, prompt caching off per request) and
 radixserve once per prefill path (`--paths`: `serve --model FILE` with its defaults, `--prefill-dtype float32`,
 `--prefill-dtype bfloat16` (where the CPU has native bf16; elsewhere the row says why it is missing), or
@@ -49,9 +49,10 @@ from bench.llama_server import find_or_build_llama_server, llama_server_version
 from bench.local_server import stop_process
 from bench.quant_memory_bench import peak_rss_bytes, start
 from bench.random_gguf import random_gguf
-from kernels import bf16_products, cpu_gemm_q8
+from kernels import amx_gemm, bf16_products, cpu_gemm_q8
 from kernels.block_formats import BlockWeight
 from kernels.cpu_features import this_cpu
+from kernels.native_build import NativeUnavailable
 from kernels.packed_linear import pack_weight, packed_linear
 from store.gguf_import import read_metadata
 from store.model_store import radixserve_home
@@ -105,6 +106,12 @@ def machine_limits() -> dict[str, float]:
     if bf16_products.run_here():  # what bf16 prefill runs where it does (kernels/bf16_products.py)
         paths["oneDNN bf16 products in a float32 GEMM (prepacked)"] = lambda: _in_bf16_products(
             packed_linear, x, packed_f32, None)
+        try:  # and, over blocks, on our AMX kernel (kernels/amx_gemm.py): x packed in every call, as in prefill
+            amx = amx_gemm.load(radixserve_home() / "kernels")
+            q8_0 = BlockWeight.from_gguf("Q8_0", quantize(weight.numpy(), GGMLQuantizationType.Q8_0), cols)
+            paths["AMX bf16 GEMM over Q8_0 blocks"] = lambda: amx.matmul(amx.pack(x), q8_0)
+        except NativeUnavailable as error:
+            print(f"AMX GEMM over blocks not measured: {error}", flush=True)
     best = {name: float("inf") for name in paths}
     for _ in range(3):  # interleaved: noise hits every path alike
         for name, fn in paths.items():
