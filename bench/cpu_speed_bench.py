@@ -21,7 +21,8 @@ token-id prompts of random ids, greedy, ignore_eos):
   to run; the first round also holds radixserve's recording of a decode step of that size);
 - the server's peak RSS (VmHWM of /proc/PID/status, read before it is stopped).
 Then per model: prefill's linear layers as GOP/s (2 x their weights a token; the LM head runs for
-the last token only, attention not counted) against the fastest GEMM measured (the machine's limit), batch-1
+the last token only, attention not counted) against the fastest GEMM measured (the machine's limit), the same
+with attention's products counted too (the model's ops: Q K^T and P V over a causal prompt, `attention_ops`), batch-1
 decode against the bandwidth limit (the file's bytes read once a token at the copy bandwidth), and each
 radixserve row's prefill over llama-server's at each length.
 Models: `default` (SmolLM2-135M-Instruct Q4_1, the pulled default) and the random files in
@@ -167,6 +168,16 @@ def linear_weight_elements(meta: dict) -> int:
     return per_layer * layers
 
 
+def attention_ops(meta: dict, length: int) -> float:
+    """Multiply-add ops (x 2) a prefill token of a causal prompt of `length` tokens spends in attention, on
+    average: Q K^T and P V over the (length + 1) / 2 keys before it, every query head, every layer."""
+    arch = meta["general.architecture"]
+    hidden, heads, layers = (meta[f"{arch}.embedding_length"], meta[f"{arch}.attention.head_count"],
+                             meta[f"{arch}.block_count"])
+    head_dim = meta.get(f"{arch}.attention.key_length", hidden // heads)
+    return 2 * 2 * layers * heads * head_dim * (length + 1) / 2
+
+
 class Client:
     def __init__(self, port: int, vocab: int, seed: int):
         self.url = f"http://127.0.0.1:{port}/v1/completions"
@@ -307,6 +318,11 @@ def main(argv: list[str] | None = None) -> int:
             best_prefill = max(v for k, v in values.items() if k.startswith("prefill"))
             values["prefill linear GOP/s"] = best_prefill * linear_ops / 1e9
             values["% of best GEMM rate"] = 100 * values["prefill linear GOP/s"] / best_rate
+            # the model's ops, attention's included, at the length where they ran fastest
+            values["prefill model GOP/s"] = max(values[f"prefill tok/s @{length}"]
+                                                * (linear_ops + attention_ops(meta, length)) / 1e9
+                                                for length in lengths)
+            values["% of best GEMM rate, attention counted"] = 100 * values["prefill model GOP/s"] / best_rate
             if not args.no_decode:
                 values["% of bandwidth limit @batch 1"] = (100 * values["decode tok/s @batch 1"]
                                                            * gguf_path.stat().st_size / (copy_rate * 1e9))
