@@ -19,6 +19,7 @@ from torch import Tensor
 
 from kernels.block_formats import BlockWeight
 from kernels.block_matmul import product_out
+from kernels.cpu_gemm_q8 import Q16_FORMATS, PackedBlocks
 from kernels.kernel_program import note_unrecorded
 from kernels.native_build import FIND_COMPILER, NativeUnavailable, load_library
 
@@ -52,6 +53,10 @@ class AmxGemm:
                                ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                                ctypes.c_int]
         self._gemm.restype = ctypes.c_int
+        self._gemm_interleaved = library.blocks_amx_gemm_interleaved
+        self._gemm_interleaved.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                           ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+        self._gemm_interleaved.restype = ctypes.c_int
         # pack's output, kept and grown: a fresh one (up to 8 MiB a projection at 512 rows) was a fresh mapping whose
         # pages faulted in and were zeroed on every call (4% of a 1B model's prefill)
         self._rows_buffer = torch.empty(0, dtype=torch.bfloat16)
@@ -90,6 +95,31 @@ class AmxGemm:
             raise MemoryError("AMX GEMM: no memory for a thread's panel")
         if status:
             raise ValueError(f"AMX GEMM: format {weight.format} unknown to the kernel (status {status})")
+        return out
+
+
+    @staticmethod
+    def reads(copy: PackedBlocks) -> bool:
+        """Whether `matmul_interleaved` takes this copy: Q4_1 / Q4_K in 16 interleaved rows (the AVX-512 layout)."""
+        return (copy.format in Q16_FORMATS and copy.variant == "avx512_vnni" and copy.rows % ROW_MULTIPLE == 0
+                and copy.cols % ROW_MULTIPLE == 0)
+
+    def matmul_interleaved(self, x: PackedRows, copy: PackedBlocks, out: Tensor | None = None) -> Tensor:
+        """x @ W^T like `matmul`, its panels decoded from a copy of W in the int8 GEMM's interleaved rows (the
+        decode copies of model/backends/decode_copies.py): no transpose, no scale per row; the same weights,
+        so the same bits as `matmul` over W's blocks (tested)."""
+        if x.cols != copy.cols or not self.reads(copy):
+            raise ValueError(f"AMX GEMM: x has {x.cols} columns against a {copy.format} copy of {copy.rows} x "
+                             f"{copy.cols} in {copy.variant} rows (it reads {', '.join(Q16_FORMATS)} in 16 "
+                             f"interleaved rows, both sizes multiples of {ROW_MULTIPLE})")
+        out = product_out(out, x.rows, copy.rows)
+        note_unrecorded("blocks_amx_gemm_interleaved")
+        status = self._gemm_interleaved(copy.packed.data_ptr(), x.data.data_ptr(), x.rows, copy.rows, copy.cols,
+                                        out.data_ptr(), out.stride(0), torch.get_num_threads())
+        if status == -3:
+            raise MemoryError("AMX GEMM: no memory for a thread's panel")
+        if status:
+            raise ValueError(f"AMX GEMM over interleaved rows: status {status}")
         return out
 
 

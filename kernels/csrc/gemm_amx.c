@@ -168,17 +168,57 @@ static float* edge_buffer(int64_t floats) {
   return thread_edge;
 }
 
-/* y (M x N float32, row m at y + m * y_stride) = rows of x, packed by blocks_amx_pack_rows into xb, @ W^T,
-   W (N, K) in block format `code`. Returns 0; -1 for a bad code, -2 when K or N is not a multiple of 32,
-   -3 when a buffer could not be allocated. */
-int blocks_amx_gemm(int code, int64_t block_size, int64_t block_bytes, const uint8_t* W, const uint16_t* xb,
-                    int64_t M, int64_t N, int64_t K, float* y, int64_t y_stride, int num_threads) {
-  if (code < 0 || code >= NUM_FORMATS) return -1;
-  if (K % 32 || N % 32) return -2;
-  int64_t num_blocks, bytes;
+/* Where a panel's weights come from: W's blocks (code >= 0: block_decode.h's format, rows row_bytes apart), or a
+   copy in the int8 GEMM's interleaved rows (code INTERLEAVED: kernels/csrc/gemm_q8.c's scale-and-min layout, 16 rows
+   a group). */
+#define INTERLEAVED (-1)
+typedef struct {
+  int code;
+  const uint8_t* W;
+  int64_t row_bytes, bytes; /* blocks: a row's, a block's; interleaved: a group's 32-column block's */
   int groups;
-  row_shape(code, K, block_size, block_bytes, &num_blocks, &bytes, &groups);
-  const int64_t row_bytes = num_blocks * bytes, whole = M / 32 * 32, edge = M - whole, pairs = N / 32;
+} panel_source;
+
+/* The scale-and-min layout, 16 rows interleaved (gemm_q8.c with AVX-512), per group of 16 rows and 32 columns:
+   16 float scales d, 16 float mins, then 4 vectors j of 16 x 4 bytes, lane r's byte i holding weight 4j + i
+   (low nibble) and 4j + 16 + i (high nibble) of row r: w = d q + min (Q4_1's m; Q4_K's d sc and -dmin m, exact
+   in float32), the blocks' own values. */
+#define INTERLEAVE 16
+#define INTERLEAVED_BLOCK_BYTES (2 * INTERLEAVE * 4 + 4 * INTERLEAVE * 4)
+
+/* panel rows = the same VNNI panel as decode_panel's, from the interleaved copy: its lanes are the rows already,
+   so a weight vector gives pair rows without a transpose or a scale per row. */
+static void decode_interleaved_panel(const uint8_t* W, int64_t K, int64_t n0, int64_t width, int64_t k0, int64_t ck,
+                                     uint16_t* panel) {
+  const int64_t blocks = K / 32;
+  const __m512i low4 = _mm512_set1_epi32(0x0F0F0F0F), byte = _mm512_set1_epi32(0xFF);
+  for (int64_t c0 = 0; c0 < width; c0 += 16) {
+    const uint8_t* group = W + (n0 + c0) / INTERLEAVE * blocks * INTERLEAVED_BLOCK_BYTES;
+    for (int64_t k = 0; k < ck; k += 32) {
+      const uint8_t* block = group + (k0 + k) / 32 * INTERLEAVED_BLOCK_BYTES;
+      const __m512 d = _mm512_loadu_ps(block), min = _mm512_loadu_ps(block + 64);
+      uint16_t* rows = panel + ((k / 2) * width + c0) * 2; /* pair row i at rows + i * width * 2 */
+      for (int j = 0; j < 4; j++) {
+        const __m512i v = _mm512_loadu_si512(block + 128 + 64 * j);
+        for (int high = 0; high < 2; high++) { /* weights 4j + i, then 4j + 16 + i */
+          const __m512i q = high ? _mm512_and_si512(_mm512_srli_epi32(v, 4), low4) : _mm512_and_si512(v, low4);
+          __m512 w[4];
+          for (int i = 0; i < 4; i++)
+            w[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(q, 8 * i), byte)), d, min);
+          const int64_t pair = 8 * high + 2 * j;
+          _mm512_storeu_si512(rows + pair * width * 2, pairs_of(w[0], w[1]));
+          _mm512_storeu_si512(rows + (pair + 1) * width * 2, pairs_of(w[2], w[3]));
+        }
+      }
+    }
+  }
+}
+
+/* y (M x N float32, row m at y + m * y_stride) = rows of x, packed by blocks_amx_pack_rows into xb, @ W^T, W's
+   panels from `src`. Returns 0, or -3 when a buffer could not be allocated. */
+static int gemm_over(const panel_source* src, const uint16_t* xb, int64_t M, int64_t N, int64_t K, float* y,
+                     int64_t y_stride, int num_threads) {
+  const int64_t whole = M / 32 * 32, edge = M - whole, pairs = N / 32;
   int failed = 0;
   #pragma omp parallel num_threads(num_threads)
   {
@@ -196,7 +236,8 @@ int blocks_amx_gemm(int code, int64_t block_size, int64_t block_bytes, const uin
         const int64_t width = n_end - n0 < PANEL_ROWS ? n_end - n0 : PANEL_ROWS;
         for (int64_t k0 = 0; k0 < K; k0 += CHUNK_K) {
           const int64_t ck = K - k0 < CHUNK_K ? K - k0 : CHUNK_K;
-          decode_panel(code, W, row_bytes, bytes, groups, n0, width, k0, ck, thread_panel);
+          if (src->code == INTERLEAVED) decode_interleaved_panel(src->W, K, n0, width, k0, ck, thread_panel);
+          else decode_panel(src->code, src->W, src->row_bytes, src->bytes, src->groups, n0, width, k0, ck, thread_panel);
           for (int64_t m0 = 0; m0 < whole + (edge ? 32 : 0); m0 += 32) {
             float* c = m0 < whole ? y + m0 * y_stride + n0 : edge_out + (n0 - n_begin);
             const int64_t ldc = m0 < whole ? y_stride : share;
@@ -211,4 +252,27 @@ int blocks_amx_gemm(int code, int64_t block_size, int64_t block_bytes, const uin
     }
   }
   return failed ? -3 : 0;
+}
+
+/* The product over W (N, K) in block format `code`. Returns 0; -1 for a bad code, -2 when K or N is not a
+   multiple of 32, -3 when a buffer could not be allocated. */
+int blocks_amx_gemm(int code, int64_t block_size, int64_t block_bytes, const uint8_t* W, const uint16_t* xb,
+                    int64_t M, int64_t N, int64_t K, float* y, int64_t y_stride, int num_threads) {
+  if (code < 0 || code >= NUM_FORMATS) return -1;
+  if (K % 32 || N % 32) return -2;
+  panel_source src = {.code = code, .W = W};
+  int64_t num_blocks;
+  row_shape(code, K, block_size, block_bytes, &num_blocks, &src.bytes, &src.groups);
+  src.row_bytes = num_blocks * src.bytes;
+  return gemm_over(&src, xb, M, N, K, y, y_stride, num_threads);
+}
+
+/* The product over a copy of W (N, K) in the interleaved scale-and-min layout of 16 rows (gemm_q8_repack's with
+   AVX-512: Q4_1, Q4_K). Returns 0; -2 when K or N is not a multiple of 32, -3 when a buffer could not be
+   allocated. */
+int blocks_amx_gemm_interleaved(const uint8_t* W, const uint16_t* xb, int64_t M, int64_t N, int64_t K, float* y,
+                                int64_t y_stride, int num_threads) {
+  if (K % 32 || N % 32) return -2;
+  const panel_source src = {.code = INTERLEAVED, .W = W};
+  return gemm_over(&src, xb, M, N, K, y, y_stride, num_threads);
 }

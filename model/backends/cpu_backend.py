@@ -240,11 +240,12 @@ class CpuBackend(TorchBackend):
         if self._float_prefill:
             return self._float_copy_over_blocks(name, layer, parts, formats, few_rows, limit, grouped)
         amx = self.amx_gemm if math.bf16_products else None
-        self._linears[name] = LinearPlan(prefill_over_blocks(formats, parts, math_note, amx), few_rows, grouped)
+        self._linears[name] = LinearPlan(prefill_over_blocks(formats, parts, math_note, amx, self.decode_copies.copy_of),
+                                         few_rows, grouped)
         in_layers = name.startswith("layers.")  # the LM head's logits leave the model: a fresh output each
         return BlockLinear(parts, layer.bias, self._few_rows_over_blocks, self.block_kernels.dequantize_rows, limit,
                            math, self.step_rows, grouped, self.prefill_outputs if in_layers else None,
-                           name.rsplit(".", 1)[-1], amx)
+                           name.rsplit(".", 1)[-1], amx, self.decode_copies.copy_of)
 
     @property
     def prefill_dtype(self) -> str:

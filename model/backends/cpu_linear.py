@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from kernels.amx_gemm import ROW_MULTIPLE, AmxGemm, PackedRows
 from kernels.attention_inputs import AttentionInputs
+from kernels.cpu_gemm_q8 import PackedBlocks
 from kernels.bf16_products import bf16_products, padded_rows
 from kernels.packed_linear import packed_linear
 
@@ -179,12 +180,13 @@ class BlockLinear(PrefillLinear):
                  dequantize_rows: Callable[..., Tensor], few_rows_max: int,
                  prefill_math: PrefillMath = FLOAT32_MATH, step_rows: StepRows | None = None,
                  grouped_rows_max: int = 0, outputs: PrefillOutputs | None = None, role: str = "",
-                 amx: AmxGemm | None = None):
+                 amx: AmxGemm | None = None, copy_of: Callable[..., PackedBlocks | None] | None = None):
         super().__init__(bias, sum(part.rows for part in parts), few_rows_max, prefill_math, step_rows,
                          grouped_rows_max)
         self.parts = parts  # BlockWeight, row-wise
         # under bf16 products: the GEMM on AMX tiles over the blocks, for the parts it supports (None: tiles)
         self.amx = amx if prefill_math.bf16_products else None
+        self.copy_of = copy_of  # part -> its decode copy in interleaved rows, which the AMX GEMM reads too (or None)
         # with step_rows: during a forward the GEMM's output is outputs.take(role, ...) (PrefillOutputs)
         self.outputs, self.role = outputs, role
         self.few_rows = few_rows  # (x (m, in), part, out=None) -> (m, part.rows), into `out` when given
@@ -204,7 +206,11 @@ class BlockLinear(PrefillLinear):
             return joined_products(x_prefill, self.parts, self._tiled, out)
 
     def _on_amx(self, packed: PackedRows, math: PrefillMath, x: Tensor, part, out: Tensor | None = None) -> Tensor:
-        """The AMX GEMM's product of a part, or the tiles' for a part it does not support (AmxGemm.supports)."""
+        """The AMX GEMM's product of a part, over its interleaved copy where it has one (faster to decode, the same
+        bits), else over its blocks; the tiles' for a part it does not support (AmxGemm.supports)."""
+        copy = self.copy_of(part) if self.copy_of is not None else None
+        if copy is not None and self.amx.reads(copy):
+            return self.amx.matmul_interleaved(packed, copy, out)
         if self.amx.supports(part):
             return self.amx.matmul(packed, part, out)
         with math.products():
@@ -227,13 +233,16 @@ class BlockLinear(PrefillLinear):
         return out
 
 
-def prefill_over_blocks(formats: str, parts: list, math_note: str, amx: AmxGemm | None) -> str:
+def prefill_over_blocks(formats: str, parts: list, math_note: str, amx: AmxGemm | None,
+                        copy_of: Callable[..., PackedBlocks | None]) -> str:
     """What a BlockLinear's prefill GEMM runs, as describe() says it."""
     tiles = f"torch GEMM over dequantized tiles of {formats} blocks{math_note}"
     if amx is None:
         return tiles
+    copied = [part.format for part in parts if (copy := copy_of(part)) is not None and amx.reads(copy)]
     on_tiles = [part.rows for part in parts if not amx.supports(part)]
-    return (f"AMX GEMM over {formats} blocks (bf16 products)"
+    return (f"AMX GEMM over {formats} blocks (bf16 products"
+            + (f"; {'+'.join(copied)} panels from the decode copy" if copied else "") + ")"
             + (f", parts of {'/'.join(map(str, on_tiles))} rows (not multiples of {ROW_MULTIPLE}) as {tiles}"
                if on_tiles else ""))
 

@@ -4,7 +4,8 @@ With int16 decode activations, the few-rows products of those projections read a
 the int8 GEMM's layout (16 rows interleaved by 4 bytes with AVX-512, 8 with AVX2) through
 kernels/cpu_gemm_q8.py's `matmul_q16`: the block kernels' quantization of x, integer products summed per
 block instead of per lane, 2-3x their speed at one row (docs/performance.md, "Decode over interleaved
-rows"). Prefill and the embedding still read the blocks, so the copy costs their bytes again; a model keeps
+rows"). Prefill's AMX GEMM decodes its panels from the copy where there is one (kernels/amx_gemm.py); the
+embedding, the other prefill paths and the other formats still read the blocks, so the copy costs their bytes again; a model keeps
 one only where its Q4_1 / Q4_K projections fit in the budget, part by part (a fused projection's other
 formats stay on the blocks).
 """
@@ -61,6 +62,10 @@ class DecodeCopies:
         for part in parts:
             copy = self._copies[id(part)] = kernels.repack(part)
             self._bytes += copy.packed.numel()
+
+    def copy_of(self, part: BlockWeight) -> PackedBlocks | None:
+        """The part's copy, or None (prefill's AMX GEMM decodes its panels from it: kernels/amx_gemm.py)."""
+        return self._copies.get(id(part))
 
     def product(self, x: Tensor, part: BlockWeight, out: Tensor | None) -> Tensor | None:
         """x @ part^T over the part's copy, into `out` when given; None when the part has none."""

@@ -71,7 +71,8 @@ def test_bf16_prefill_is_named_close_to_float32_and_batched_equals_alone(quantiz
     plan = engine.backend.plan()
     on_amx, bf16_math = bf16_math == "amx", "tensors" if bf16_math == "tensors" else "products"
     copy_dtype = "float32" if bf16_math == "products" else "bfloat16"
-    expected = ("AMX GEMM over Q4_1 blocks (bf16 products)" if on_amx and not copy_bytes
+    # (the default int16 decode keeps a copy of the Q4_1 projections in interleaved rows: the AMX GEMM reads it)
+    expected = ("AMX GEMM over Q4_1 blocks (bf16 products; Q4_1 panels from the decode copy)" if on_amx and not copy_bytes
                 else path.format(copy_dtype) + f" (bfloat16 {bf16_math})")
     assert plan.linears["layers.0.mlp.gate_up_proj"].large == expected
     assert f"prefill GEMMs: bfloat16 {bf16_math}" in engine.backend.describe()

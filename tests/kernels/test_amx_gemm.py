@@ -110,3 +110,21 @@ def test_shapes_it_does_not_take_are_refused(amx):
         amx.matmul(amx.pack(torch.randn(3, 512)), random_weight("Q8_0", 32, 256))
     with pytest.raises(ValueError, match="float32 with contiguous rows"):
         amx.pack(torch.randn(3, 40))
+
+
+@pytest.mark.parametrize("format_name", ["Q4_1", "Q4_K"])
+def test_over_the_interleaved_copy_the_same_bits_as_over_the_blocks(amx, format_name):
+    from kernels import cpu_gemm_q8
+
+    try:
+        interleaved = cpu_gemm_q8.load(radixserve_home() / "kernels", variant="avx512_vnni")
+    except NativeUnavailable as error:
+        pytest.skip(str(error))
+    weight = random_weight(format_name, 320, 2304, seed=7)  # a panel and a part, a K chunk and a part
+    copy = interleaved.repack(weight)
+    assert amx.reads(copy)
+    x = torch.randn(45, 2304)
+    packed = amx.pack(x)
+    assert torch.equal(amx.matmul_interleaved(packed, copy), amx.matmul(packed, weight))
+    with pytest.raises(ValueError, match="interleaved rows"):
+        amx.matmul_interleaved(amx.pack(torch.randn(2, 256)), copy)
