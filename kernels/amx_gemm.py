@@ -54,7 +54,7 @@ class AmxGemm:
                                ctypes.c_int]
         self._gemm.restype = ctypes.c_int
         self._gemm_interleaved = library.blocks_amx_gemm_interleaved
-        self._gemm_interleaved.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+        self._gemm_interleaved.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                            ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
         self._gemm_interleaved.restype = ctypes.c_int
         # pack's output, kept and grown: a fresh one (up to 8 MiB a projection at 512 rows) was a fresh mapping whose
@@ -114,7 +114,7 @@ class AmxGemm:
                              f"interleaved rows, both sizes multiples of {ROW_MULTIPLE})")
         out = product_out(out, x.rows, copy.rows)
         note_unrecorded("blocks_amx_gemm_interleaved")
-        status = self._gemm_interleaved(copy.packed.data_ptr(), x.data.data_ptr(), x.rows, copy.rows, copy.cols,
+        status = self._gemm_interleaved(copy.layout, copy.packed.data_ptr(), x.data.data_ptr(), x.rows, copy.rows, copy.cols,
                                         out.data_ptr(), out.stride(0), torch.get_num_threads())
         if status == -3:
             raise MemoryError("AMX GEMM: no memory for a thread's panel")

@@ -32,11 +32,13 @@ from kernels.block_matmul import product_out
 from kernels.kernel_program import PackedKernel, note_unrecorded
 from kernels.native_build import FIND_COMPILER, library_variant, load_library
 
-# The block formats (kernels/block_formats.py) the kernels repack: Q4_1 and Q4_K into 32-weight groups
-# with a float32 scale and min each (Q4_K's d * sc and -dmin * m are exact in float32: 24 bytes per 32
-# weights against Q4_K's 18), Q4_0 and Q8_0 into groups with a float32 scale (20 and 36 bytes).
+# The block formats (kernels/block_formats.py) the kernels repack: Q4_1 into 32-weight groups with a float32
+# scale and min each (24 bytes per 32 weights against its 20), Q4_K keeping its 6-bit scales and mins as bytes
+# and its blocks' d and -dmin as floats (19.5 bytes per 32 against 18: kernels/csrc/interleaved_rows.h; the
+# kernels make d * sc and -dmin * m, exact in float32), Q4_0 and Q8_0 into groups with a float32 scale (20 and
+# 36 bytes).
 GEMM_FORMATS = ("Q4_0", "Q4_1", "Q8_0", "Q4_K")
-# The formats matmul_q16 reads repacked (the layout with a float32 scale and min per 32 weights)
+# The formats matmul_q16 reads repacked (the layouts with a scale and a min per 32 weights)
 Q16_FORMATS = ("Q4_1", "Q4_K")
 # gemm_q16_packed's fields: layout, packed W, x, y, m, rows, cols, y's row stride, threads
 _Q16_ARGS = struct.Struct("<9q").pack
@@ -125,7 +127,7 @@ class CpuGemmQ8:
         if status == -2:
             raise MemoryError("matmul_q16: no memory for the quantized activations")
         if status:
-            raise ValueError(f"matmul_q16: layout {weight.layout} is not the scale-and-min one")
+            raise ValueError(f"matmul_q16: layout {weight.layout} has no scale and min per 32 weights")
         return out
 
 

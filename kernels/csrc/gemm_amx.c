@@ -20,6 +20,8 @@
 
 #include "amx_tiles.h"
 #include "block_decode.h"
+#define R 16 /* the interleaved copies' rows a group: the AVX-512 build's (interleaved_rows.h) */
+#include "interleaved_rows.h"
 
 /* A panel: 1 MiB of bf16, which stays in L2 (2 MiB a core) beside the rows of x going through it; 64 or 128 rows
    and 512 to 1024 k ran 5-20% slower on the 1B model's shapes at 512 rows (docs/performance.md, "Prefill GEMMs on
@@ -169,37 +171,36 @@ static float* edge_buffer(int64_t floats) {
 }
 
 /* Where a panel's weights come from: W's blocks (code >= 0: block_decode.h's format, rows row_bytes apart), or a
-   copy in the int8 GEMM's interleaved rows (code INTERLEAVED: kernels/csrc/gemm_q8.c's scale-and-min layout, 16 rows
-   a group). */
+   copy in the int8 GEMM's interleaved rows (code INTERLEAVED: kernels/csrc/gemm_q8.c's LAYOUT_SCALE_MIN or
+   LAYOUT_K4, `layout`, 16 rows a group: interleaved_rows.h). */
 #define INTERLEAVED (-1)
 typedef struct {
-  int code;
+  int code, layout;
   const uint8_t* W;
-  int64_t row_bytes, bytes; /* blocks: a row's, a block's; interleaved: a group's 32-column block's */
+  int64_t row_bytes, bytes; /* blocks: a row's, a block's */
   int groups;
 } panel_source;
 
-/* The scale-and-min layout, 16 rows interleaved (gemm_q8.c with AVX-512), per group of 16 rows and 32 columns:
-   16 float scales d, 16 float mins, then 4 vectors j of 16 x 4 bytes, lane r's byte i holding weight 4j + i
-   (low nibble) and 4j + 16 + i (high nibble) of row r: w = d q + min (Q4_1's m; Q4_K's d sc and -dmin m, exact
-   in float32), the blocks' own values. */
-#define INTERLEAVE 16
-#define INTERLEAVED_BLOCK_BYTES (2 * INTERLEAVE * 4 + 4 * INTERLEAVE * 4)
-
-/* panel rows = the same VNNI panel as decode_panel's, from the interleaved copy: its lanes are the rows already,
-   so a weight vector gives pair rows without a transpose or a scale per row. */
-static void decode_interleaved_panel(const uint8_t* W, int64_t K, int64_t n0, int64_t width, int64_t k0, int64_t ck,
-                                     uint16_t* panel) {
+/* panel rows = the same VNNI panel as decode_panel's, from the interleaved copy (layout LAYOUT_SCALE_MIN or
+   LAYOUT_K4): its lanes are the rows already, so a weight vector gives pair rows without a transpose, and a
+   block's scales and mins are one vector each. Per 32 columns, 4 vectors j of 16 x 4 bytes, lane r's byte i
+   holding weight 4j + i (low nibble) and 4j + 16 + i (high nibble) of row r: w = d q + min, the blocks' own
+   values (Q4_1's d and m; Q4_K's d sc and -dmin m, exact in float32). */
+static void decode_interleaved_panel(int layout, const uint8_t* W, int64_t K, int64_t n0, int64_t width, int64_t k0,
+                                     int64_t ck, uint16_t* panel) {
   const int64_t blocks = K / 32;
   const __m512i low4 = _mm512_set1_epi32(0x0F0F0F0F), byte = _mm512_set1_epi32(0xFF);
   for (int64_t c0 = 0; c0 < width; c0 += 16) {
-    const uint8_t* group = W + (n0 + c0) / INTERLEAVE * blocks * INTERLEAVED_BLOCK_BYTES;
+    const uint8_t* group = W + (n0 + c0) / R * group_bytes(layout, blocks);
     for (int64_t k = 0; k < ck; k += 32) {
-      const uint8_t* block = group + (k0 + k) / 32 * INTERLEAVED_BLOCK_BYTES;
-      const __m512 d = _mm512_loadu_ps(block), min = _mm512_loadu_ps(block + 64);
+      const int64_t b = (k0 + k) / 32;
+      const uint8_t* record = block_record(layout, group, b);
+      __m512 d, min;
+      block_scales(layout, group, b, record, &d, &min);
+      const uint8_t* quants = record + scale_bytes(layout);
       uint16_t* rows = panel + ((k / 2) * width + c0) * 2; /* pair row i at rows + i * width * 2 */
       for (int j = 0; j < 4; j++) {
-        const __m512i v = _mm512_loadu_si512(block + 128 + 64 * j);
+        const __m512i v = _mm512_loadu_si512(quants + 64 * j);
         for (int high = 0; high < 2; high++) { /* weights 4j + i, then 4j + 16 + i */
           const __m512i q = high ? _mm512_and_si512(_mm512_srli_epi32(v, 4), low4) : _mm512_and_si512(v, low4);
           __m512 w[4];
@@ -236,7 +237,7 @@ static int gemm_over(const panel_source* src, const uint16_t* xb, int64_t M, int
         const int64_t width = n_end - n0 < PANEL_ROWS ? n_end - n0 : PANEL_ROWS;
         for (int64_t k0 = 0; k0 < K; k0 += CHUNK_K) {
           const int64_t ck = K - k0 < CHUNK_K ? K - k0 : CHUNK_K;
-          if (src->code == INTERLEAVED) decode_interleaved_panel(src->W, K, n0, width, k0, ck, thread_panel);
+          if (src->code == INTERLEAVED) decode_interleaved_panel(src->layout, src->W, K, n0, width, k0, ck, thread_panel);
           else decode_panel(src->code, src->W, src->row_bytes, src->bytes, src->groups, n0, width, k0, ck, thread_panel);
           for (int64_t m0 = 0; m0 < whole + (edge ? 32 : 0); m0 += 32) {
             float* c = m0 < whole ? y + m0 * y_stride + n0 : edge_out + (n0 - n_begin);
@@ -267,12 +268,13 @@ int blocks_amx_gemm(int code, int64_t block_size, int64_t block_bytes, const uin
   return gemm_over(&src, xb, M, N, K, y, y_stride, num_threads);
 }
 
-/* The product over a copy of W (N, K) in the interleaved scale-and-min layout of 16 rows (gemm_q8_repack's with
-   AVX-512: Q4_1, Q4_K). Returns 0; -2 when K or N is not a multiple of 32, -3 when a buffer could not be
-   allocated. */
-int blocks_amx_gemm_interleaved(const uint8_t* W, const uint16_t* xb, int64_t M, int64_t N, int64_t K, float* y,
-                                int64_t y_stride, int num_threads) {
-  if (K % 32 || N % 32) return -2;
-  const panel_source src = {.code = INTERLEAVED, .W = W};
+/* The product over a copy of W (N, K) in 16 interleaved rows (gemm_q8_repack's with AVX-512), `layout`
+   LAYOUT_SCALE_MIN (Q4_1) or LAYOUT_K4 (Q4_K). Returns 0; -1 for another layout, -2 when K or N is not a multiple
+   of 32 (of 256 for LAYOUT_K4), -3 when a buffer could not be allocated. */
+int blocks_amx_gemm_interleaved(int layout, const uint8_t* W, const uint16_t* xb, int64_t M, int64_t N, int64_t K,
+                                float* y, int64_t y_stride, int num_threads) {
+  if (!has_min(layout)) return -1;
+  if (K % 32 || N % 32 || (layout == LAYOUT_K4 && K % 256)) return -2;
+  const panel_source src = {.code = INTERLEAVED, .layout = layout, .W = W};
   return gemm_over(&src, xb, M, N, K, y, y_stride, num_threads);
 }

@@ -11,8 +11,9 @@
      min  R floats (LAYOUT_SCALE_MIN only)
      q    LAYOUT_BYTES (Q8_0): 8 vectors k = 0..7 of R x 4 bytes: bytes 4k..4k+3 of each row's
                32; AVX-512: q + 128 as unsigned (vpdpbusd is u8 x s8), AVX2: q (sign trick)
-          LAYOUT_SCALE_MIN (Q4_1; Q4_K, its 32-groups' d * sc and -dmin * m exact in float32)
-          and LAYOUT_NIBBLES (Q4_0, w = d * (q - 8)): 4 vectors j = 0..3 of R x 4 bytes: low
+          LAYOUT_SCALE_MIN (Q4_1), LAYOUT_K4 (Q4_K: its 6-bit scales and mins as bytes, d and -dmin a
+          256-column header: interleaved_rows.h) and LAYOUT_NIBBLES (Q4_0, w = d * (q - 8)): 4 vectors
+          j = 0..3 of R x 4 bytes: low
                nibbles elements 4j..4j+3, high nibbles elements 4(j+4)..4(j+4)+3 of each row's 32
    One vector of weights times x's 4 bytes broadcast gives, lane r, row r's partial dot
    product: no horizontal sums. Rows past the weight's last (a partial group) are zero.
@@ -22,7 +23,7 @@
    over blocks runs in block order in float32 for every m, so a row's result does not depend
    on how many rows share the call.
 
-   gemm_q16 multiplies the same layout (LAYOUT_SCALE_MIN: Q4_1, Q4_K) by int16 activations instead
+   gemm_q16 multiplies the same layouts (LAYOUT_SCALE_MIN: Q4_1, LAYOUT_K4: Q4_K) by int16 activations instead
    (q16_activations.h: what the few-rows block kernels use, 15 bits of each group's largest value), for
    decode: each int16 x value split in a high byte (signed) and a low one (unsigned), x = 256 hi + lo,
    and a block's integer dot product of row r the exact int32 256 * sum w hi + sum w lo (two vpdpbusd
@@ -40,7 +41,6 @@
 
 #define BLOCK 32
 #define TOKENS 8
-enum { LAYOUT_SCALE_MIN = 0, LAYOUT_BYTES = 1, LAYOUT_NIBBLES = 2 };
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define R 16
@@ -50,25 +50,24 @@ enum { LAYOUT_SCALE_MIN = 0, LAYOUT_BYTES = 1, LAYOUT_NIBBLES = 2 };
 #define VARIANT "avx2"
 #endif
 
+#include "interleaved_rows.h" /* the layouts' codes and block records (needs R) */
+
 const char* gemm_q8_variant(void) { return VARIANT; }
 int gemm_q8_interleave(void) { return R; }
 
 /* the layout a source format is repacked into; -1: none */
 int gemm_q8_layout(int format) {
   switch (format) {
-    case FORMAT_Q4_1: case FORMAT_Q4_K: return LAYOUT_SCALE_MIN;
+    case FORMAT_Q4_1: return LAYOUT_SCALE_MIN;
+    case FORMAT_Q4_K: return LAYOUT_K4;
     case FORMAT_Q8_0: return LAYOUT_BYTES;
     case FORMAT_Q4_0: return LAYOUT_NIBBLES;
     default: return -1;
   }
 }
 
-static int64_t scale_bytes(int layout) { return (layout == LAYOUT_SCALE_MIN ? 2 : 1) * R * 4; }
-static int64_t quant_bytes(int layout) { return (layout == LAYOUT_BYTES ? 32 : 16) * R; }
-static int64_t group_block_bytes(int layout) { return scale_bytes(layout) + quant_bytes(layout); }
-
 int64_t gemm_q8_packed_bytes(int layout, int64_t rows, int64_t cols) {
-  return (rows + R - 1) / R * (cols / BLOCK) * group_block_bytes(layout);
+  return (rows + R - 1) / R * group_bytes(layout, cols / BLOCK);
 }
 
 /* element e (0..31) of 16 nibble bytes: e < 16 low nibble of byte e, else high nibble of byte e - 16 */
@@ -105,20 +104,31 @@ static void source_group(int format, const uint8_t* row, int64_t b, float* d, fl
 void gemm_q8_repack(int format, const uint8_t* src, int64_t src_row_bytes, uint8_t* dst, int64_t rows,
                     int64_t cols) {
   int layout = gemm_q8_layout(format);
-  int64_t nb = cols / BLOCK, gbb = group_block_bytes(layout), groups = (rows + R - 1) / R;
+  int64_t nb = cols / BLOCK, groups = (rows + R - 1) / R;
   #pragma omp parallel for schedule(static)
   for (int64_t g = 0; g < groups; g++) {
+    uint8_t* group = dst + g * group_bytes(layout, nb);
+    memset(group, 0, (size_t)group_bytes(layout, nb));
     for (int64_t b = 0; b < nb; b++) {
-      uint8_t* out = dst + (g * nb + b) * gbb;
-      memset(out, 0, (size_t)gbb);
+      uint8_t* out = (uint8_t*)block_record(layout, group, b);
       float* d = (float*)out;
       uint8_t* q = out + scale_bytes(layout);
       for (int r = 0; r < R && g * R + r < rows; r++) {
+        const uint8_t* row = src + (g * R + r) * src_row_bytes;
         float scale, min;
         uint8_t values[32];
-        source_group(format, src + (g * R + r) * src_row_bytes, b, &scale, &min, values);
-        d[r] = scale;
-        if (layout == LAYOUT_SCALE_MIN) d[R + r] = min;
+        source_group(format, row, b, &scale, &min, values);
+        if (layout == LAYOUT_K4) {  /* Q4_K's own 6-bit scale and min, its block's d and -dmin in the header */
+          const uint8_t* block = row + (b / 8) * 144;
+          int sc, mn;
+          scale_min_k4(block + 4, (int)(b % 8), &sc, &mn);
+          out[r] = (uint8_t)sc, out[R + r] = (uint8_t)mn;
+          float* header = (float*)(group + b / 8 * K4_SUPER);
+          header[r] = load_f16(block), header[R + r] = -load_f16(block + 2);
+        } else {
+          d[r] = scale;
+          if (layout == LAYOUT_SCALE_MIN) d[R + r] = min;
+        }
         if (layout == LAYOUT_BYTES) {
           for (int k = 0; k < 8; k++)
             for (int i = 0; i < 4; i++) q[(k * R + r) * 4 + i] = values[4 * k + i] ^ (R == 16 ? 0x80 : 0);
@@ -162,7 +172,7 @@ static void quantize_rows(int layout, const float* x, int8_t* q, float* d, int32
       }
     }
     d[index] = scale;
-    if (layout == LAYOUT_SCALE_MIN) {
+    if (has_min(layout)) {
       float term = scale * (float)sum;
       memcpy(corr + index, &term, 4);
     } else {
@@ -186,12 +196,12 @@ static inline __attribute__((always_inline)) void group_tile(
     const int layout, const int nt, const uint8_t* group, int64_t nb, const int8_t* xq, const float* xd,
     const int32_t* xc, int64_t cols, float* out, int64_t out_stride, int valid) {
   __m512 acc[TOKENS];
-  const int64_t gbb = group_block_bytes(layout);
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; b++) {
-    const uint8_t* p = group + b * gbb;
-    __m512 dw = _mm512_loadu_ps((const float*)p);
+    const uint8_t* p = block_record(layout, group, b);
+    __m512 dw, mw;
+    block_scales(layout, group, b, p, &dw, &mw);
     __m512i w[8];
     if (layout != LAYOUT_BYTES) {
       const uint8_t* q = p + scale_bytes(layout);
@@ -204,8 +214,7 @@ static inline __attribute__((always_inline)) void group_tile(
       const uint8_t* q = p + R * 4;
       for (int k = 0; k < 8; k++) w[k] = _mm512_loadu_si512((const void*)(q + 64 * k));
     }
-    if (layout == LAYOUT_SCALE_MIN) {
-      __m512 mw = _mm512_loadu_ps((const float*)p + R);
+    if (has_min(layout)) {
       for (int t = 0; t < nt; t++) {
         const int8_t* xb = xq + t * cols + b * BLOCK;
         __m512i i = _mm512_setzero_si512();
@@ -244,12 +253,12 @@ static inline __attribute__((always_inline)) void group_tile(
     const int layout, const int nt, const uint8_t* group, int64_t nb, const int8_t* xq, const float* xd,
     const int32_t* xc, int64_t cols, float* out, int64_t out_stride, int valid) {
   __m256 acc[TOKENS];
-  const int64_t gbb = group_block_bytes(layout);
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; b++) {
-    const uint8_t* p = group + b * gbb;
-    __m256 dw = _mm256_loadu_ps((const float*)p);
+    const uint8_t* p = block_record(layout, group, b);
+    __m256 dw, mw;
+    block_scales(layout, group, b, p, &dw, &mw);
     __m256i w[8];
     if (layout != LAYOUT_BYTES) {
       const uint8_t* q = p + scale_bytes(layout);
@@ -258,7 +267,6 @@ static inline __attribute__((always_inline)) void group_tile(
         w[j] = _mm256_and_si256(v, low);
         w[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
       }
-      __m256 mw = layout == LAYOUT_SCALE_MIN ? _mm256_loadu_ps((const float*)p + R) : _mm256_setzero_ps();
       for (int t = 0; t < nt; t++) {
         const int8_t* xb = xq + t * cols + b * BLOCK;
         __m256i s = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(x4(xb)));
@@ -266,7 +274,7 @@ static inline __attribute__((always_inline)) void group_tile(
         __m256i i = _mm256_madd_epi16(s, ones);
         if (layout == LAYOUT_NIBBLES) i = _mm256_add_epi32(i, _mm256_set1_epi32(xc[t * nb + b]));
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(dw, _mm256_set1_ps(xd[t * nb + b])), acc[t]);
-        if (layout == LAYOUT_SCALE_MIN) {
+        if (has_min(layout)) {
           float term;
           memcpy(&term, xc + t * nb + b, 4);
           acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(term), acc[t]);
@@ -297,6 +305,7 @@ static inline __attribute__((always_inline)) void group_tile(
 #define TILE_CASE(NT)                                                                                         \
   case NT:                                                                                                    \
     if (layout == LAYOUT_SCALE_MIN) group_tile(LAYOUT_SCALE_MIN, NT, group, nb, xq, xd, xc, cols, out, out_stride, valid); \
+    else if (layout == LAYOUT_K4) group_tile(LAYOUT_K4, NT, group, nb, xq, xd, xc, cols, out, out_stride, valid);           \
     else if (layout == LAYOUT_BYTES) group_tile(LAYOUT_BYTES, NT, group, nb, xq, xd, xc, cols, out, out_stride, valid);    \
     else group_tile(LAYOUT_NIBBLES, NT, group, nb, xq, xd, xc, cols, out, out_stride, valid);                             \
     break;
@@ -310,7 +319,7 @@ static void tile_dispatch(int layout, int nt, const uint8_t* group, int64_t nb, 
    -1 when the quantized copy of x cannot be allocated. */
 int gemm_q8(int layout, const uint8_t* packed, const float* x, float* y, int64_t m, int64_t rows, int64_t cols,
             int num_threads) {
-  int64_t nb = cols / BLOCK, groups = (rows + R - 1) / R, gbb = group_block_bytes(layout);
+  int64_t nb = cols / BLOCK, groups = (rows + R - 1) / R, gbytes = group_bytes(layout, nb);
   int8_t* xq = (int8_t*)malloc((size_t)(m * cols));
   float* xd = (float*)malloc((size_t)(m * nb) * sizeof(float));
   int32_t* xc = (int32_t*)malloc((size_t)(m * nb) * sizeof(int32_t));
@@ -322,7 +331,7 @@ int gemm_q8(int layout, const uint8_t* packed, const float* x, float* y, int64_t
   /* dynamic: on a shared machine a thread that loses its core leaves its groups to the others */
   #pragma omp parallel for schedule(dynamic, 2) num_threads(num_threads)
   for (int64_t g = 0; g < groups; g++) {
-    const uint8_t* group = packed + g * nb * gbb;
+    const uint8_t* group = packed + g * gbytes;
     int valid = rows - g * R < R ? (int)(rows - g * R) : R;
     for (int64_t t0 = 0; t0 < m; t0 += TOKENS) {
       int nt = m - t0 < TOKENS ? (int)(m - t0) : TOKENS;
@@ -376,18 +385,19 @@ static int split_rows(const float* x, int64_t m, int64_t cols, SplitRows* out) {
 
 #if R == 16
 /* One group (16 rows) x nt rows of x over all nb blocks -> out (16 rows' results each). */
-static inline __attribute__((always_inline)) void group_tile_q16(const int nt, const uint8_t* group, int64_t nb,
+static inline __attribute__((always_inline)) void group_tile_q16(const int layout, const int nt, const uint8_t* group, int64_t nb,
                                                                  const SplitRows* x, int64_t cols, float* out,
                                                                  int64_t out_stride, int valid) {
   __m512 acc[TOKENS], mins[TOKENS];
-  const int64_t gbb = group_block_bytes(LAYOUT_SCALE_MIN);
+  const int64_t gbb = group_block_bytes(layout);
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int t = 0; t < nt; t++) acc[t] = mins[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; b++) {
-    const uint8_t* p = group + b * gbb;
+    const uint8_t* p = block_record(layout, group, b);
     for (int64_t byte = 0; byte < gbb; byte += 64) _mm_prefetch((const char*)p + Q16_PREFETCH + byte, _MM_HINT_T0);
-    const __m512 dw = _mm512_loadu_ps((const float*)p), mw = _mm512_loadu_ps((const float*)p + R);
-    const uint8_t* q = p + scale_bytes(LAYOUT_SCALE_MIN);
+    __m512 dw, mw;
+    block_scales(layout, group, b, p, &dw, &mw);
+    const uint8_t* q = p + scale_bytes(layout);
     __m512i w[8];  /* w[k]: elements 4k..4k+3 of each row's 32 */
     for (int j = 0; j < 4; j++) {
       __m512i v = _mm512_loadu_si512((const void*)(q + 64 * j));
@@ -412,18 +422,19 @@ static inline __attribute__((always_inline)) void group_tile_q16(const int nt, c
 #else
 /* AVX2: the nibbles (<= 15) against the high bytes make maddubs pairs <= 3840, eight of them add up in
    int16 (30720); the low bytes (<= 255) against the nibbles make pairs <= 7650, four add up (30600). */
-static inline __attribute__((always_inline)) void group_tile_q16(const int nt, const uint8_t* group, int64_t nb,
+static inline __attribute__((always_inline)) void group_tile_q16(const int layout, const int nt, const uint8_t* group, int64_t nb,
                                                                  const SplitRows* x, int64_t cols, float* out,
                                                                  int64_t out_stride, int valid) {
   __m256 acc[TOKENS], mins[TOKENS];
-  const int64_t gbb = group_block_bytes(LAYOUT_SCALE_MIN);
+  const int64_t gbb = group_block_bytes(layout);
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   for (int t = 0; t < nt; t++) acc[t] = mins[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; b++) {
-    const uint8_t* p = group + b * gbb;
+    const uint8_t* p = block_record(layout, group, b);
     for (int64_t byte = 0; byte < gbb; byte += 64) _mm_prefetch((const char*)p + Q16_PREFETCH + byte, _MM_HINT_T0);
-    const __m256 dw = _mm256_loadu_ps((const float*)p), mw = _mm256_loadu_ps((const float*)p + R);
-    const uint8_t* q = p + scale_bytes(LAYOUT_SCALE_MIN);
+    __m256 dw, mw;
+    block_scales(layout, group, b, p, &dw, &mw);
+    const uint8_t* q = p + scale_bytes(layout);
     __m256i w[8];
     for (int j = 0; j < 4; j++) {
       __m256i v = _mm256_loadu_si256((const __m256i*)(q + 32 * j));
@@ -451,20 +462,24 @@ static inline __attribute__((always_inline)) void group_tile_q16(const int nt, c
 }
 #endif
 
-#define Q16_CASE(NT) case NT: group_tile_q16(NT, group, nb, &part, cols, out, y_stride, valid); break;
+#define Q16_CASE(NT)                                                                                 \
+  case NT:                                                                                           \
+    if (layout == LAYOUT_K4) group_tile_q16(LAYOUT_K4, NT, group, nb, &part, cols, out, y_stride, valid); \
+    else group_tile_q16(LAYOUT_SCALE_MIN, NT, group, nb, &part, cols, out, y_stride, valid);          \
+    break;
 
-/* packed: gemm_q8_repack's output in LAYOUT_SCALE_MIN; y (m, rows) = x (m, cols) @ W^T with x quantized to
+/* packed: gemm_q8_repack's output in LAYOUT_SCALE_MIN or LAYOUT_K4; y (m, rows) = x (m, cols) @ W^T with x quantized to
    int16, row i of y at y + i * y_stride (y_stride >= rows). Returns 0, -1 for another layout, -2 when the
    quantized x cannot be allocated. Groups split statically between threads. */
 int gemm_q16(int layout, const uint8_t* packed, const float* x, float* y, int64_t m, int64_t rows, int64_t cols,
              int64_t y_stride, int num_threads) {
-  if (layout != LAYOUT_SCALE_MIN) return -1;
+  if (!has_min(layout)) return -1;
   SplitRows split;
   if (split_rows(x, m, cols, &split)) return -2;
-  const int64_t nb = cols / BLOCK, groups = (rows + R - 1) / R, gbb = group_block_bytes(layout);
+  const int64_t nb = cols / BLOCK, groups = (rows + R - 1) / R, gbytes = group_bytes(layout, nb);
   #pragma omp parallel for schedule(static) num_threads(num_threads)
   for (int64_t g = 0; g < groups; g++) {
-    const uint8_t* group = packed + g * nb * gbb;
+    const uint8_t* group = packed + g * gbytes;
     const int valid = rows - g * R < R ? (int)(rows - g * R) : R;
     for (int64_t t0 = 0; t0 < m; t0 += TOKENS) {
       const int nt = m - t0 < TOKENS ? (int)(m - t0) : TOKENS;

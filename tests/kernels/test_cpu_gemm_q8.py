@@ -142,3 +142,10 @@ def test_int16_activations_refuse_what_they_cannot_run(gemm):
         gemm.matmul_q16(torch.zeros(1, 255), gemm.repack(weight))
     with pytest.raises(ValueError):
         gemm.matmul_q16(torch.zeros(2, 256), gemm.repack(weight), out=torch.zeros(2, 15))
+
+
+def test_q4_k_keeps_its_own_scales_in_about_its_own_bytes(gemm):
+    """Q4_K repacks into 152 bytes a row's 256 weights (its 144, and d and -dmin as floats), not 192 (a float
+    scale and min per 32): the bytes a decode reads (kernels/csrc/interleaved_rows.h)."""
+    weight, _ = _block_weight("Q4_K", gemm.interleave * 3, 512, seed=9)
+    assert gemm.repack(weight).packed.numel() == weight.blocks.numel() * 152 // 144
