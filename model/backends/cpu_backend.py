@@ -87,6 +87,11 @@ FLOAT_PREFILL_MAX_BYTES = 1 << 30
 # head's output is the logits sampling reads: rounded to bf16 (steps of 1/16 at 16) near-ties flip; and in
 # serving it runs on one row per prefilling sequence, so float32 costs it nothing there.
 BF16_FLOAT_LAYERS: tuple[str, ...] = ("lm_head",)
+# A gated activation (SwiGLU, GeGLU) of at least this many rows writes into a kept buffer during a forward: a fresh
+# output of a prompt chunk is a fresh mapping from glibc (32 MiB at 1024 rows of a 1B model), its pages faulted in
+# and zeroed every layer (docs/performance.md, "Prefill GEMMs on AMX tiles"). Decode steps, recorded with their
+# pointers (decode_programs.py), have fewer rows and keep fresh outputs.
+KEPT_OUTPUT_MIN_ROWS = 64
 
 
 class CpuBackend(TorchBackend):
@@ -162,10 +167,18 @@ class CpuBackend(TorchBackend):
             # one C call per layer on the calling thread for a span (far faster than torch's ops here:
             # docs/performance.md, Document KV reuse)
             self.store_rerotated_kv = ops.rerotate_store_kv
-            self.silu_and_mul = ops.silu_and_mul
-            self.gelu_tanh_and_mul = ops.gelu_tanh_and_mul
+            self.silu_and_mul = functools.partial(self._gated, ops.silu_and_mul)
+            self.gelu_tanh_and_mul = functools.partial(self._gated, ops.gelu_tanh_and_mul)
         # plain decode steps recorded per batch size and replayed in one C call (decode_programs.py)
         self.decode_programs = DecodePrograms(ops.run_program) if ops is not None else None
+
+    def _gated(self, kernel: Callable[..., Tensor], gate_up: Tensor) -> Tensor:
+        """A gated activation's C kernel, writing a prompt chunk's output into a buffer kept for it during a
+        forward (PrefillOutputs, role "gated": the down projection reads it before the next layer writes it)."""
+        rows = gate_up.numel() // gate_up.shape[-1]
+        if self.step_rows.inputs is None or rows < KEPT_OUTPUT_MIN_ROWS or gate_up.dim() != 2:
+            return kernel(gate_up)
+        return kernel(gate_up, self.prefill_outputs.take("gated", rows, gate_up.shape[-1] // 2))
 
     # ------------------------------------------------------------ load time
 

@@ -393,3 +393,25 @@ def test_bf16_products_run_prompt_rows_on_the_gemm_and_generated_rows_as_float32
     assert torch.equal(mixed[keep], prefill[keep])
     with ops.step(_step([1] * 40, [1] * 40)):  # every row generated: float32, by their count (the GEMM here)
         torch.testing.assert_close(linear(x), layer(x), atol=1e-4, rtol=1e-4)
+
+
+def test_a_prompt_chunks_gated_activation_writes_a_kept_buffer(build_dir):
+    """In a step, a gated activation of many prompt rows writes into one kept buffer (no fresh mapping a layer:
+    cpu_backend.KEPT_OUTPUT_MIN_ROWS); few rows, and calls outside a step, get fresh outputs; the values alike."""
+    from kernels import bf16_products
+    from model.backends.cpu_backend import KEPT_OUTPUT_MIN_ROWS
+
+    _native_bf16_or_skip()
+    if not bf16_products.run_here():
+        pytest.skip("steps mark their rows under bf16 products only (needs AMX)")
+    ops = select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, prefill_dtype="bfloat16")
+    rows = KEPT_OUTPUT_MIN_ROWS + 6
+    gate_up = torch.randn(rows, 64, generator=_gen(3))
+    fresh = ops.silu_and_mul(gate_up)
+    with ops.step(_step([rows], [0])):
+        first, second = ops.silu_and_mul(gate_up), ops.silu_and_mul(gate_up * 2)
+        assert first.data_ptr() == second.data_ptr()  # the same buffer: the caller reads it before the next
+        few = ops.silu_and_mul(gate_up[:8])
+        assert few.data_ptr() != first.data_ptr()
+    assert torch.equal(ops.silu_and_mul(gate_up * 2), second)
+    assert torch.equal(few, fresh[:8])
