@@ -17,7 +17,7 @@ from torch import Tensor
 from kernels.block_formats import BlockWeight
 from kernels.cpu_gemm_q8 import Q16_FORMATS, CpuGemmQ8, PackedBlocks
 
-# The budget: SmolLM2-135M's copy takes 76 MiB, the Llama-3.2-1B-shaped Q4_K_M file's ~0.5 GiB; larger models
+# The budget: SmolLM2-135M's copy takes 76 MiB, the Llama-3.2-1B-shaped Q4_K_M file's ~0.46 GiB; larger models
 # keep the blocks only, until prefill reads the interleaved rows too and the blocks can go.
 DECODE_COPY_MAX_BYTES = 1 << 30
 
