@@ -5,7 +5,9 @@ weight)` is x @ W^T (M, N) float32 for a weight in any block format (kernels/blo
 decoded and rounded to bf16 by the kernel as it goes: bf16 products, float32 sums and output, the math of
 oneDNN's bf16 products in a float32 GEMM over dequantized tiles (kernels/bf16_products.py) without a float32
 tile, its conversion or its reordering. A row's bits do not depend on the row count, on the other rows or on
-the thread count. N and K must be multiples of 32 (`supports`).
+the thread count. N and K must be multiples of 32 (`supports`). `matmul_interleaved` is the same product over a
+copy of the weight in the int8 GEMM's 16 interleaved rows (kernels/cpu_gemm_q8.py: the decode copies of Q4_1 / Q4_K
+projections), whose panels decode without a transpose.
 
 One build, "amx_bf16" (AVX-512 with AMX-TILE, AMX-BF16 and AVX512_BF16); `load` raises
 native_build.NativeUnavailable elsewhere, and where Linux does not grant the tile state.

@@ -6,11 +6,13 @@
    blocks_amx_pack_rows: x (M, K) float32 -> xb (Mp, K) bf16, Mp = M rounded up to 32, zero rows past M: the
    A operand, made once for every part of a projection.
    blocks_amx_gemm: the threads split W's rows (in 32s); each takes its share a panel (PANEL_ROWS rows x up
-   to CHUNK_K k, 1 MiB of bf16: it stays in L2) at a time: the panel's groups decoded (decode_group_avx2),
+   to CHUNK_K k, 1 MiB of bf16: it stays in L2) at a time: the panel's groups decoded (decode_group_pairs),
    rounded to bf16 and transposed into pairs of k side by side (the B operand, amx_tiles.h's VNNI layout),
    then every 32 rows of x through it on 2 x 2 tiles (tiles_2x2), straight into y; the rows past the last
    whole 32 go into the thread's edge buffer and are copied out at the end. A panel's K chunks accumulate in
    y (float32 stored and loaded back exactly).
+   blocks_amx_gemm_interleaved: the same over a copy of W in the int8 GEMM's 16 interleaved rows (Q4_1, Q4_K:
+   the decode copies), whose vectors hold 16 rows already: its panels need no transpose.
    Bits: y[m][n] is one tile lane's sum over K in k order, the same whatever M, the other rows, the chunking
    and the thread count, so a row's bits do not depend on the row count (tested). */
 #include <omp.h>
