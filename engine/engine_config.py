@@ -118,7 +118,8 @@ class EngineConfig:
     decode_activations: str = "int16"
     # cpu: a model whose projections fit in this many bytes in prefill's dtype keeps a copy of them for
     # prefill beside its blocks (model/backends/cpu_backend.py); 0: prefill over the blocks always; None (the
-    # default): FLOAT_PREFILL_MAX_BYTES, but 0 where prefill runs bf16 products (their tiles are nearly as fast)
+    # default): FLOAT_PREFILL_MAX_BYTES, but 0 where prefill runs bf16 products (their tiles are nearly as fast) or
+    # the FMA GEMM over blocks (the avx2 kernels: as fast as the copy)
     float_prefill_max_bytes: int | None = None
     # cpu: what prefill's GEMMs over GGUF blocks multiply in (kernels.cpu_features.PREFILL_DTYPE_CHOICES):
     # "auto" (the default: bfloat16 products where oneDNN runs them, AMX, and they measured >= 1.25x float32's

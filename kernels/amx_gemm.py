@@ -44,6 +44,9 @@ class PackedRows:
 
 class AmxGemm:
     instruction_set = "amx_bf16"
+    label = "AMX GEMM"  # as describe() names it
+    products = "bf16 products"  # how it multiplies
+    row_multiple = ROW_MULTIPLE  # a weight's rows and columns are multiples of this (`supports`)
 
     def __init__(self, library: ctypes.CDLL):
         self._pack = library.blocks_amx_pack_rows

@@ -43,6 +43,7 @@ LIBRARIES = {
     "prefill_attention": ("prefill_attention.c",),
     "prefill_attention_amx": ("prefill_attention.c",),
     "blocks_amx": ("gemm_amx.c",),
+    "blocks_fma": ("gemm_fma.c",),
 }
 # library name -> the variants it is written for, best first (default: avx2 only)
 LIBRARY_VARIANTS = {"gemm_q8": ("avx512_vnni", "avx2"), "blocks": ("avx512_vnni", "avx2"),

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from kernels import amx_gemm as amx_gemm_kernels
+from kernels import fma_gemm as fma_gemm_kernels
 from kernels import (bf16_products, block_matmul, cpu_decode_ops, cpu_gemm_q8, cpu_matvec, cpu_prefill_attention,
                      packed_linear)
 from kernels.cpu_features import PORTABLE, resolve_prefill_dtype, resolve_variant, this_cpu
@@ -64,9 +65,15 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
                                                         bf16_gemm_speedup, bf16_products=products)
     prefill_math = FLOAT32_MATH if prefill_dtype == "float32" else (
         BF16_PRODUCTS_MATH if products else BF16_TENSORS_MATH)
-    if float_prefill_max_bytes is None:  # bf16 products need no copy (cpu_backend.FLOAT_PREFILL_MAX_BYTES: why)
-        float_prefill_max_bytes = 0 if prefill_math.bf16_products else FLOAT_PREFILL_MAX_BYTES
     fallbacks = list(skipped) + list(bf16_skipped)
+    fma_gemm = None
+    if prefill_math == FLOAT32_MATH and variant == "avx2":
+        try:  # float32 prefill over the blocks where float32 is the fastest GEMM (kernels/fma_gemm.py: where)
+            fma_gemm = fma_gemm_kernels.load(build_dir, compiler, variant)
+        except NativeUnavailable as error:
+            fallbacks.append(f"FMA GEMM over blocks off ({error}): oneDNN over dequantized tiles")
+    if float_prefill_max_bytes is None:  # a GEMM over blocks needs no copy (cpu_backend.FLOAT_PREFILL_MAX_BYTES: why)
+        float_prefill_max_bytes = 0 if prefill_math.bf16_products or fma_gemm is not None else FLOAT_PREFILL_MAX_BYTES
     gemm_q8 = interleaved = None
     if int8_activations:
         try:
@@ -130,7 +137,7 @@ def _make_cpu(config: ModelConfig, build_dir: Path, compiler: str | None, crosso
                       instruction_sets=instruction_sets, float_prefill_max_bytes=float_prefill_max_bytes,
                       decode_activations=decode_activations, prefill_math=prefill_math,
                       prefill_attention=prefill_attention, bf16_prefill_attention=bf16_prefill_attention,
-                      interleaved=interleaved, amx_gemm=amx_gemm)
+                      interleaved=interleaved, amx_gemm=amx_gemm, fma_gemm=fma_gemm)
 
 
 # name -> what it needs to run here (None: runs)

@@ -10,8 +10,10 @@ instruction sets the CPU has, and which kernel variant was built: kernels/cpu_fe
 - weights held as GGUF blocks: decode over the blocks (C kernels), with int16 activations (the default) the
   Q4_1 / Q4_K projections over a copy repacked into interleaved rows where it fits in its budget
   (model/backends/decode_copies.py); prefill over a copy of the
-  projections in prefill's dtype when it fits in `float_prefill_max_bytes` (a small model), else a tiled
-  GEMM over rows dequantized on the fly (no copy of a weight is ever whole). Prefill's dtype is float32,
+  projections in prefill's dtype when it fits in `float_prefill_max_bytes` (a small model), else a GEMM over the
+  blocks that decodes its own panels (AMX under bf16 products, FMA in float32 with the avx2 kernels:
+  model/backends/cpu_linear.py's BlocksGemm), else a tiled GEMM over rows dequantized on the fly (no copy of a
+  weight is ever whole). Prefill's dtype is float32,
   or bfloat16 where the CPU has native bf16 and it is asked for or measured faster (kernels/cpu_features.py,
   resolve_prefill_dtype): bf16 products inside float32 GEMMs where oneDNN runs them (AMX), else bf16
   tensors (model/backends/cpu_linear.py, PrefillMath, says how each rounds);
@@ -44,6 +46,7 @@ from kernels.attention_inputs import AttentionInputs
 from kernels.attention_plan import AttentionPolicy
 from kernels.cpu_decode_ops import CpuDecodeOps
 from kernels.amx_gemm import AmxGemm
+from kernels.fma_gemm import FmaGemm
 from kernels.cpu_gemm_q8 import CpuGemmQ8
 from kernels.cpu_prefill_attention import CpuPrefillAttention
 from kernels.block_formats import BlockWeight
@@ -53,7 +56,7 @@ from kernels.native_build import NativeUnavailable, openmp_waits
 from kernels.packed_linear import pack_weight, packed_linear
 from kernels.paged_attention import paged_attention
 from model.backends.base import BackendPlan, LayersFn, LinearPlan, StepPolicy
-from model.backends.cpu_linear import (FLOAT32_MATH, BlockEmbedding, BlockLinear, CpuLinear, PrefillLinear,
+from model.backends.cpu_linear import (FLOAT32_MATH, BlockEmbedding, BlockLinear, BlocksGemm, CpuLinear, PrefillLinear,
                                       PrefillMath, PrefillOutputs, StepRows, into, joined_products,
                                       prefill_over_blocks)
 from model.backends.crossover import measure_crossover
@@ -81,7 +84,9 @@ INT8_FLOAT_ACTIVATION_LAYERS: tuple[str, ...] = ()
 # copy costs a small model little (SmolLM2-135M: 513 MiB as float32, 257 MiB as bfloat16). Larger models
 # keep blocks only. Under bf16 products (AMX) the default is no copy: over tiles the default model prefilled
 # 0.96x (1k tokens) and 0.89x (4k) as fast in 512-token chunks, the server's, and held 0.5 GiB less
-# (docs/performance.md, "Decode steps replayed").
+# (docs/performance.md, "Decode steps replayed"). Nor with the FMA GEMM over blocks (an AVX2
+# machine): it prefilled the default model as fast as the copy from 64 tokens and faster below (docs/performance.md,
+# "Prefill over blocks with FMA").
 FLOAT_PREFILL_MAX_BYTES = 1 << 30
 # With bfloat16 prefill, the projections (last part of the name) that prefill in float32 all the same. The LM
 # head's output is the logits sampling reads: rounded to bf16 (steps of 1/16 at 16) near-ties flip; and in
@@ -107,7 +112,7 @@ class CpuBackend(TorchBackend):
                  prefill_attention: CpuPrefillAttention | None = None,
                  bf16_prefill_attention: CpuPrefillAttention | None = None,
                  interleaved: CpuGemmQ8 | None = None, decode_copy_max_bytes: int | None = None,
-                 amx_gemm: AmxGemm | None = None):
+                 amx_gemm: AmxGemm | None = None, fma_gemm: FmaGemm | None = None):
         super().__init__(torch.device("cpu"), torch.float32, fallbacks)
         # how prefill's GEMMs over GGUF blocks multiply (resolved: kernels.cpu_features.resolve_prefill_dtype,
         # then model.backends._make_cpu)
@@ -133,8 +138,10 @@ class CpuBackend(TorchBackend):
         self.gemm_q8 = gemm_q8  # products over blocks with int8 activations (every row count); None: off
         # int16 decode over copies repacked into interleaved rows (the same library; None: over the blocks)
         self.decode_copies = DecodeCopies(interleaved, decode_copy_max_bytes)
-        # prefill GEMMs over blocks on AMX tiles (bf16 products, like the tiles'; None: over dequantized tiles)
+        # prefill GEMMs over blocks that decode their panels themselves (None: over dequantized tiles): on AMX tiles
+        # under bf16 products (like the tiles'), with FMA in float32 (blocks_gemm: which a projection gets)
         self.amx_gemm = amx_gemm if prefill_math.bf16_products else None
+        self.fma_gemm = fma_gemm
         # with gemm_q8, the projections (last name part) that keep float activations (quality: docs/performance.md)
         self.float_activation_layers = float_activation_layers
         self.instruction_sets = instruction_sets  # the CPU's, and the kernel variant chosen
@@ -248,17 +255,26 @@ class CpuBackend(TorchBackend):
         math_note = "" if math == FLOAT32_MATH else f" ({math.name})"
         if limit < self.policy.max_verify_rows_per_step:
             self.policy = dataclasses.replace(self.policy, max_verify_rows_per_step=limit)
-        grouped = grouped_rows_max(limit, not self._float_prefill, self.prefill_math.bf16_products)
+        # over tiles the GEMM dequantizes the whole weight at every call; the FMA GEMM decodes its panels in L2 and
+        # beat the few-rows kernels in groups from 9 rows (docs/performance.md, "Prefill over blocks with FMA")
+        gemm = self.blocks_gemm(math)
+        over_tiles = not self._float_prefill and (gemm is None or gemm is not self.fma_gemm)
+        grouped = grouped_rows_max(limit, over_tiles, self.prefill_math.bf16_products)
         few_rows = f"{kernel} over {formats} blocks" + (f" (in groups of {limit} rows)" if grouped > limit else "")
         if self._float_prefill:
             return self._float_copy_over_blocks(name, layer, parts, formats, few_rows, limit, grouped)
-        amx = self.amx_gemm if math.bf16_products else None
-        self._linears[name] = LinearPlan(prefill_over_blocks(formats, parts, math_note, amx, self.decode_copies.copy_of),
+        self._linears[name] = LinearPlan(prefill_over_blocks(formats, parts, math_note, gemm, self.decode_copies.copy_of),
                                          few_rows, grouped)
         in_layers = name.startswith("layers.")  # the LM head's logits leave the model: a fresh output each
         return BlockLinear(parts, layer.bias, self._few_rows_over_blocks, self.block_kernels.dequantize_rows, limit,
                            math, self.step_rows, grouped, self.prefill_outputs if in_layers else None,
-                           name.rsplit(".", 1)[-1], amx, self.decode_copies.copy_of)
+                           name.rsplit(".", 1)[-1], gemm, self.decode_copies.copy_of)
+
+    def blocks_gemm(self, math: PrefillMath) -> BlocksGemm | None:
+        """The GEMM over blocks that multiplies as `math` says, where one is loaded (None: dequantized tiles)."""
+        if math.bf16_products:
+            return self.amx_gemm
+        return self.fma_gemm if math == FLOAT32_MATH else None
 
     @property
     def prefill_dtype(self) -> str:

@@ -26,11 +26,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from kernels.amx_gemm import ROW_MULTIPLE, AmxGemm, PackedRows
+from kernels.amx_gemm import AmxGemm
 from kernels.attention_inputs import AttentionInputs
 from kernels.cpu_gemm_q8 import PackedBlocks
 from kernels.bf16_products import bf16_products, padded_rows
+from kernels.fma_gemm import FmaGemm
 from kernels.packed_linear import packed_linear
+
+# A GEMM over weights held as blocks, decoding its panels itself (the prefill math it multiplies in: its
+# `products`): on AMX tiles in bf16 products (kernels/amx_gemm.py), or in float32 with FMA (kernels/fma_gemm.py).
+BlocksGemm = AmxGemm | FmaGemm
 
 
 @dataclass(frozen=True)
@@ -180,13 +185,13 @@ class BlockLinear(PrefillLinear):
                  dequantize_rows: Callable[..., Tensor], few_rows_max: int,
                  prefill_math: PrefillMath = FLOAT32_MATH, step_rows: StepRows | None = None,
                  grouped_rows_max: int = 0, outputs: PrefillOutputs | None = None, role: str = "",
-                 amx: AmxGemm | None = None, copy_of: Callable[..., PackedBlocks | None] | None = None):
+                 gemm: BlocksGemm | None = None, copy_of: Callable[..., PackedBlocks | None] | None = None):
         super().__init__(bias, sum(part.rows for part in parts), few_rows_max, prefill_math, step_rows,
                          grouped_rows_max)
         self.parts = parts  # BlockWeight, row-wise
-        # under bf16 products: the GEMM on AMX tiles over the blocks, for the parts it supports (None: tiles)
-        self.amx = amx if prefill_math.bf16_products else None
-        self.copy_of = copy_of  # part -> its decode copy in interleaved rows, which the AMX GEMM reads too (or None)
+        # the GEMM over the blocks in prefill's math, for the parts it supports (None: tiles)
+        self.gemm = gemm
+        self.copy_of = copy_of  # part -> its decode copy in interleaved rows, which the GEMM may read too (or None)
         # with step_rows: during a forward the GEMM's output is outputs.take(role, ...) (PrefillOutputs)
         self.outputs, self.role = outputs, role
         self.few_rows = few_rows  # (x (m, in), part, out=None) -> (m, part.rows), into `out` when given
@@ -199,20 +204,20 @@ class BlockLinear(PrefillLinear):
         x_prefill = x.to(math.dtype).contiguous()  # once for every part
         in_forward = self.outputs is not None and self.step_rows is not None and self.step_rows.inputs is not None
         out = self.outputs.take(self.role, x.shape[0], self.out_features) if in_forward else None
-        if self.amx is not None and math.bf16_products:
-            packed = self.amx.pack(x_prefill)  # x in bf16, once for every part
-            return joined_products(x_prefill, self.parts, functools.partial(self._on_amx, packed, math), out)
+        if self.gemm is not None and math == self.prefill_math:
+            packed = self.gemm.pack(x_prefill)  # x as the GEMM reads it (AMX: bf16), once for every part
+            return joined_products(x_prefill, self.parts, functools.partial(self._on_gemm, packed, math), out)
         with math.products():
             return joined_products(x_prefill, self.parts, self._tiled, out)
 
-    def _on_amx(self, packed: PackedRows, math: PrefillMath, x: Tensor, part, out: Tensor | None = None) -> Tensor:
-        """The AMX GEMM's product of a part, over its interleaved copy where it has one (faster to decode, the same
-        bits), else over its blocks; the tiles' for a part it does not support (AmxGemm.supports)."""
+    def _on_gemm(self, packed, math: PrefillMath, x: Tensor, part, out: Tensor | None = None) -> Tensor:
+        """The GEMM's product of a part, over its interleaved copy where it has one (faster to decode, the same
+        bits), else over its blocks; the tiles' for a part it does not support (`supports`)."""
         copy = self.copy_of(part) if self.copy_of is not None else None
-        if copy is not None and self.amx.reads(copy):
-            return self.amx.matmul_interleaved(packed, copy, out)
-        if self.amx.supports(part):
-            return self.amx.matmul(packed, part, out)
+        if copy is not None and self.gemm.reads(copy):
+            return self.gemm.matmul_interleaved(packed, copy, out)
+        if self.gemm.supports(part):
+            return self.gemm.matmul(packed, part, out)
         with math.products():
             return self._tiled(x, part, out)
 
@@ -233,17 +238,17 @@ class BlockLinear(PrefillLinear):
         return out
 
 
-def prefill_over_blocks(formats: str, parts: list, math_note: str, amx: AmxGemm | None,
+def prefill_over_blocks(formats: str, parts: list, math_note: str, gemm: BlocksGemm | None,
                         copy_of: Callable[..., PackedBlocks | None]) -> str:
     """What a BlockLinear's prefill GEMM runs, as describe() says it."""
     tiles = f"torch GEMM over dequantized tiles of {formats} blocks{math_note}"
-    if amx is None:
+    if gemm is None:
         return tiles
-    copied = [part.format for part in parts if (copy := copy_of(part)) is not None and amx.reads(copy)]
-    on_tiles = [part.rows for part in parts if not amx.supports(part)]
-    return (f"AMX GEMM over {formats} blocks (bf16 products"
+    copied = [part.format for part in parts if (copy := copy_of(part)) is not None and gemm.reads(copy)]
+    on_tiles = [part.rows for part in parts if not gemm.supports(part)]
+    return (f"{gemm.label} over {formats} blocks ({gemm.products}"
             + (f"; {'+'.join(copied)} panels from the decode copy" if copied else "") + ")"
-            + (f", parts of {'/'.join(map(str, on_tiles))} rows (not multiples of {ROW_MULTIPLE}) as {tiles}"
+            + (f", parts of {'/'.join(map(str, on_tiles))} rows (not multiples of {gemm.row_multiple}) as {tiles}"
                if on_tiles else ""))
 
 

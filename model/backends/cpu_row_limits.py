@@ -14,7 +14,8 @@ MAX_VERIFY_ROWS_AS_DECODE = 16
 # limit (8), before a GEMM: their rows do not depend on how many share a call. Over tiles (a model without a
 # prefill copy) every GEMM dequantizes the whole weight again: grouped decode of the 1B-shaped files at batch 16
 # / 32 / 64 ran 2.4x / 1.5x / 1.0x (Q4_K_M) and 1.9x / 1.2x / 0.82x (Q8_0) the tiles' (docs/performance.md,
-# "bfloat16 products"). Over a copy, only under bf16 products, so that a decode batch up to it gives each
+# "bfloat16 products"). Not over the FMA GEMM, which decodes its panels in L2: the default model's 16- and
+# 32-token prefills ran 1.2x and 1.3x faster on it than in groups (docs/performance.md, "Prefill over blocks with FMA"). Over a copy, only under bf16 products, so that a decode batch up to it gives each
 # request the bits it gets alone: the default model decoded at batch 16 as fast this way, at 32 at 0.67x.
 TILE_GROUPED_ROWS_MAX = 32
 GROUPED_ROWS_MAX = 16

@@ -120,7 +120,8 @@ def test_the_plan_says_what_runs(backend, build_dir, request):
         assert plan.prefill_attention == f"C kernel over pages ({ops.prefill_attention.instruction_set})"
         assert f"prefill attention: {plan.prefill_attention}" in ops.describe()
         assert plan.linears["layers.0.mlp.down_proj"].few_rows_max == 1  # the float32 matvec: one row
-        assert plan.fallbacks == ()
+        # nothing falls back but what this CPU's instruction sets leave out (an AVX2 machine: the AVX-512 builds, bf16)
+        assert all("this CPU lacks" in line for line in plan.fallbacks), plan.fallbacks
 
 
 def test_prefill_attention_on_sdpa_when_asked(build_dir):
@@ -231,7 +232,11 @@ def test_int8_activations_can_be_turned_off(build_dir):
     linear = ops.make_linear("layers.0.mlp.down_proj", layer, [blocks])
     x = torch.randn(40, 64, generator=_gen(3))
     torch.testing.assert_close(linear(x), layer(x), atol=1e-4, rtol=1e-4)
-    assert ops.plan().linears["layers.0.mlp.down_proj"].large.startswith("torch GEMM over dequantized tiles")
+    large = ops.plan().linears["layers.0.mlp.down_proj"].large
+    if ops.fma_gemm is not None:  # an AVX2 machine: float32 over the blocks with FMA
+        assert large == "FMA GEMM over Q4_1 blocks (float32)"
+    else:
+        assert large.startswith("torch GEMM over dequantized tiles") or large.startswith("AMX GEMM")
 
 
 def test_int8_activations_keep_the_named_projections_on_float_activations(build_dir):
@@ -258,7 +263,8 @@ def test_int8_activations_keep_the_named_projections_on_float_activations(build_
 
 
 def test_prefill_dtype_auto_keeps_float32_on_an_avx2_machine(build_dir, monkeypatch):
-    """What a machine without native bf16 gets (forced on this one): today's float32 tiles, the fallback named."""
+    """What a machine without native bf16 gets (forced on this one): float32 over the blocks with FMA, the
+    fallback named."""
     import model.backends as backends_module
     from kernels.cpu_features import CpuFeatures
 
@@ -272,7 +278,28 @@ def test_prefill_dtype_auto_keeps_float32_on_an_avx2_machine(build_dir, monkeypa
     x = torch.randn(40, 64, generator=_gen(5))
     torch.testing.assert_close(linear(x), layer(x), atol=1e-4, rtol=1e-4)
     if ops.reads_blocks:
-        assert ops.plan().linears["layers.0.mlp.down_proj"].large == "torch GEMM over dequantized tiles of Q4_1 blocks"
+        assert ops.plan().linears["layers.0.mlp.down_proj"].large == "FMA GEMM over Q4_1 blocks (float32)"
+        assert ops.float_prefill_max_bytes == 0  # no float32 copy of a small model's projections beside the blocks
+
+
+def test_the_fma_gemm_only_where_the_kernels_are_the_avx2_build(build_dir):
+    """float32 prefill over the blocks with FMA where the avx2 kernels are chosen (or asked for); on an AVX-512 machine
+    oneDNN's 512-bit float32 GEMM keeps prefill (over tiles, or the AMX GEMM under bf16 products)."""
+    from kernels.cpu_features import this_cpu
+
+    if not this_cpu().has("avx2", "fma", "f16c"):
+        pytest.skip("this CPU lacks AVX2/FMA/F16C")
+    asked = select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, cpu_kernels="avx2",
+                           prefill_dtype="float32")
+    assert asked.fma_gemm is not None
+    layer, blocks = _blocks_layer("Q8_0", 32, 256, seed=11)
+    linear = asked.make_linear("layers.0.mlp.down_proj", layer, [blocks])
+    x = torch.randn(12, 256, generator=_gen(6))  # past the few-rows kernel's 8 rows, not grouped: the GEMM
+    assert torch.equal(linear(x), asked.fma_gemm.matmul(x, blocks))
+    plan = asked.plan().linears["layers.0.mlp.down_proj"]
+    assert plan.large == "FMA GEMM over Q8_0 blocks (float32)" and plan.few_rows_max == 8
+    best = select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, prefill_dtype="float32")
+    assert (best.fma_gemm is not None) == (this_cpu().best_variant() == "avx2")
 
 
 def test_prefill_dtype_auto_takes_bf16_only_where_products_run_and_measured_faster(build_dir, monkeypatch):
