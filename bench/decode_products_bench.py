@@ -64,8 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     clock = time.thread_time if args.cpu_time else time.perf_counter
     model = args.model or str(random_gguf(args.shape, args.type))
+    # float32 decode: no copies in interleaved rows, so every part keeps the blocks these kernels read (with int16
+    # decode and the FMA GEMM, an AVX2 machine releases the blocks of the parts it copies)
     engine = LLMEngine(EngineConfig(model_dir=pull(model), device="cpu", dtype="float32",
-                                    kv_cache_bytes=16 << 20))
+                                    kv_cache_bytes=16 << 20, decode_activations="float32"))
     kernels = engine.backend.block_kernels
     if kernels is None:
         print("no block kernels on this machine (see the backend's fallbacks)", file=sys.stderr)

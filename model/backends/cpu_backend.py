@@ -263,12 +263,28 @@ class CpuBackend(TorchBackend):
         few_rows = f"{kernel} over {formats} blocks" + (f" (in groups of {limit} rows)" if grouped > limit else "")
         if self._float_prefill:
             return self._float_copy_over_blocks(name, layer, parts, formats, few_rows, limit, grouped)
+        if gemm is not None and gemm is self.fma_gemm and not self._embedding_shares(parts):
+            parts = self._release_copied(parts, gemm)
         self._linears[name] = LinearPlan(prefill_over_blocks(formats, parts, math_note, gemm, self.decode_copies.copy_of),
                                          few_rows, grouped)
         in_layers = name.startswith("layers.")  # the LM head's logits leave the model: a fresh output each
         return BlockLinear(parts, layer.bias, self._few_rows_over_blocks, self.block_kernels.dequantize_rows, limit,
                            math, self.step_rows, grouped, self.prefill_outputs if in_layers else None,
                            name.rsplit(".", 1)[-1], gemm, self.decode_copies.copy_of)
+
+    def _release_copied(self, parts: list[BlockWeight], gemm: BlocksGemm) -> list:
+        """The parts, those whose every product reads their decode copy (decode over it, prefill on `gemm` from its
+        panels) held only as the copy: their blocks are freed once the loader drops them. Only for the FMA GEMM,
+        whose float32 prefill serves every row count past the few-rows kernels (under bf16 products a decode batch
+        past 16 rows runs float32 tiles over the blocks)."""
+        kept = []
+        for part in parts:
+            copy = self.decode_copies.copy_of(part)
+            if copy is not None and gemm.reads(copy) and gemm.supports(part):
+                self._resident[part.format] -= part.blocks.numel()
+                part = self.decode_copies.release(part)
+            kept.append(part)
+        return kept
 
     def blocks_gemm(self, math: PrefillMath) -> BlocksGemm | None:
         """The GEMM over blocks that multiplies as `math` says, where one is loaded (None: dequantized tiles)."""
@@ -362,9 +378,9 @@ class CpuBackend(TorchBackend):
     def plan(self) -> BackendPlan:
         notes = (f"cpu: {self.instruction_sets}",) if self.instruction_sets else ()
         notes += (openmp_waits(),)
-        if self._resident:
+        if any(self._resident.values()):
             notes += ("weights resident as blocks: " + ", ".join(
-                f"{fmt} {size / 2**20:.0f} MiB" for fmt, size in sorted(self._resident.items())),)
+                f"{fmt} {size / 2**20:.0f} MiB" for fmt, size in sorted(self._resident.items()) if size),)
         notes += tuple(filter(None, (self.decode_copies.note(),)))
         if self._float_prefill_bytes:
             notes += (f"prefill over {str(self.prefill_math.dtype).removeprefix('torch.')} copies of the projections, "

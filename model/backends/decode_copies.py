@@ -4,22 +4,46 @@ With int16 decode activations, the few-rows products of those projections read a
 the int8 GEMM's layout (16 rows interleaved by 4 bytes with AVX-512, 8 with AVX2) through
 kernels/cpu_gemm_q8.py's `matmul_q16`: the block kernels' quantization of x, integer products summed per
 block instead of per lane, 2-3x their speed at one row (docs/performance.md, "Decode over interleaved
-rows"). Prefill's AMX GEMM decodes its panels from the copy where there is one (kernels/amx_gemm.py); the
-embedding, the other prefill paths and the other formats still read the blocks, so the copy costs their bytes again; a model keeps
-one only where its Q4_1 / Q4_K projections fit in the budget, part by part (a fused projection's other
-formats stay on the blocks).
+rows"). Prefill's AMX and FMA GEMMs decode their panels from the copy where there is one (kernels/amx_gemm.py,
+kernels/fma_gemm.py); the embedding, the other prefill paths and the other formats still read the blocks, so the
+copy costs their bytes again, except where every path of a part reads the copy (float32 prefill on the FMA GEMM):
+there the backend releases the part's blocks (`release`: the part becomes a CopiedPart). A model keeps copies only
+where its Q4_1 / Q4_K projections fit in the budget, part by part (a fused projection's other formats stay on the
+blocks).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from torch import Tensor
 
-from kernels.block_formats import BlockWeight
+from kernels.block_formats import FORMATS, BlockFormat, BlockWeight
 from kernels.cpu_gemm_q8 import Q16_FORMATS, CpuGemmQ8, PackedBlocks
 
 # The budget: SmolLM2-135M's copy takes 76 MiB, the Llama-3.2-1B-shaped Q4_K_M file's ~0.46 GiB; larger models
 # keep the blocks only, until prefill reads the interleaved rows too and the blocks can go.
 DECODE_COPY_MAX_BYTES = 1 << 30
+
+
+@dataclass(frozen=True, eq=False)
+class CopiedPart:
+    """A projection's part held only as its copy in interleaved rows (DecodeCopies.release): its format and shape
+    as the BlockWeight it replaces had them; its blocks are gone, and a path that still reads them fails saying so
+    instead of reading freed memory."""
+
+    format: str
+    rows: int
+    cols: int
+
+    @property
+    def spec(self) -> BlockFormat:
+        return FORMATS[self.format]
+
+    @property
+    def blocks(self) -> Tensor:
+        raise RuntimeError(f"a {self.format} {self.rows} x {self.cols} weight held only as its copy in interleaved "
+                           "rows: its blocks were released (model/backends/decode_copies.py)")
 
 
 class DecodeCopies:
@@ -32,6 +56,7 @@ class DecodeCopies:
         self._active = False  # decided per model in plan()
         self._copies: dict[int, PackedBlocks] = {}  # id(a projection's BlockWeight) -> its copy
         self._bytes = 0
+        self._released = 0  # bytes of blocks released (their parts held only as the copies)
 
     def plan(self, blocks: dict[str, list[BlockWeight]], int16_decode: bool) -> str | None:
         """Decides for a model (its blocks by module name) whether its projections get copies; returns the
@@ -63,6 +88,16 @@ class DecodeCopies:
             copy = self._copies[id(part)] = kernels.repack(part)
             self._bytes += copy.packed.numel()
 
+    def release(self, part: BlockWeight) -> CopiedPart:
+        """The part, held only as its copy from now on: the returned CopiedPart takes its place (the copy keyed by
+        it), and once the caller drops the BlockWeight its blocks are freed. Only for a part every path of which
+        reads the copy."""
+        copy = self._copies.pop(id(part))
+        held = CopiedPart(part.format, part.rows, part.cols)
+        self._copies[id(held)] = copy
+        self._released += part.blocks.numel()
+        return held
+
     def copy_of(self, part: BlockWeight) -> PackedBlocks | None:
         """The part's copy, or None (prefill's AMX GEMM decodes its panels from it: kernels/amx_gemm.py)."""
         return self._copies.get(id(part))
@@ -76,4 +111,6 @@ class DecodeCopies:
         if not self._bytes:
             return None
         return (f"decode over a copy of the Q4_1 / Q4_K projections in interleaved rows, {self._bytes / 2**20:.0f} MiB "
-                f"(it fits in {self.max_bytes / 2**20:.0f} MiB)")
+                f"(it fits in {self.max_bytes / 2**20:.0f} MiB)"
+                + (f"; their blocks released ({self._released / 2**20:.0f} MiB): prefill reads the copy too"
+                   if self._released else ""))

@@ -442,3 +442,32 @@ def test_a_prompt_chunks_gated_activation_writes_a_kept_buffer(build_dir):
         assert few.data_ptr() != first.data_ptr()
     assert torch.equal(ops.silu_and_mul(gate_up * 2), second)
     assert torch.equal(few, fresh[:8])
+
+
+def test_a_part_read_only_through_its_copy_releases_its_blocks(build_dir):
+    """With int16 decode over a copy in interleaved rows and float32 prefill on the FMA GEMM from that copy, nothing
+    reads a Q4_1 part's blocks: the backend holds it as a CopiedPart (its blocks freed with the loader's), the
+    products unchanged, describe() saying so; a stray read of its blocks is an error, not freed memory."""
+    from model.backends.decode_copies import CopiedPart
+
+    ops = select_backend("cpu", torch.float32, CONFIG, "cpu", build_dir=build_dir, cpu_kernels="avx2",
+                         prefill_dtype="float32")
+    if ops.fma_gemm is None or ops.decode_copies.kernels is None:
+        pytest.skip("no FMA GEMM or interleaved copies here (no AVX2/FMA/F16C, or no compiler)")
+    layer, blocks = _blocks_layer("Q4_1", 96, 64, seed=12)
+    head_layer, head_blocks = _blocks_layer("Q8_0", 96, 64, seed=13)
+    model = torch.nn.Module()
+    model.down_proj, model.lm_head = layer, head_layer
+    ops.prepare(model, {"down_proj": [blocks], "lm_head": [head_blocks]})
+    (part,) = model.down_proj.parts
+    assert isinstance(part, CopiedPart) and (part.format, part.rows, part.cols) == ("Q4_1", 96, 64)
+    assert model.lm_head.parts == [head_blocks]  # Q8_0: no copy, the blocks stay
+    with pytest.raises(RuntimeError, match="blocks were released"):
+        part.blocks
+    x_decode, x_prefill = torch.randn(3, 64, generator=_gen(7)), torch.randn(40, 64, generator=_gen(8))
+    copy = ops.decode_copies.copy_of(part)
+    assert torch.equal(model.down_proj(x_prefill), ops.fma_gemm.matmul(x_prefill, blocks))
+    assert torch.equal(model.down_proj(x_decode), ops.decode_copies.kernels.matmul_q16(x_decode, copy))
+    notes = ops.plan().notes
+    assert any("their blocks released" in note for note in notes)
+    assert [note for note in notes if note.startswith("weights resident as blocks")] == ["weights resident as blocks: Q8_0 0 MiB"]
