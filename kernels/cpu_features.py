@@ -8,7 +8,8 @@ portable path: torch's own ops, which need no compiler and no particular CPU.
 
 Variants, best first:
 - "avx512_vnni": AVX-512 F/BW/VL + VNNI (`vpdpbusd` over 16 lanes), plus AVX2/FMA/F16C;
-- "avx2": AVX2 + FMA + F16C (`maddubs` for int8 products);
+- "avx2": AVX2 + FMA + F16C (`maddubs` for int8 products; float32 prefill over blocks on the FMA GEMM,
+  kernels/fma_gemm.py, since float32 is the fastest GEMM such a CPU has);
 - "portable": no C kernels (torch / oneDNN only).
 AVX_VNNI (VEX-coded `vpdpbusd` of 256 bits, Alder Lake and later), AVX512_BF16 and AMX
 are detected and named; oneDNN picks AMX and BF16 itself where its GEMMs can use them, and prefill
