@@ -66,37 +66,11 @@ from model.backends.decode_copies import DecodeCopies
 from model.backends.decode_programs import DecodePrograms
 from model.backends.torch_backend import TorchBackend
 
-# What the few-rows block kernels multiply the blocks with (kernels/block_matmul.py): "int16" (the
-# default), x quantized per group of 32 (integer dot products; top-1 agreement with float32 0.9998 on 200
-# prompts of the default model, teacher-forced: docs/performance.md), or "float32", each weight decoded to
-# its float32 value (exact up to summation order).
-DECODE_ACTIVATIONS = ("int16", "float32")
-# With int8 activations, the projections (last part of the name: "lm_head", "down_proj") that keep float
-# activations all the same. None by default: keeping the LM head on float activations was not shown to
-# raise top-1 agreement (docs/performance.md) and would slow its decode product; bench/int8_activation_quality.py
-# --float-activation-layers measures a choice.
-INT8_FLOAT_ACTIVATION_LAYERS: tuple[str, ...] = ()
-# A model whose projections (every layer's and the LM head, not the embedding) take at most this many
-# bytes in prefill's dtype (float32, or bfloat16: half) keeps a oneDNN-packed copy of them in it for
-# prefill beside the blocks decode reads.
-# The tiled GEMM over blocks dequantizes every weight again on each prefill chunk; with the copy the
-# default model prefilled 1.3x (1k tokens) to 2.1x (32 tokens) as fast (docs/performance.md), and the
-# copy costs a small model little (SmolLM2-135M: 513 MiB as float32, 257 MiB as bfloat16). Larger models
-# keep blocks only. Under bf16 products (AMX) the default is no copy: over tiles the default model prefilled
-# 0.96x (1k tokens) and 0.89x (4k) as fast in 512-token chunks, the server's, and held 0.5 GiB less
-# (docs/performance.md, "Decode steps replayed"). Nor with the FMA GEMM over blocks (an AVX2
-# machine): it prefilled the default model as fast as the copy from 64 tokens and faster below (docs/performance.md,
-# "Prefill over blocks with FMA").
-FLOAT_PREFILL_MAX_BYTES = 1 << 30
-# With bfloat16 prefill, the projections (last part of the name) that prefill in float32 all the same. The LM
-# head's output is the logits sampling reads: rounded to bf16 (steps of 1/16 at 16) near-ties flip; and in
-# serving it runs on one row per prefilling sequence, so float32 costs it nothing there.
-BF16_FLOAT_LAYERS: tuple[str, ...] = ("lm_head",)
-# A gated activation (SwiGLU, GeGLU) of at least this many rows writes into a kept buffer during a forward: a fresh
-# output of a prompt chunk is a fresh mapping from glibc (32 MiB at 1024 rows of a 1B model), its pages faulted in
-# and zeroed every layer (docs/performance.md, "Prefill GEMMs on AMX tiles"). Decode steps, recorded with their
-# pointers (decode_programs.py), have fewer rows and keep fresh outputs.
-KEPT_OUTPUT_MIN_ROWS = 64
+from model.backends.cpu_defaults import (BF16_FLOAT_LAYERS, DECODE_ACTIVATIONS, FLOAT_PREFILL_MAX_BYTES,
+                                         INT8_FLOAT_ACTIVATION_LAYERS, KEPT_OUTPUT_MIN_ROWS)
+
+__all__ = ["BF16_FLOAT_LAYERS", "DECODE_ACTIVATIONS", "FLOAT_PREFILL_MAX_BYTES", "INT8_FLOAT_ACTIVATION_LAYERS",
+           "KEPT_OUTPUT_MIN_ROWS", "CpuBackend"]
 
 
 class CpuBackend(TorchBackend):
@@ -264,27 +238,16 @@ class CpuBackend(TorchBackend):
         if self._float_prefill:
             return self._float_copy_over_blocks(name, layer, parts, formats, few_rows, limit, grouped)
         if gemm is not None and gemm is self.fma_gemm and not self._embedding_shares(parts):
-            parts = self._release_copied(parts, gemm)
+            # float32 prefill on the FMA GEMM serves every row count past the few-rows kernels, so a part it reads from
+            # the copy is read through the copy only (under bf16 products a decode batch past 16 rows runs float32
+            # tiles over the blocks: they stay there)
+            parts = self.decode_copies.release_read_by(gemm, parts, self._resident)
         self._linears[name] = LinearPlan(prefill_over_blocks(formats, parts, math_note, gemm, self.decode_copies.copy_of),
                                          few_rows, grouped)
         in_layers = name.startswith("layers.")  # the LM head's logits leave the model: a fresh output each
         return BlockLinear(parts, layer.bias, self._few_rows_over_blocks, self.block_kernels.dequantize_rows, limit,
                            math, self.step_rows, grouped, self.prefill_outputs if in_layers else None,
                            name.rsplit(".", 1)[-1], gemm, self.decode_copies.copy_of)
-
-    def _release_copied(self, parts: list[BlockWeight], gemm: BlocksGemm) -> list:
-        """The parts, those whose every product reads their decode copy (decode over it, prefill on `gemm` from its
-        panels) held only as the copy: their blocks are freed once the loader drops them. Only for the FMA GEMM,
-        whose float32 prefill serves every row count past the few-rows kernels (under bf16 products a decode batch
-        past 16 rows runs float32 tiles over the blocks)."""
-        kept = []
-        for part in parts:
-            copy = self.decode_copies.copy_of(part)
-            if copy is not None and gemm.reads(copy) and gemm.supports(part):
-                self._resident[part.format] -= part.blocks.numel()
-                part = self.decode_copies.release(part)
-            kept.append(part)
-        return kept
 
     def blocks_gemm(self, math: PrefillMath) -> BlocksGemm | None:
         """The GEMM over blocks that multiplies as `math` says, where one is loaded (None: dequantized tiles)."""

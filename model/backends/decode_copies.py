@@ -88,6 +88,19 @@ class DecodeCopies:
             copy = self._copies[id(part)] = kernels.repack(part)
             self._bytes += copy.packed.numel()
 
+    def release_read_by(self, gemm, parts: list[BlockWeight], resident: dict[str, int]) -> list:
+        """`parts`, those whose copy `gemm` (a prefill GEMM over blocks: model/backends/cpu_linear.py's BlocksGemm)
+        reads released (`release`), their bytes taken off `resident` (format -> bytes held as blocks). For a caller
+        every other product of whose parts reads the copy too."""
+        held = []
+        for part in parts:
+            copy = self.copy_of(part)
+            if copy is not None and gemm.reads(copy) and gemm.supports(part):
+                resident[part.format] -= part.blocks.numel()
+                part = self.release(part)
+            held.append(part)
+        return held
+
     def release(self, part: BlockWeight) -> CopiedPart:
         """The part, held only as its copy from now on: the returned CopiedPart takes its place (the copy keyed by
         it), and once the caller drops the BlockWeight its blocks are freed. Only for a part every path of which
