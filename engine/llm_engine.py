@@ -43,7 +43,7 @@ from engine.heap_trim import trim_freed_heap
 from engine.span_breaks import span_breaks
 from engine.speculative_verify import AcceptedTokens, sample_and_verify
 from kernels.kv_format import kv_dtype_name
-from model.weights import load_model
+from model.weights import check_weight_files, load_model
 
 
 logger = logging.getLogger("radixserve.engine")
@@ -57,6 +57,7 @@ class LLMEngine:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         model_dir = Path(config.model_dir)
+        check_weight_files(model_dir)  # a corrupt file fails now, not after the backend compiled its kernels
         self.backend = backend_for(config, self.device, self.dtype, model_dir)
         # Before the weights: the tokenizer it decodes the vocabulary with is dropped, and its freed pages
         # (~90 MiB of a 128k vocabulary's, resident when this ran after the KV pool) go back at once.

@@ -8,6 +8,7 @@ and every failure names the file and the tensor.
 
 import json
 import logging
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -66,13 +67,34 @@ def _parameter_slices(model: DecoderForCausalLM) -> dict[str, tuple[torch.Tensor
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
+def check_weight_files(model_dir: Path) -> None:
+    """Opens every safetensors file of `model_dir` (its header only: the tensors are mapped, not read) and raises
+    the ModelFormatError load_weights would: a truncated or corrupt file fails before the backend is made (which
+    can compile its kernels first: ~15 s on a fresh machine), not after."""
+    for path in safetensors_files(Path(model_dir)):
+        with _reading(path):
+            with safe_open(str(path), framework="pt", device="cpu") as file:
+                file.keys()
+
+
+@contextmanager
+def _reading(path: Path):
+    """Reading one safetensors file: its errors become ModelFormatErrors naming it."""
+    try:
+        yield
+    except SafetensorError as error:
+        raise ModelFormatError(path, f"corrupt safetensors file ({error})") from None
+    except OSError as error:
+        raise ModelFormatError(path, f"unreadable ({error.strerror or error})") from None
+
+
 def load_weights(model: DecoderForCausalLM, model_dir: Path, held_as_blocks: frozenset[str] = frozenset()) -> None:
     """Fill every parameter of `model` from the safetensors files of `model_dir`, except the
     tensors in `held_as_blocks` (HF names in the model's block file, filled by the caller)."""
     slices = _parameter_slices(model)
     loaded: set[str] = set()
     for path in safetensors_files(model_dir):
-        try:
+        with _reading(path):
             with safe_open(str(path), framework="pt", device="cpu") as file:
                 for name in file.keys():
                     if name not in slices:
@@ -91,10 +113,6 @@ def load_weights(model: DecoderForCausalLM, model_dir: Path, held_as_blocks: fro
                         )
                     param.data[start:end].copy_(tensor)
                     loaded.add(name)
-        except SafetensorError as error:
-            raise ModelFormatError(path, f"corrupt safetensors file ({error})") from None
-        except OSError as error:
-            raise ModelFormatError(path, f"unreadable ({error.strerror or error})") from None
     missing = sorted(set(slices) - loaded - held_as_blocks)
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
@@ -119,6 +137,7 @@ def load_model(
     Logs what runs (Backend.describe)."""
     model_dir = Path(model_dir)
     config = ModelConfig.from_model_dir(model_dir)
+    check_weight_files(model_dir)
     if isinstance(backend, str):
         backend = select_backend(device, dtype, config, backend, build_dir=radixserve_home() / "kernels")
     # Parameters are allocated but not written (to_empty): the pages of those left to blocks are

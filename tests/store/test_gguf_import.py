@@ -1,5 +1,6 @@
 """GGUF -> HF directory conversion, against transformers' own GGUF loading."""
 
+import functools
 import json
 import os
 
@@ -18,10 +19,17 @@ transformers = pytest.importorskip("transformers")
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint  # noqa: E402
 
 
+@functools.cache
+def _reference_config(gguf_path: str) -> dict:
+    """transformers' config of a GGUF file (read once a file: the default model's takes seconds, its vocabulary
+    parsed too)."""
+    return load_gguf_checkpoint(gguf_path)["config"]
+
+
 def _reference_state_dict(gguf_path) -> dict[str, torch.Tensor]:
     """transformers' GGUF loading (the code `from_pretrained(..., gguf_file=)` runs), without
     needing accelerate: its own config, a meta-device model for the name map, its dequantizer."""
-    config_dict = load_gguf_checkpoint(str(gguf_path))["config"]
+    config_dict = dict(_reference_config(str(gguf_path)))
     config = transformers.AutoConfig.for_model(**config_dict)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
@@ -49,7 +57,7 @@ def test_smollm2_weights_match_transformers(smollm2_dir, smollm2_gguf):
 @pytest.mark.model
 def test_smollm2_config(smollm2_dir, smollm2_gguf):
     config = json.loads((smollm2_dir / "config.json").read_text())
-    reference = load_gguf_checkpoint(str(smollm2_gguf))["config"]
+    reference = _reference_config(str(smollm2_gguf))
     assert config["architectures"] == ["LlamaForCausalLM"] and config["model_type"] == "llama"
     for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "head_dim", "max_position_embeddings", "tie_word_embeddings",
