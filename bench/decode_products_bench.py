@@ -27,6 +27,8 @@ from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from bench.random_gguf import SHAPES, random_gguf
 from kernels import block_matmul
+from kernels import cpu_gemm_q8
+from kernels.cpu_gemm_q8 import PackedBlocks
 from model.backends.cpu_linear import BlockLinear
 from store.model_store import pull, radixserve_home
 
@@ -80,6 +82,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     products = {"float32": kernels.matmul, "int16": kernels.matmul_q16}
     for build in filter(None, args.int16_builds.split(",")):
         products[f"int16 {build}"] = block_matmul.load(radixserve_home() / "kernels", variant=build).matmul_q16
+    if kernels.instruction_set != "portable":  # what int16 decode runs on a Q4_1 / Q4_K part: its copy in interleaved rows
+        interleaved = cpu_gemm_q8.load(radixserve_home() / "kernels", variant=kernels.instruction_set)
+        copies: dict[int, PackedBlocks] = {}
+
+        def over_copy(x, part):
+            if part.format not in interleaved.q16_formats:
+                return kernels.matmul_q16(x, part)
+            if id(part) not in copies:
+                copies[id(part)] = interleaved.repack(part)
+            return interleaved.matmul_q16(x, copies[id(part)])
+
+        products["int16 copy"] = over_copy
     print(f"default build: {kernels.instruction_set}")
     print(f"{'weight':32s} {'format':6s} {'shape':>13s}" + "".join(f" {kind + ' ms':>20s} {'GB/s':>5s}" for kind in products))
     step = dict.fromkeys(products, 0.0)

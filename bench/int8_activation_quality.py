@@ -50,7 +50,6 @@ from engine.sampling_params import SamplingParams
 from model import backends
 from kernels import cpu_gemm_q8
 from kernels.cpu_features import resolve_variant, this_cpu
-from kernels.cpu_gemm_q8 import Q16_FORMATS
 from kernels.native_build import NativeUnavailable
 from model.backends.cpu_backend import INT8_FLOAT_ACTIVATION_LAYERS, CpuBackend
 from model.backends.cpu_linear import BlockLinear, CpuLinear
@@ -108,7 +107,7 @@ class Int16TailRows:
             return
         for module in self.modules:
             parts = module.parts if isinstance(module, BlockLinear) else module.few_rows.keywords["parts"]
-            if all(part.format in Q16_FORMATS for part in parts):
+            if all(part.format in interleaved.q16_formats for part in parts):
                 self.backend.decode_copies.add(interleaved, parts)
 
     def __enter__(self):

@@ -12,7 +12,7 @@ Numerics: the weights are exactly the blocks' values; x carries a rounding error
 most half its block's scale per element. The quality this costs a model is measured
 (docs/performance.md); the cpu backend uses the path where that measurement allows.
 
-`matmul_q16` multiplies the same repacked Q4_1 / Q4_K weights by int16 activations instead (the
+`matmul_q16` multiplies the same repacked Q4_1 / Q4_K weights (and, AVX2 build, Q6_K) by int16 activations instead (the
 few-rows block kernels' quantization, kernels/csrc/q16_activations.h), for decode: the weights read
 16 (8) rows a vector with x's bytes broadcast, where the block kernels read one row's blocks at a
 time (docs/performance.md, "Decode over interleaved rows").
@@ -38,8 +38,12 @@ from kernels.native_build import FIND_COMPILER, library_variant, load_library
 # kernels make d * sc and -dmin * m, exact in float32), Q4_0 and Q8_0 into groups with a float32 scale (20 and
 # 36 bytes).
 GEMM_FORMATS = ("Q4_0", "Q4_1", "Q8_0", "Q4_K")
-# The formats matmul_q16 reads repacked (the layouts with a scale and a min per 32 weights)
+# The formats every build's matmul_q16 reads repacked (the layouts with a scale and a min per 32 weights), which the
+# prefill GEMMs over blocks also read from the repacked copy (kernels/amx_gemm.py, kernels/fma_gemm.py)
 Q16_FORMATS = ("Q4_1", "Q4_K")
+# The AVX2 build's matmul_q16 reads Q6_K repacked too, keeping its 6-bit values (26.5 bytes a row's 32 weights,
+# Q6_K's 26.25: kernels/csrc/interleaved_rows.h); only that product reads this copy.
+Q16_AVX2_FORMATS = Q16_FORMATS + ("Q6_K",)
 # gemm_q16_packed's fields: layout, packed W, x, y, m, rows, cols, y's row stride, threads
 _Q16_ARGS = struct.Struct("<9q").pack
 
@@ -78,6 +82,8 @@ class CpuGemmQ8:
         self._gemm.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
         self._gemm.restype = ctypes.c_int
         self._gemm_q16 = PackedKernel(library.gemm_q16_packed)  # recordable (kernels/kernel_program.py)
+        # the formats this build's matmul_q16 reads repacked
+        self.q16_formats = tuple(f for f in Q16_AVX2_FORMATS if self._layout(FORMATS[f].code) >= 0)
 
     @staticmethod
     def fits(weight: BlockWeight) -> bool:
@@ -85,7 +91,7 @@ class CpuGemmQ8:
 
     def repack(self, weight: BlockWeight) -> PackedBlocks:
         """The weight's values in the kernels' interleaved layout (a new tensor; `weight` unchanged)."""
-        if not self.fits(weight):
+        if not self.fits(weight) and weight.format not in self.q16_formats:
             raise ValueError(f"gemm_q8 reads {', '.join(GEMM_FORMATS)} blocks, not {weight.format}")
         code = FORMATS[weight.format].code
         layout = self._layout(code)
@@ -101,6 +107,8 @@ class CpuGemmQ8:
             raise ValueError(f"gemm_q8 wants x (m, {weight.cols}) float32, got {tuple(x.shape)} {x.dtype}")
         if weight.variant != self.variant:
             raise ValueError(f"weight packed for {weight.variant}, kernels are {self.variant}")
+        if weight.format not in GEMM_FORMATS:
+            raise ValueError(f"gemm_q8 reads {', '.join(GEMM_FORMATS)} repacked, not {weight.format}")
         out = torch.empty((x.shape[0], weight.rows), dtype=torch.float32)
         note_unrecorded("gemm_q8")
         status = self._gemm(weight.layout, weight.packed.data_ptr(), x.data_ptr(), out.data_ptr(),
@@ -114,8 +122,8 @@ class CpuGemmQ8:
         """x (m, in) float32 @ weight^T -> (m, out) float32, x quantized to int16 per group of 32; into `out`
         when given: (m, weight.rows) float32 with contiguous rows (the columns of a fused projection's output)."""
         x = x.contiguous()
-        if weight.format not in Q16_FORMATS:
-            raise ValueError(f"matmul_q16 reads {', '.join(Q16_FORMATS)} repacked, not {weight.format}")
+        if weight.format not in self.q16_formats:
+            raise ValueError(f"matmul_q16 reads {', '.join(self.q16_formats)} repacked, not {weight.format}")
         if x.dim() != 2 or x.shape[1] != weight.cols or x.dtype != torch.float32:
             raise ValueError(f"matmul_q16 wants x (m, {weight.cols}) float32, got {tuple(x.shape)} {x.dtype}")
         if weight.variant != self.variant:

@@ -29,7 +29,8 @@
    and a block's integer dot product of row r the exact int32 256 * sum w hi + sum w lo (two vpdpbusd
    a weight vector: nibbles x hi, lo x nibbles; AVX2: maddubs pairs); then per row and block, in block
    order, acc = fma(float(dot), d_w * s_x, acc) and mins = fma(m_w, sum x, mins), y = acc + mins: the
-   same float operations in both builds, so the same bits, and none depends on m. */
+   same float operations in both builds, so the same bits, and none depends on m. The AVX2 build's gemm_q16 also
+   reads Q6_K repacked (LAYOUT_K6: interleaved_rows.h), with its own integer products (group_tile_q16_k6). */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
@@ -62,6 +63,9 @@ int gemm_q8_layout(int format) {
     case FORMAT_Q4_K: return LAYOUT_K4;
     case FORMAT_Q8_0: return LAYOUT_BYTES;
     case FORMAT_Q4_0: return LAYOUT_NIBBLES;
+#if R == 8
+    case FORMAT_Q6_K: return LAYOUT_K6;  /* gemm_q16 only */
+#endif
     default: return -1;
   }
 }
@@ -100,6 +104,36 @@ static void source_group(int format, const uint8_t* row, int64_t b, float* d, fl
   }
 }
 
+/* Q6_K (210 bytes per 256 weights: ql[128] low 4 bits, qh[64] top 2 bits, int8 scales[16] per 16, fp16 d):
+   the 6-bit values u of 32-column group g (0..7) of a 256-block (llama.cpp's order: element e of the block
+   takes ql[64 n + 32 (q % 2) + l]'s low nibble for q < 2, else its high one, and bits 2q.. of qh[32 n + l],
+   with n = e / 128, q = e % 128 / 32, l = e % 32) */
+static void q6_k_values(const uint8_t* block, int g, uint8_t u[32]) {
+  const uint8_t* ql = block;
+  const uint8_t* qh = block + 128;
+  for (int i = 0; i < 32; i++) {
+    const int e = 32 * g + i, n = e / 128, q = e % 128 / 32, l = e % 32;
+    const uint8_t low = ql[64 * n + 32 * (q % 2) + l];
+    u[i] = (uint8_t)((q < 2 ? low & 15 : low >> 4) | ((qh[32 * n + l] >> (2 * q)) & 3) << 4);
+  }
+}
+
+/* LAYOUT_K6's record of row r (of R) for 32-column block b from its Q6_K row (interleaved_rows.h) */
+static void repack_k6(const uint8_t* row, int64_t b, int r, uint8_t* group, uint8_t* out) {
+  const uint8_t* block = row + (b / 8) * 210;
+  const int g = (int)(b % 8);
+  uint8_t u[32];
+  q6_k_values(block, g, u);
+  out[r] = block[192 + 2 * g], out[R + r] = block[192 + 2 * g + 1];
+  ((float*)(group + b / 8 * K6_SUPER))[r] = load_f16(block + 208);
+  uint8_t* nibbles = out + 2 * R;
+  uint8_t* plane = nibbles + 16 * R;
+  for (int j = 0; j < 4; j++)
+    for (int i = 0; i < 4; i++) nibbles[(j * R + r) * 4 + i] = (u[4 * j + i] & 15) | (u[4 * (j + 4) + i] & 15) << 4;
+  for (int k = 0; k < 8; k++)
+    for (int i = 0; i < 4; i++) plane[((k / 4) * R + r) * 4 + i] |= (uint8_t)((u[4 * k + i] >> 4) << (2 * (k % 4)));
+}
+
 /* src: BlockWeight bytes (rows, bytes per row) of `format` -> dst (gemm_q8_packed_bytes of its layout) */
 void gemm_q8_repack(int format, const uint8_t* src, int64_t src_row_bytes, uint8_t* dst, int64_t rows,
                     int64_t cols) {
@@ -115,6 +149,10 @@ void gemm_q8_repack(int format, const uint8_t* src, int64_t src_row_bytes, uint8
       uint8_t* q = out + scale_bytes(layout);
       for (int r = 0; r < R && g * R + r < rows; r++) {
         const uint8_t* row = src + (g * R + r) * src_row_bytes;
+        if (layout == LAYOUT_K6) {
+          repack_k6(row, b, r, group, out);
+          continue;
+        }
         float scale, min;
         uint8_t values[32];
         source_group(format, row, b, &scale, &min, values);
@@ -315,10 +353,11 @@ static void tile_dispatch(int layout, int nt, const uint8_t* group, int64_t nb, 
   switch (nt) { TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6) TILE_CASE(7) TILE_CASE(8) }
 }
 
-/* packed: gemm_q8_repack's output in `layout`; x (m, cols) float32 -> y (m, rows). Returns 0, or
-   -1 when the quantized copy of x cannot be allocated. */
+/* packed: gemm_q8_repack's output in `layout`; x (m, cols) float32 -> y (m, rows). Returns 0,
+   -1 when the quantized copy of x cannot be allocated, -2 for LAYOUT_K6 (gemm_q16's alone). */
 int gemm_q8(int layout, const uint8_t* packed, const float* x, float* y, int64_t m, int64_t rows, int64_t cols,
             int num_threads) {
+  if (layout == LAYOUT_K6) return -2;  /* decode's gemm_q16 reads it, not this GEMM */
   int64_t nb = cols / BLOCK, groups = (rows + R - 1) / R, gbytes = group_bytes(layout, nb);
   int8_t* xq = (int8_t*)malloc((size_t)(m * cols));
   float* xd = (float*)malloc((size_t)(m * nb) * sizeof(float));
@@ -346,12 +385,14 @@ int gemm_q8(int layout, const uint8_t* packed, const float* x, float* y, int64_t
 /* ------------------------------------------------------------ int16 activations (gemm_q16) */
 
 /* x (m, cols) quantized (q16_activations.h), split in bytes: lo, hi (m, cols); s (m, nb) the scales;
-   sums (m, nb) the float sums of each 32 */
+   sums (m, nb) the float sums of each 32; hi16 (m, 2 nb) -32 * 256 * the sum of each 16 high bytes (LAYOUT_K6:
+   its products take u = w + 32 against the high bytes, this takes the 32 back) */
 typedef struct {
   uint8_t* lo;
   int8_t* hi;
   float* s;
   float* sums;
+  int32_t* hi16;
 } SplitRows;
 
 /* gemm_q16 asks for each group's weights this many bytes ahead of the block it multiplies (a group's
@@ -364,7 +405,7 @@ static __thread size_t q16_scratch_bytes = 0;
 
 static int split_rows(const float* x, int64_t m, int64_t cols, SplitRows* out) {
   const int64_t n = m * cols, nb = cols / BLOCK;
-  const size_t need = (size_t)(2 * n + 8 * m * nb + 128);
+  const size_t need = (size_t)(2 * n + 16 * m * nb + 128);
   if (need > q16_scratch_bytes) {
     void* grown = realloc(q16_scratch, need);
     if (grown == NULL) return -1;
@@ -374,11 +415,17 @@ static int split_rows(const float* x, int64_t m, int64_t cols, SplitRows* out) {
   out->hi = (int8_t*)(out->lo + n);
   out->s = (float*)(((uintptr_t)(out->hi + n) + 63) & ~(uintptr_t)63);
   out->sums = out->s + m * nb;
+  out->hi16 = (int32_t*)(out->sums + m * nb);
   for (int64_t index = 0; index < m * nb; index++) {
     int16_t xq[BLOCK];
     float sums16[2];
     quantize_group(x + index * BLOCK, xq, out->s + index, sums16, out->sums + index);
     split_int16(xq, out->lo + index * BLOCK, out->hi + index * BLOCK, BLOCK);
+    for (int half = 0; half < 2; half++) {
+      int32_t sum = 0;
+      for (int e = 0; e < 16; e++) sum += out->hi[index * BLOCK + 16 * half + e];
+      out->hi16[2 * index + half] = -8192 * sum;
+    }
   }
   return 0;
 }
@@ -460,20 +507,86 @@ static inline __attribute__((always_inline)) void group_tile_q16(const int layou
   }
   for (int t = 0; t < nt; t++) store_rows(out + t * out_stride, _mm256_add_ps(acc[t], mins[t]), valid);
 }
+
+/* LAYOUT_K6 (Q6_K, w = d sc (u - 32)): per block and half (16 columns, one sc), the exact integer
+   D = sum (u - 32) xq = 256 (sum u hi - 32 sum hi) + sum (u - 32) lo, from maddubs pairs that do not saturate
+   (u <= 63 against hi: pairs <= 16128, two add up; lo <= 255 against u - 32 in [-32, 31]: pairs in
+   [-16320, 15810], two add up); then acc = fma(float(D), d sc s_x, acc), half 0 then half 1. |D| < 2^24: exact
+   in float32. */
+static inline __attribute__((always_inline)) void group_tile_q16_k6(const int nt, const uint8_t* group, int64_t nb,
+                                                                    const SplitRows* x, int64_t cols, float* out,
+                                                                    int64_t out_stride, int valid) {
+  __m256 acc[TOKENS];
+  const int64_t gbb = group_block_bytes(LAYOUT_K6);
+  const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30), offset = _mm256_set1_epi8(32),
+                ones = _mm256_set1_epi16(1);
+  for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; b++) {
+    const uint8_t* p = block_record(LAYOUT_K6, group, b);
+    for (int64_t byte = 0; byte < gbb; byte += 64) _mm_prefetch((const char*)p + Q16_PREFETCH + byte, _MM_HINT_T0);
+    const __m256 d = _mm256_loadu_ps((const float*)(group + b / 8 * K6_SUPER));
+    __m256 dsc[2];
+    for (int half = 0; half < 2; half++)
+      dsc[half] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(p + R * half)))));
+    const uint8_t* q = p + 2 * R;
+    const __m256i planes[2] = {_mm256_loadu_si256((const __m256i*)(q + 16 * R)),
+                               _mm256_loadu_si256((const __m256i*)(q + 16 * R + 32))};
+    __m256i u[8], w[8];  /* weight vector k: elements 4k..4k+3 of each row's 32; u unsigned, w = u - 32 */
+    for (int j = 0; j < 4; j++) {
+      const __m256i v = _mm256_loadu_si256((const __m256i*)(q + 32 * j));
+      const __m256i nibbles[2] = {_mm256_and_si256(v, low), _mm256_and_si256(_mm256_srli_epi16(v, 4), low)};
+      for (int half = 0; half < 2; half++) {  /* top bits of vector 4 half + j: bits 2j, 2j + 1 of its plane, to 4, 5 */
+        const __m256i plane = planes[half];
+        const __m256i bits = j == 0 ? _mm256_slli_epi16(plane, 4) : j == 1 ? _mm256_slli_epi16(plane, 2)
+                             : j == 2 ? plane : _mm256_srli_epi16(plane, 2);
+        u[4 * half + j] = _mm256_or_si256(nibbles[half], _mm256_and_si256(bits, top));
+        w[4 * half + j] = _mm256_sub_epi8(u[4 * half + j], offset);
+      }
+    }
+    for (int t = 0; t < nt; t++) {
+      const int8_t* hb = x->hi + t * cols + b * BLOCK;
+      const uint8_t* lb = x->lo + t * cols + b * BLOCK;
+      const float s = x->s[t * nb + b];
+      for (int half = 0; half < 2; half++) {
+        const int k = 4 * half;
+        const __m256i hi = _mm256_add_epi32(
+            _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u[k], _mm256_set1_epi32(x4(hb + 4 * k))),
+                                               _mm256_maddubs_epi16(u[k + 1], _mm256_set1_epi32(x4(hb + 4 * k + 4)))), ones),
+            _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u[k + 2], _mm256_set1_epi32(x4(hb + 4 * k + 8))),
+                                               _mm256_maddubs_epi16(u[k + 3], _mm256_set1_epi32(x4(hb + 4 * k + 12)))), ones));
+        const __m256i lo = _mm256_add_epi32(
+            _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(x4((const int8_t*)lb + 4 * k)), w[k]),
+                                               _mm256_maddubs_epi16(_mm256_set1_epi32(x4((const int8_t*)lb + 4 * k + 4)), w[k + 1])), ones),
+            _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(x4((const int8_t*)lb + 4 * k + 8)), w[k + 2]),
+                                               _mm256_maddubs_epi16(_mm256_set1_epi32(x4((const int8_t*)lb + 4 * k + 12)), w[k + 3])), ones));
+        const __m256i dot = _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(hi, 8), lo),
+                                             _mm256_set1_epi32(x->hi16[t * 2 * nb + 2 * b + half]));
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dsc[half], _mm256_set1_ps(s)), acc[t]);
+      }
+    }
+  }
+  for (int t = 0; t < nt; t++) store_rows(out + t * out_stride, acc[t], valid);
+}
 #endif
 
+#if R == 8
+#define K6_TILE(NT) group_tile_q16_k6(NT, group, nb, &part, cols, out, y_stride, valid)
+#else
+#define K6_TILE(NT) (void)0 /* no LAYOUT_K6 in 16-row groups (gemm_q8_layout) */
+#endif
 #define Q16_CASE(NT)                                                                                 \
   case NT:                                                                                           \
     if (layout == LAYOUT_K4) group_tile_q16(LAYOUT_K4, NT, group, nb, &part, cols, out, y_stride, valid); \
+    else if (layout == LAYOUT_K6) K6_TILE(NT);                                                        \
     else group_tile_q16(LAYOUT_SCALE_MIN, NT, group, nb, &part, cols, out, y_stride, valid);          \
     break;
 
-/* packed: gemm_q8_repack's output in LAYOUT_SCALE_MIN or LAYOUT_K4; y (m, rows) = x (m, cols) @ W^T with x quantized to
+/* packed: gemm_q8_repack's output in LAYOUT_SCALE_MIN, LAYOUT_K4 or (8-row groups) LAYOUT_K6; y (m, rows) = x (m, cols) @ W^T with x quantized to
    int16, row i of y at y + i * y_stride (y_stride >= rows). Returns 0, -1 for another layout, -2 when the
    quantized x cannot be allocated. Groups split statically between threads. */
 int gemm_q16(int layout, const uint8_t* packed, const float* x, float* y, int64_t m, int64_t rows, int64_t cols,
              int64_t y_stride, int num_threads) {
-  if (!has_min(layout)) return -1;
+  if (!has_min(layout) && !(layout == LAYOUT_K6 && R == 8)) return -1;
   SplitRows split;
   if (split_rows(x, m, cols, &split)) return -2;
   const int64_t nb = cols / BLOCK, groups = (rows + R - 1) / R, gbytes = group_bytes(layout, nb);
@@ -483,7 +596,8 @@ int gemm_q16(int layout, const uint8_t* packed, const float* x, float* y, int64_
     const int valid = rows - g * R < R ? (int)(rows - g * R) : R;
     for (int64_t t0 = 0; t0 < m; t0 += TOKENS) {
       const int nt = m - t0 < TOKENS ? (int)(m - t0) : TOKENS;
-      const SplitRows part = {split.lo + t0 * cols, split.hi + t0 * cols, split.s + t0 * nb, split.sums + t0 * nb};
+      const SplitRows part = {split.lo + t0 * cols, split.hi + t0 * cols, split.s + t0 * nb, split.sums + t0 * nb,
+                              split.hi16 + t0 * 2 * nb};
       float* out = y + t0 * y_stride + g * R;
       switch (nt) { Q16_CASE(1) Q16_CASE(2) Q16_CASE(3) Q16_CASE(4) Q16_CASE(5) Q16_CASE(6) Q16_CASE(7) Q16_CASE(8) }
     }

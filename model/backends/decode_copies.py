@@ -1,15 +1,16 @@
-"""Decode over copies of a model's Q4_1 / Q4_K projections repacked into interleaved rows.
+"""Decode over copies of a model's Q4_1 / Q4_K (and, AVX2 build, Q6_K) projections repacked into interleaved rows.
 
 With int16 decode activations, the few-rows products of those projections read a copy of their blocks in
 the int8 GEMM's layout (16 rows interleaved by 4 bytes with AVX-512, 8 with AVX2) through
 kernels/cpu_gemm_q8.py's `matmul_q16`: the block kernels' quantization of x, integer products summed per
 block instead of per lane, 2-3x their speed at one row (docs/performance.md, "Decode over interleaved
-rows"). Prefill's AMX and FMA GEMMs decode their panels from the copy where there is one (kernels/amx_gemm.py,
-kernels/fma_gemm.py); the embedding, the other prefill paths and the other formats still read the blocks, so the
-copy costs their bytes again, except where every path of a part reads the copy (float32 prefill on the FMA GEMM):
-there the backend releases the part's blocks (`release`: the part becomes a CopiedPart). A model keeps copies only
-where its Q4_1 / Q4_K projections fit in the budget, part by part (a fused projection's other formats stay on the
-blocks).
+rows"); Q6_K's copy (the AVX2 build's) 1.3-1.4x. Prefill's AMX and FMA GEMMs decode their panels from a Q4_1 / Q4_K
+copy where there is one (kernels/amx_gemm.py, kernels/fma_gemm.py); the embedding, the other prefill paths and the
+other formats still read the blocks, so the copy costs their bytes again, except where every path of a part reads
+the copy (float32 prefill on the FMA GEMM): there the backend releases the part's blocks (`release`: the part
+becomes a CopiedPart). A Q6_K part's blocks stay (prefill reads them). A model keeps copies only where its parts of
+those formats fit in the budget; where all of them do not, its Q4_1 / Q4_K parts alone where they do (a fused
+projection's other formats stay on the blocks).
 """
 
 from __future__ import annotations
@@ -53,26 +54,39 @@ class DecodeCopies:
     def __init__(self, kernels: CpuGemmQ8 | None, max_bytes: int | None = None):
         self.kernels = kernels
         self.max_bytes = DECODE_COPY_MAX_BYTES if max_bytes is None else max_bytes
-        self._active = False  # decided per model in plan()
+        self._formats: tuple[str, ...] = ()  # the formats copied, decided per model in plan()
         self._copies: dict[int, PackedBlocks] = {}  # id(a projection's BlockWeight) -> its copy
         self._bytes = 0
         self._released = 0  # bytes of blocks released (their parts held only as the copies)
 
     def plan(self, blocks: dict[str, list[BlockWeight]], int16_decode: bool) -> str | None:
-        """Decides for a model (its blocks by module name) whether its projections get copies; returns the
-        reason they do not, for describe()'s fallbacks, where the budget is what refuses them."""
-        need = sum(part.blocks.numel() for name, parts in blocks.items() if name != "embed_tokens"
-                   for part in parts if part.format in Q16_FORMATS)
-        self._active = self.kernels is not None and int16_decode and 0 < need <= self.max_bytes
-        if self.kernels is not None and need > self.max_bytes:
-            return (f"int16 decode over the blocks: a copy in interleaved rows would take {need / 2**20:.0f} MiB, "
-                    f"over {self.max_bytes / 2**20:.0f} MiB")
+        """Decides for a model (its blocks by module name) which formats of its projections get copies: every
+        format the kernels read repacked, else Q4_1 / Q4_K alone, where they fit in the budget; returns the reason
+        for a format left on the blocks by the budget, for describe()'s fallbacks."""
+        self._formats = ()
+        if self.kernels is None or not int16_decode:
+            return None
+
+        def need(formats):
+            return sum(part.blocks.numel() for name, parts in blocks.items() if name != "embed_tokens"
+                       for part in parts if part.format in formats)
+
+        choices = [self.kernels.q16_formats] + ([Q16_FORMATS] if self.kernels.q16_formats != Q16_FORMATS else [])
+        for formats in choices:
+            if 0 < need(formats) <= self.max_bytes:
+                self._formats = formats
+                break
+        left = [f for f in self.kernels.q16_formats if f not in self._formats and need((f,))]
+        if left and need(self.kernels.q16_formats) > self.max_bytes:
+            return (f"int16 decode over the {'/'.join(left)} blocks: a copy in interleaved rows of "
+                    f"{'/'.join(self.kernels.q16_formats)} would take {need(self.kernels.q16_formats) / 2**20:.0f} "
+                    f"MiB, over {self.max_bytes / 2**20:.0f} MiB")
         return None
 
     def copy(self, parts: list[BlockWeight]) -> str | None:
-        """Copies a projection's Q4_1 / Q4_K parts where plan() allowed; returns what its few rows then run
-        (None: nothing copied)."""
-        copied = [part for part in parts if part.format in Q16_FORMATS] if self._active else []
+        """Copies a projection's parts of the formats plan() chose; returns what its few rows then run (None:
+        nothing copied)."""
+        copied = [part for part in parts if part.format in self._formats]
         if not copied:
             return None
         self.add(self.kernels, copied)
@@ -81,7 +95,7 @@ class DecodeCopies:
         return f"C int16 activations (a copy in rows interleaved by {self.kernels.interleave}, {self.kernels.variant}{rest})"
 
     def add(self, kernels: CpuGemmQ8, parts: list[BlockWeight]) -> None:
-        """Copies of `parts` (Q4_1 / Q4_K), whatever the budget: also for a measurement that switches a
+        """Copies of `parts` (of kernels.q16_formats), whatever the budget: also for a measurement that switches a
         float32-decode engine's activations after load (bench/int8_activation_quality.py)."""
         self.kernels = kernels
         for part in parts:
@@ -123,7 +137,8 @@ class DecodeCopies:
     def note(self) -> str | None:
         if not self._bytes:
             return None
-        return (f"decode over a copy of the Q4_1 / Q4_K projections in interleaved rows, {self._bytes / 2**20:.0f} MiB "
+        return (f"decode over a copy of the {' / '.join(self._formats or self.kernels.q16_formats)} projections in "
+                f"interleaved rows, {self._bytes / 2**20:.0f} MiB "
                 f"(it fits in {self.max_bytes / 2**20:.0f} MiB)"
                 + (f"; their blocks released ({self._released / 2**20:.0f} MiB): prefill reads the copy too"
                    if self._released else ""))

@@ -18,6 +18,7 @@ from kernels.cpu_features import VARIANTS, this_cpu
 from kernels.block_formats import FORMATS, BlockWeight
 from store.model_store import radixserve_home
 from kernels.native_build import find_compiler
+from tests.kernels.test_block_matmul import random_gguf_rows
 
 RUNNABLE = [name for name, (needs, _) in VARIANTS.items() if this_cpu().has(*needs)]
 
@@ -36,11 +37,7 @@ def _block_weight(block_format: str, rows: int, cols: int, seed: int) -> tuple[B
     the K-quants, which gguf cannot quantize, random bytes with small finite fp16 d and dmin."""
     rng = np.random.default_rng(seed)
     if block_format.endswith("_K"):
-        spec = FORMATS[block_format]
-        blocks = rng.integers(0, 256, (rows, cols // spec.block_size, spec.gguf_bytes), dtype=np.uint8)
-        scales = rng.uniform(0.001, 0.05, (rows, cols // spec.block_size, 2)).astype(np.float16)
-        blocks[:, :, :4] = scales.view(np.uint8)  # d and dmin
-        blocks = blocks.reshape(rows, -1)
+        blocks = random_gguf_rows(block_format, rows, cols, seed)
     else:
         blocks = quantize(rng.standard_normal((rows, cols)).astype(np.float32), GGMLQuantizationType[block_format])
     dequantized = dequantize(blocks, GGMLQuantizationType[block_format]).reshape(rows, cols).astype(np.float64)
@@ -93,16 +90,25 @@ def test_refuses_what_it_cannot_run(gemm):
         gemm(torch.randn(2, 64, dtype=torch.float64), packed)
     q6, _ = _block_weight("Q6_K", 4, 256, seed=2)
     assert not gemm.fits(q6)
+    if "Q6_K" in gemm.q16_formats:  # the AVX2 build repacks it for matmul_q16 alone
+        with pytest.raises(ValueError, match="gemm_q8 reads"):
+            gemm(torch.randn(2, 256), gemm.repack(q6))
+    else:
+        with pytest.raises(ValueError, match="gemm_q8 reads"):
+            gemm.repack(q6)
+    q5, _ = _block_weight("Q5_K", 4, 256, seed=3)
     with pytest.raises(ValueError, match="gemm_q8 reads"):
-        gemm.repack(q6)
+        gemm.repack(q5)
 
 
-@pytest.mark.parametrize("block_format", cpu_gemm_q8.Q16_FORMATS)
+@pytest.mark.parametrize("block_format", cpu_gemm_q8.Q16_AVX2_FORMATS)
 @pytest.mark.parametrize("rows, cols", [(37, 256), (40, 768)])
 def test_int16_activations_are_within_their_bound(gemm, block_format, rows, cols):
     """matmul_q16 over the repacked blocks: the weights exact, each x value off by at most max|x over its
     group of 32| / 65534 (the few-rows block kernels' bound: the same quantization); 37 rows end in a
     partial group; 11 rows are a call of 8 and one of 3, and a row's bits do not depend on them."""
+    if block_format not in gemm.q16_formats:
+        pytest.skip(f"the {gemm.variant} build multiplies {block_format} over its blocks only")
     weight, dense = _block_weight(block_format, rows, cols, seed=rows)
     packed = gemm.repack(weight)
     x = torch.randn(11, cols, generator=torch.Generator().manual_seed(cols))
@@ -149,3 +155,20 @@ def test_q4_k_keeps_its_own_scales_in_about_its_own_bytes(gemm):
     scale and min per 32): the bytes a decode reads (kernels/csrc/interleaved_rows.h)."""
     weight, _ = _block_weight("Q4_K", gemm.interleave * 3, 512, seed=9)
     assert gemm.repack(weight).packed.numel() == weight.blocks.numel() * 152 // 144
+
+
+def test_q6_k_keeps_its_six_bits_in_about_its_own_bytes(gemm):
+    """The AVX2 build repacks Q6_K into 212 bytes a row's 256 weights (its 210 with d as a float): 4-bit values and a
+    plane of top bits, not a byte a weight (kernels/csrc/interleaved_rows.h)."""
+    if "Q6_K" not in gemm.q16_formats:
+        pytest.skip(f"the {gemm.variant} build multiplies Q6_K over its blocks only")
+    weight, dense = _block_weight("Q6_K", gemm.interleave * 3, 512, seed=9)
+    packed = gemm.repack(weight)
+    assert packed.packed.numel() == weight.blocks.numel() * 212 // 210
+    # x one-hot at columns across the 16-column scales, the nibbles and the planes: each output is one weight (times
+    # 32767 and x's scale 1 / 32767: a rounding off)
+    for column in (0, 15, 16, 31, 100, 255, 256, 511):
+        x = torch.zeros(1, 512)
+        x[0, column] = 1.0
+        torch.testing.assert_close(gemm.matmul_q16(x, packed)[0], torch.from_numpy(dense[:, column]).float(),
+                                   rtol=1e-6, atol=0)

@@ -14,7 +14,7 @@ from engine.sampling_params import SamplingParams
 from engine.speculation_config import SpeculationConfig
 from kernels.block_formats import FORMATS
 from model.backends import decode_copies
-from store.block_file import BLOCKS_FILE, read_block_file
+from store.block_file import BLOCKS_FILE, block_entries, read_block_file
 from store.gguf_import import convert_gguf, read_metadata
 from tests.kernels.test_block_matmul import random_gguf_rows
 
@@ -138,8 +138,13 @@ def test_every_block_type_runs_as_blocks_and_matches_dequantized(tmp_path, tiny_
     if on_int16.backend.decode_copies.kernels is not None:  # the Q4_1 projection decodes over its interleaved copy
         assert "interleaved" in on_int16.backend.plan().linears["layers.1.self_attn.o_proj"].few_rows
         qkv = on_int16.backend.plan().linears["layers.0.self_attn.qkv_proj"].few_rows  # Q4_K q+k, Q6_K v
-        assert "for its Q4_K parts; the rest C block matmul" in qkv
-        assert "decode over a copy of the Q4_1 / Q4_K projections" in on_int16.backend.describe()
+        copied = on_int16.backend.decode_copies.kernels.q16_formats
+        if "Q6_K" in copied:  # the AVX2 build copies Q6_K too
+            assert "interleaved by 8, avx2) over Q4_K+Q6_K blocks" in qkv
+            assert "decode over a copy of the Q4_1 / Q4_K / Q6_K projections" in on_int16.backend.describe()
+        else:
+            assert "for its Q4_K parts; the rest C block matmul" in qkv
+            assert "decode over a copy of the Q4_1 / Q4_K projections" in on_int16.backend.describe()
 
 
 def test_int16_decode_over_interleaved_copies_keeps_to_its_budget(tmp_path, tiny_gguf, monkeypatch):
@@ -157,9 +162,21 @@ def test_int16_decode_over_interleaved_copies_keeps_to_its_budget(tmp_path, tiny
     monkeypatch.setattr(decode_copies, "DECODE_COPY_MAX_BYTES", 1)
     over_blocks = _engine(model_dir, "cpu", decode_activations="int16")
     assert "decode over a copy" not in over_blocks.backend.describe()
-    assert "int16 decode over the blocks: a copy in interleaved rows would take" in over_blocks.backend.describe()
+    assert "a copy in interleaved rows of " in over_blocks.backend.describe()
     assert "interleaved" not in over_blocks.backend.plan().linears["layers.1.self_attn.o_proj"].few_rows
-    for engine in (with_copy, over_blocks):
+    engines = [with_copy, over_blocks]
+    if "Q6_K" in with_copy.backend.decode_copies.kernels.q16_formats:
+        # a budget that holds the Q4_1 / Q4_K projections but not the Q6_K ones too: those alone are copied
+        entries = block_entries(model_dir / BLOCKS_FILE)
+        q4_bytes = sum(e.rows * e.cols // FORMATS[e.format].block_size * FORMATS[e.format].bytes  # as held
+                       for name, e in entries.items() if e.format in ("Q4_1", "Q4_K") and "embed" not in name)
+        monkeypatch.setattr(decode_copies, "DECODE_COPY_MAX_BYTES", q4_bytes)
+        q4_only = _engine(model_dir, "cpu", decode_activations="int16")
+        assert "decode over a copy of the Q4_1 / Q4_K projections" in q4_only.backend.describe()
+        assert "int16 decode over the Q6_K blocks" in q4_only.backend.describe()
+        assert "for its Q4_K parts; the rest C block matmul" in q4_only.backend.plan().linears["layers.0.self_attn.qkv_proj"].few_rows
+        engines.append(q4_only)
+    for engine in engines:
         batched = engine.generate(prompts, params)
         assert [engine.generate([p], params)[0] for p in prompts] == batched
 
