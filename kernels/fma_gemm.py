@@ -57,8 +57,12 @@ class FmaGemm:
     @staticmethod
     def reads(copy: PackedBlocks) -> bool:
         """Whether `matmul_interleaved` takes this copy: Q4_1 / Q4_K in 8 interleaved rows (the AVX2 layout)."""
-        return (copy.format in Q16_FORMATS and copy.variant == "avx2" and copy.rows % ROW_MULTIPLE == 0
-                and copy.cols % COL_MULTIPLE == 0)
+        return copy.variant == "avx2" and FmaGemm.reads_copy_of(copy)
+
+    @staticmethod
+    def reads_copy_of(weight: BlockWeight | PackedBlocks) -> bool:
+        """Whether an AVX2 copy of this weight in interleaved rows is one `matmul_interleaved` takes."""
+        return weight.format in Q16_FORMATS and weight.rows % ROW_MULTIPLE == 0 and weight.cols % COL_MULTIPLE == 0
 
     @staticmethod
     def _check_x(x: Tensor, cols: int) -> None:

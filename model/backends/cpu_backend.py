@@ -267,7 +267,8 @@ class CpuBackend(TorchBackend):
         projection_bytes = sum(self._prefill_math_of(name).dtype.itemsize * part.rows * part.cols
                                for name, parts in blocks.items() if name != "embed_tokens" for part in parts)
         self._float_prefill = 0 < projection_bytes <= self.float_prefill_max_bytes
-        over_budget = self.decode_copies.plan(blocks, self.decode_activations == "int16")
+        over_budget = self.decode_copies.plan(blocks, self.decode_activations == "int16",
+                                              functools.partial(self._releases_blocks, blocks.get("embed_tokens", ())))
         if over_budget:
             self.fallbacks += (over_budget,)
         if self.bf16_prefill_attention is not None and self.prefill_math.bf16_products and projection_bytes:
@@ -297,6 +298,14 @@ class CpuBackend(TorchBackend):
 
     def _int8_product(self, x: Tensor, part, out: Tensor | None = None) -> Tensor:
         return into(out, self.gemm_q8(x, part))
+
+    def _releases_blocks(self, embedding: list[BlockWeight], name: str, part: BlockWeight) -> bool:
+        """Whether _make_block_linear will hold this part of projection `name` as its decode copy alone (what
+        release_read_by does), decided before any is made: float32 prefill on the FMA GEMM, which reads its copy,
+        and not the embedding's table (its rows are looked up from the blocks)."""
+        return (not self._float_prefill and self.fma_gemm is not None
+                and self.blocks_gemm(self._prefill_math_of(name)) is self.fma_gemm
+                and not any(part is table for table in embedding) and self.fma_gemm.reads_copy_of(part))
 
     def _embedding_shares(self, parts: list[BlockWeight]) -> bool:
         return self._embedding_table is not None and parts[0] is self._embedding_table

@@ -15,6 +15,7 @@ projection's other formats stay on the blocks).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from torch import Tensor
@@ -22,8 +23,10 @@ from torch import Tensor
 from kernels.block_formats import FORMATS, BlockFormat, BlockWeight
 from kernels.cpu_gemm_q8 import Q16_FORMATS, CpuGemmQ8, PackedBlocks
 
-# The budget: SmolLM2-135M's copy takes 76 MiB, the Llama-3.2-1B-shaped Q4_K_M file's ~0.46 GiB; larger models
-# keep the blocks only, until prefill reads the interleaved rows too and the blocks can go.
+# The budget for copies held beside their blocks (a copy whose part's blocks are released costs nothing more):
+# SmolLM2-135M's copy takes 76 MiB, the Llama-3.2-1B-shaped Q4_K_M file's ~0.46 GiB of Q4_K and 0.31 of Q6_K; larger
+# models keep the blocks only, except where prefill reads the copy too and the blocks go (float32 prefill on the FMA
+# GEMM, an AVX2 machine).
 DECODE_COPY_MAX_BYTES = 1 << 30
 
 
@@ -57,30 +60,34 @@ class DecodeCopies:
         self._formats: tuple[str, ...] = ()  # the formats copied, decided per model in plan()
         self._copies: dict[int, PackedBlocks] = {}  # id(a projection's BlockWeight) -> its copy
         self._bytes = 0
+        self._beside = 0  # bytes of the copies whose parts' blocks are held too
         self._released = 0  # bytes of blocks released (their parts held only as the copies)
 
-    def plan(self, blocks: dict[str, list[BlockWeight]], int16_decode: bool) -> str | None:
+    def plan(self, blocks: dict[str, list[BlockWeight]], int16_decode: bool,
+             released: Callable[[str, BlockWeight], bool] = lambda name, part: False) -> str | None:
         """Decides for a model (its blocks by module name) which formats of its projections get copies: every
-        format the kernels read repacked, else Q4_1 / Q4_K alone, where they fit in the budget; returns the reason
-        for a format left on the blocks by the budget, for describe()'s fallbacks."""
+        format the kernels read repacked, else Q4_1 / Q4_K alone, where the copies held beside their blocks fit in
+        the budget (`released(name, part)`: whether the backend will release that part's blocks behind its copy);
+        returns the reason for a format left on the blocks by the budget, for describe()'s fallbacks."""
         self._formats = ()
         if self.kernels is None or not int16_decode:
             return None
 
         def need(formats):
             return sum(part.blocks.numel() for name, parts in blocks.items() if name != "embed_tokens"
-                       for part in parts if part.format in formats)
+                       for part in parts if part.format in formats and not released(name, part))
 
         choices = [self.kernels.q16_formats] + ([Q16_FORMATS] if self.kernels.q16_formats != Q16_FORMATS else [])
+        present = {part.format for name, parts in blocks.items() if name != "embed_tokens" for part in parts}
         for formats in choices:
-            if 0 < need(formats) <= self.max_bytes:
+            if present & set(formats) and need(formats) <= self.max_bytes:
                 self._formats = formats
                 break
-        left = [f for f in self.kernels.q16_formats if f not in self._formats and need((f,))]
+        left = [f for f in self.kernels.q16_formats if f not in self._formats and f in present]
         if left and need(self.kernels.q16_formats) > self.max_bytes:
             return (f"int16 decode over the {'/'.join(left)} blocks: a copy in interleaved rows of "
-                    f"{'/'.join(self.kernels.q16_formats)} would take {need(self.kernels.q16_formats) / 2**20:.0f} "
-                    f"MiB, over {self.max_bytes / 2**20:.0f} MiB")
+                    f"{'/'.join(self.kernels.q16_formats)} would hold {need(self.kernels.q16_formats) / 2**20:.0f} "
+                    f"MiB beside their blocks, over {self.max_bytes / 2**20:.0f} MiB")
         return None
 
     def copy(self, parts: list[BlockWeight]) -> str | None:
@@ -101,6 +108,7 @@ class DecodeCopies:
         for part in parts:
             copy = self._copies[id(part)] = kernels.repack(part)
             self._bytes += copy.packed.numel()
+            self._beside += copy.packed.numel()
 
     def release_read_by(self, gemm, parts: list[BlockWeight], resident: dict[str, int]) -> list:
         """`parts`, those whose copy `gemm` (a prefill GEMM over blocks: model/backends/cpu_linear.py's BlocksGemm)
@@ -123,6 +131,7 @@ class DecodeCopies:
         held = CopiedPart(part.format, part.rows, part.cols)
         self._copies[id(held)] = copy
         self._released += part.blocks.numel()
+        self._beside -= copy.packed.numel()
         return held
 
     def copy_of(self, part: BlockWeight) -> PackedBlocks | None:
@@ -139,6 +148,6 @@ class DecodeCopies:
             return None
         return (f"decode over a copy of the {' / '.join(self._formats or self.kernels.q16_formats)} projections in "
                 f"interleaved rows, {self._bytes / 2**20:.0f} MiB "
-                f"(it fits in {self.max_bytes / 2**20:.0f} MiB)"
+                f"({self._beside / 2**20:.0f} MiB of it beside blocks, within {self.max_bytes / 2**20:.0f} MiB)"
                 + (f"; their blocks released ({self._released / 2**20:.0f} MiB): prefill reads the copy too"
                    if self._released else ""))

@@ -148,8 +148,9 @@ def test_every_block_type_runs_as_blocks_and_matches_dequantized(tmp_path, tiny_
 
 
 def test_int16_decode_over_interleaved_copies_keeps_to_its_budget(tmp_path, tiny_gguf, monkeypatch):
-    """The Q4_1 / Q4_K projections decode over a copy in interleaved rows within the budget, over the blocks
-    past it (said in describe()), and the two agree with themselves batched and alone."""
+    """The projections decode over a copy in interleaved rows where the copies held beside their blocks fit in the
+    budget, over the blocks past it (said in describe()), and each way agrees with itself batched and alone. A copy
+    whose blocks are released (float32 prefill on the FMA GEMM reads it too) costs the budget nothing."""
     tiny_gguf(tmp_path / "tokenizer.gguf")
     write_block_model(tmp_path / "blocks.gguf", tmp_path / "tokenizer.gguf", True, "Q8_0")
     model_dir = convert_gguf(tmp_path / "blocks.gguf", tmp_path / "model", progress=False)
@@ -159,19 +160,29 @@ def test_int16_decode_over_interleaved_copies_keeps_to_its_budget(tmp_path, tiny
     with_copy = _engine(model_dir, "cpu", decode_activations="int16")
     if with_copy.backend.decode_copies.kernels is None:
         pytest.skip("the interleaved-rows kernels do not run here: " + "; ".join(with_copy.backend.fallbacks))
+    copied = with_copy.backend.decode_copies.kernels.q16_formats
+    # prefill over float32 copies of the projections: no blocks are released, every decode copy is held beside them
+    beside = {"decode_activations": "int16", "float_prefill_max_bytes": 1 << 30}
     monkeypatch.setattr(decode_copies, "DECODE_COPY_MAX_BYTES", 1)
-    over_blocks = _engine(model_dir, "cpu", decode_activations="int16")
+    over_blocks = _engine(model_dir, "cpu", **beside)
     assert "decode over a copy" not in over_blocks.backend.describe()
-    assert "a copy in interleaved rows of " in over_blocks.backend.describe()
+    assert "MiB beside their blocks, over 0 MiB" in over_blocks.backend.describe()
     assert "interleaved" not in over_blocks.backend.plan().linears["layers.1.self_attn.o_proj"].few_rows
     engines = [with_copy, over_blocks]
-    if "Q6_K" in with_copy.backend.decode_copies.kernels.q16_formats:
+    if with_copy.backend.fma_gemm is not None:  # an AVX2 machine: the Q4_1 / Q4_K copies' blocks go
+        released = _engine(model_dir, "cpu", decode_activations="int16")
+        description = released.backend.describe()
+        assert "decode over a copy of the Q4_1 / Q4_K projections" in description
+        assert "0 MiB of it beside blocks" in description and "their blocks released" in description
+        assert "interleaved" in released.backend.plan().linears["layers.1.self_attn.o_proj"].few_rows
+        engines.append(released)
+    if "Q6_K" in copied:
         # a budget that holds the Q4_1 / Q4_K projections but not the Q6_K ones too: those alone are copied
         entries = block_entries(model_dir / BLOCKS_FILE)
         q4_bytes = sum(e.rows * e.cols // FORMATS[e.format].block_size * FORMATS[e.format].bytes  # as held
                        for name, e in entries.items() if e.format in ("Q4_1", "Q4_K") and "embed" not in name)
         monkeypatch.setattr(decode_copies, "DECODE_COPY_MAX_BYTES", q4_bytes)
-        q4_only = _engine(model_dir, "cpu", decode_activations="int16")
+        q4_only = _engine(model_dir, "cpu", **beside)
         assert "decode over a copy of the Q4_1 / Q4_K projections" in q4_only.backend.describe()
         assert "int16 decode over the Q6_K blocks" in q4_only.backend.describe()
         assert "for its Q4_K parts; the rest C block matmul" in q4_only.backend.plan().linears["layers.0.self_attn.qkv_proj"].few_rows
