@@ -4,7 +4,7 @@
 (kernels/block_formats.py), its panels decoded to float32 by the kernel as it goes: the float32 products of a
 GEMM over the dequantized weight, without a float32 copy of it or a tile that oneDNN reorders on every call.
 `matmul_interleaved` is the same over a copy of the weight in the int8 GEMM's 8 interleaved rows (the AVX2
-decode copies of Q4_1 / Q4_K projections, kernels/cpu_gemm_q8.py), whose panels decode without a transpose: the
+decode copies of Q4_1 / Q4_K / Q6_K projections, kernels/cpu_gemm_q8.py), whose panels decode without a transpose: the
 same weights, so the same bits. A row's bits do not depend on the row count, the other rows or the thread count.
 N must be a multiple of 16 and K of 32 (`supports`).
 
@@ -22,7 +22,7 @@ from torch import Tensor
 
 from kernels.block_formats import BlockWeight
 from kernels.block_matmul import product_out
-from kernels.cpu_gemm_q8 import Q16_FORMATS, PackedBlocks
+from kernels.cpu_gemm_q8 import Q16_AVX2_FORMATS, PackedBlocks
 from kernels.kernel_program import note_unrecorded
 from kernels.native_build import FIND_COMPILER, load_library
 
@@ -56,13 +56,14 @@ class FmaGemm:
 
     @staticmethod
     def reads(copy: PackedBlocks) -> bool:
-        """Whether `matmul_interleaved` takes this copy: Q4_1 / Q4_K in 8 interleaved rows (the AVX2 layout)."""
+        """Whether `matmul_interleaved` takes this copy: Q4_1 / Q4_K / Q6_K in 8 interleaved rows (the AVX2 layouts)."""
         return copy.variant == "avx2" and FmaGemm.reads_copy_of(copy)
 
     @staticmethod
     def reads_copy_of(weight: BlockWeight | PackedBlocks) -> bool:
         """Whether an AVX2 copy of this weight in interleaved rows is one `matmul_interleaved` takes."""
-        return weight.format in Q16_FORMATS and weight.rows % ROW_MULTIPLE == 0 and weight.cols % COL_MULTIPLE == 0
+        return (weight.format in Q16_AVX2_FORMATS and weight.rows % ROW_MULTIPLE == 0
+                and weight.cols % COL_MULTIPLE == 0)
 
     @staticmethod
     def _check_x(x: Tensor, cols: int) -> None:
@@ -100,7 +101,7 @@ class FmaGemm:
         self._check_x(x, copy.cols)
         if not self.reads(copy):
             raise ValueError(f"FMA GEMM: a {copy.format} copy of {copy.rows} x {copy.cols} in {copy.variant} rows "
-                             f"(it reads {', '.join(Q16_FORMATS)} in 8 interleaved rows, rows a multiple of "
+                             f"(it reads {', '.join(Q16_AVX2_FORMATS)} in 8 interleaved rows, rows a multiple of "
                              f"{ROW_MULTIPLE})")
         out = product_out(out, x.shape[0], copy.rows)
         note_unrecorded("blocks_fma_gemm_interleaved")

@@ -10,7 +10,7 @@
    panel + (s * ck + k) * 16), then every MR rows of x through it, a slice at a time (micro_tile: MR x 16 sums in
    12 ymm, two FMAs of a broadcast x[m][k] with the slice's two vectors at k).
    blocks_fma_gemm_interleaved: the same panels from a copy of W in the int8 GEMM's 8 interleaved rows (the AVX2
-   layout of kernels/csrc/gemm_q8.c: Q4_1, Q4_K, the decode copies), whose vectors hold 8 rows already: no
+   layout of kernels/csrc/gemm_q8.c: Q4_1, Q4_K, Q6_K, the decode copies), whose vectors hold 8 rows already: no
    transpose; the same weights, so the same bits.
    Sums: y[m][n] is one FMA chain over k in k order (a K chunk continues from the float32 stored by the one
    before), the same whatever M, the other rows and the thread count: a row's bits do not depend on the row
@@ -116,29 +116,46 @@ static void decode_panel(int code, const uint8_t* W, int64_t row_bytes, int64_t 
   }
 }
 
-/* The same panel from the interleaved copy (layout LAYOUT_SCALE_MIN or LAYOUT_K4, 8 rows a group): per 32
-   columns 4 vectors j of 8 rows x 4 bytes, lane r's byte i holding weight 4j + i (low nibble) and 4j + 16 + i
-   (high nibble) of row r: w = d q + min, each k's 8 rows one vector. */
+/* The same panel from the interleaved copy (layout LAYOUT_SCALE_MIN, LAYOUT_K4 or LAYOUT_K6, 8 rows a group): per
+   32 columns 4 vectors j of 8 rows x 4 bytes, lane r's byte i holding weight 4j + i (low nibble) and 4j + 16 + i
+   (high nibble) of row r: w = d q + min, each k's 8 rows one vector. LAYOUT_K6 adds each value's top two bits
+   from its plane (interleaved_rows.h) and scales per 16 columns: w = d sc (u - 32) = fma(u, d sc, -32 d sc), exact
+   (|u - 32| <= 32 times an fp16 times an int8 fits float32), so the blocks' values. */
 static void decode_interleaved_panel(int layout, const uint8_t* W, int64_t K, int64_t n0, int64_t width, int64_t k0,
                                      int64_t ck, float* panel) {
   const int64_t blocks = K / 32;
-  const __m256i low4 = _mm256_set1_epi32(0x0F0F0F0F), byte = _mm256_set1_epi32(0xFF);
+  const __m256i low4 = _mm256_set1_epi32(0x0F0F0F0F), top2 = _mm256_set1_epi32(0x03030303),
+                byte = _mm256_set1_epi32(0xFF);
   for (int64_t c0 = 0; c0 < width; c0 += R) {
     const uint8_t* group = W + (n0 + c0) / R * group_bytes(layout, blocks);
     float* half = panel + c0 / NR * ck * NR + c0 % NR;
     for (int64_t k = 0; k < ck; k += 32) {
       const int64_t b = (k0 + k) / 32;
       const uint8_t* record = block_record(layout, group, b);
-      __m256 d, min;
-      block_scales(layout, group, b, record, &d, &min);
+      __m256 d[2], min[2];  /* [high]: the scale and min of columns 0..15, 16..31 */
+      if (layout == LAYOUT_K6) {
+        const __m256 super_d = _mm256_loadu_ps((const float*)(group + b / 8 * K6_SUPER));
+        for (int high = 0; high < 2; high++) {
+          d[high] = _mm256_mul_ps(super_d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                               _mm_loadl_epi64((const __m128i*)(record + R * high)))));
+          min[high] = _mm256_mul_ps(d[high], _mm256_set1_ps(-32.0f));
+        }
+      } else {
+        block_scales(layout, group, b, record, &d[0], &min[0]);
+        d[1] = d[0], min[1] = min[0];
+      }
       const uint8_t* quants = record + scale_bytes(layout);
       for (int j = 0; j < 4; j++) {
         const __m256i v = _mm256_loadu_si256((const __m256i*)(quants + 32 * j));
         for (int high = 0; high < 2; high++) {
-          const __m256i q = high ? _mm256_and_si256(_mm256_srli_epi32(v, 4), low4) : _mm256_and_si256(v, low4);
+          __m256i q = high ? _mm256_and_si256(_mm256_srli_epi32(v, 4), low4) : _mm256_and_si256(v, low4);
+          if (layout == LAYOUT_K6) {  /* bits 2j, 2j + 1 of plane `high`'s bytes, to bits 4, 5 */
+            const __m256i plane = _mm256_loadu_si256((const __m256i*)(quants + 16 * R + 32 * high));
+            q = _mm256_or_si256(q, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(plane, 2 * j), top2), 4));
+          }
           for (int i = 0; i < 4; i++) {
             const __m256 w = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(q, 8 * i), byte)),
-                                             d, min);
+                                             d[high], min[high]);
             _mm256_store_ps(half + (k + 4 * j + i + 16 * high) * NR, w);
           }
         }
@@ -209,12 +226,12 @@ int blocks_fma_gemm(int code, int64_t block_size, int64_t block_bytes, const uin
 }
 
 /* The product over a copy of W (N, K) in 8 interleaved rows (gemm_q8_repack's with AVX2), `layout`
-   LAYOUT_SCALE_MIN (Q4_1) or LAYOUT_K4 (Q4_K). Returns 0; -1 for another layout, -2 when N is not a multiple of
-   16 or K of 32 (of 256 for LAYOUT_K4), -3 when a buffer could not be allocated. */
+   LAYOUT_SCALE_MIN (Q4_1), LAYOUT_K4 (Q4_K) or LAYOUT_K6 (Q6_K). Returns 0; -1 for another layout, -2 when N is
+   not a multiple of 16 or K of 32 (of 256 for LAYOUT_K4, LAYOUT_K6), -3 when a buffer could not be allocated. */
 int blocks_fma_gemm_interleaved(int layout, const uint8_t* W, const float* x, int64_t x_stride, int64_t M, int64_t N,
                                 int64_t K, float* y, int64_t y_stride, int num_threads) {
-  if (!has_min(layout)) return -1;
-  if (K % 32 || N % NR || (layout == LAYOUT_K4 && K % 256)) return -2;
+  if (!has_min(layout) && layout != LAYOUT_K6) return -1;
+  if (K % 32 || N % NR || (is_super(layout) && K % 256)) return -2;
   const panel_source src = {.code = INTERLEAVED, .layout = layout, .W = W};
   return gemm_over(&src, x, x_stride, M, N, K, y, y_stride, num_threads);
 }

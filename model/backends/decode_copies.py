@@ -4,13 +4,13 @@ With int16 decode activations, the few-rows products of those projections read a
 the int8 GEMM's layout (16 rows interleaved by 4 bytes with AVX-512, 8 with AVX2) through
 kernels/cpu_gemm_q8.py's `matmul_q16`: the block kernels' quantization of x, integer products summed per
 block instead of per lane, 2-3x their speed at one row (docs/performance.md, "Decode over interleaved
-rows"); Q6_K's copy (the AVX2 build's) 1.3-1.4x. Prefill's AMX and FMA GEMMs decode their panels from a Q4_1 / Q4_K
-copy where there is one (kernels/amx_gemm.py, kernels/fma_gemm.py); the embedding, the other prefill paths and the
+rows"); Q6_K's copy (the AVX2 build's) 1.3-1.4x. Prefill's AMX GEMM decodes its panels from a Q4_1 / Q4_K copy, the
+FMA GEMM from any (kernels/amx_gemm.py, kernels/fma_gemm.py); the embedding, the other prefill paths and the
 other formats still read the blocks, so the copy costs their bytes again, except where every path of a part reads
-the copy (float32 prefill on the FMA GEMM): there the backend releases the part's blocks (`release`: the part
-becomes a CopiedPart). A Q6_K part's blocks stay (prefill reads them). A model keeps copies only where its parts of
-those formats fit in the budget; where all of them do not, its Q4_1 / Q4_K parts alone where they do (a fused
-projection's other formats stay on the blocks).
+the copy (float32 prefill on the FMA GEMM, not the tied embedding's table): there the backend releases the part's
+blocks (`release`: the part becomes a CopiedPart). A model keeps copies only where those held beside their blocks
+fit in the budget; where all formats' do not, its Q4_1 / Q4_K parts' alone where they do (a fused projection's other
+formats stay on the blocks).
 """
 
 from __future__ import annotations

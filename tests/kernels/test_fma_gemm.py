@@ -55,7 +55,7 @@ def test_the_weights_multiplied_are_the_dequantized_ones(fma, blocks, format_nam
     assert torch.equal(y.T, blocks.dequantize_rows(weight))
 
 
-@pytest.mark.parametrize("format_name", cpu_gemm_q8.Q16_FORMATS)
+@pytest.mark.parametrize("format_name", cpu_gemm_q8.Q16_AVX2_FORMATS)
 def test_panels_from_the_interleaved_copy_give_the_same_bits(fma, q8_avx2, format_name):
     weight = random_weight(format_name, 48, 768, seed=3)
     copy = q8_avx2.repack(weight)

@@ -169,10 +169,10 @@ def test_int16_decode_over_interleaved_copies_keeps_to_its_budget(tmp_path, tiny
     assert "MiB beside their blocks, over 0 MiB" in over_blocks.backend.describe()
     assert "interleaved" not in over_blocks.backend.plan().linears["layers.1.self_attn.o_proj"].few_rows
     engines = [with_copy, over_blocks]
-    if with_copy.backend.fma_gemm is not None:  # an AVX2 machine: the Q4_1 / Q4_K copies' blocks go
+    if with_copy.backend.fma_gemm is not None:  # an AVX2 machine: the FMA GEMM reads the copies, their blocks go
         released = _engine(model_dir, "cpu", decode_activations="int16")
         description = released.backend.describe()
-        assert "decode over a copy of the Q4_1 / Q4_K projections" in description
+        assert f"decode over a copy of the {' / '.join(copied)} projections" in description
         assert "0 MiB of it beside blocks" in description and "their blocks released" in description
         assert "interleaved" in released.backend.plan().linears["layers.1.self_attn.o_proj"].few_rows
         engines.append(released)
