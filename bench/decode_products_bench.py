@@ -6,7 +6,8 @@ float32 and int16 activations side by side in one run (kernels/block_matmul.py).
 
 Loads the model (--model, else bench/random_gguf.py's random --shape model as --type, made once) (the engine thread's rule: load and time on the same thread), then for the
 block parts of layer 1's projections and the LM head times `matmul` (float32 activations) and
-`matmul_q16` (int16) on one row of x, alternating, best of --repeats; GB/s is the weight's block bytes
+`matmul_q16` (int16) on one row of x, and "int16 copy" (what int16 decode runs: the part's copy in interleaved
+rows where its format has one, model/backends/decode_copies.py), alternating, best of --repeats; GB/s is the weight's block bytes
 over that time. The step line adds them up as a decode step reads them (every layer as layer 1, the
 head once). --cpu-time: one thread's CPU time (`time.thread_time`, one thread), which a loaded
 machine does not inflate; otherwise wall time on --threads threads (default torch's). Copy bandwidth:
@@ -28,8 +29,8 @@ from engine.llm_engine import LLMEngine
 from bench.random_gguf import SHAPES, random_gguf
 from kernels import block_matmul
 from kernels import cpu_gemm_q8
-from kernels.cpu_gemm_q8 import PackedBlocks
 from model.backends.cpu_linear import BlockLinear
+from model.backends.decode_copies import DecodeCopies
 from store.model_store import pull, radixserve_home
 
 COPY_BYTES = 256 << 20
@@ -75,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("no block kernels on this machine (see the backend's fallbacks)", file=sys.stderr)
         return 1
     linears = {name: m for name, m in engine.model.named_modules() if isinstance(m, BlockLinear)}
+    measured = [n for n in linears if n.startswith("layers.1.")] + [n for n in linears if n.endswith("lm_head")]
     num_layers = engine.model.config.num_layers
     print(f"{engine.backend.instruction_sets}; {torch.get_num_threads()} thread(s), "
           f"{'CPU time of one thread' if args.cpu_time else 'wall time'}, best of {args.repeats}; "
@@ -82,22 +84,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     products = {"float32": kernels.matmul, "int16": kernels.matmul_q16}
     for build in filter(None, args.int16_builds.split(",")):
         products[f"int16 {build}"] = block_matmul.load(radixserve_home() / "kernels", variant=build).matmul_q16
-    if kernels.instruction_set != "portable":  # what int16 decode runs on a Q4_1 / Q4_K part: its copy in interleaved rows
-        interleaved = cpu_gemm_q8.load(radixserve_home() / "kernels", variant=kernels.instruction_set)
-        copies: dict[int, PackedBlocks] = {}
+    if kernels.instruction_set != "portable":  # what int16 decode runs: a part's copy in interleaved rows, if it has one
+        copies = DecodeCopies(cpu_gemm_q8.load(radixserve_home() / "kernels", variant=kernels.instruction_set))
+        for name in measured:
+            copies.add(copies.kernels, [p for p in linears[name].parts if p.format in copies.kernels.q16_formats])
 
         def over_copy(x, part):
-            if part.format not in interleaved.q16_formats:
-                return kernels.matmul_q16(x, part)
-            if id(part) not in copies:
-                copies[id(part)] = interleaved.repack(part)
-            return interleaved.matmul_q16(x, copies[id(part)])
+            y = copies.product(x, part, None)
+            return kernels.matmul_q16(x, part) if y is None else y
 
         products["int16 copy"] = over_copy
     print(f"default build: {kernels.instruction_set}")
     print(f"{'weight':32s} {'format':6s} {'shape':>13s}" + "".join(f" {kind + ' ms':>20s} {'GB/s':>5s}" for kind in products))
     step = dict.fromkeys(products, 0.0)
-    for name in [n for n in linears if n.startswith("layers.1.")] + [n for n in linears if n.endswith("lm_head")]:
+    for name in measured:
         for part in linears[name].parts:
             x = torch.randn(1, part.cols)
             best = dict.fromkeys(products, float("inf"))

@@ -137,8 +137,8 @@ def load_model(
     Logs what runs (Backend.describe)."""
     model_dir = Path(model_dir)
     config = ModelConfig.from_model_dir(model_dir)
-    check_weight_files(model_dir)
     if isinstance(backend, str):
+        check_weight_files(model_dir)  # before select_backend compiles kernels (LLMEngine checks before it makes one)
         backend = select_backend(device, dtype, config, backend, build_dir=radixserve_home() / "kernels")
     # Parameters are allocated but not written (to_empty): the pages of those left to blocks are
     # never touched, so they never become resident, and they are dropped when prepare swaps the modules.

@@ -403,7 +403,8 @@ typedef struct {
 static __thread void* q16_scratch = NULL;
 static __thread size_t q16_scratch_bytes = 0;
 
-static int split_rows(const float* x, int64_t m, int64_t cols, SplitRows* out) {
+/* hi16: LAYOUT_K6's sums, made only for it */
+static int split_rows(const float* x, int64_t m, int64_t cols, int hi16, SplitRows* out) {
   const int64_t n = m * cols, nb = cols / BLOCK;
   const size_t need = (size_t)(2 * n + 16 * m * nb + 128);
   if (need > q16_scratch_bytes) {
@@ -421,7 +422,7 @@ static int split_rows(const float* x, int64_t m, int64_t cols, SplitRows* out) {
     float sums16[2];
     quantize_group(x + index * BLOCK, xq, out->s + index, sums16, out->sums + index);
     split_int16(xq, out->lo + index * BLOCK, out->hi + index * BLOCK, BLOCK);
-    for (int half = 0; half < 2; half++) {
+    for (int half = 0; half < 2 * hi16; half++) {
       int32_t sum = 0;
       for (int e = 0; e < 16; e++) sum += out->hi[index * BLOCK + 16 * half + e];
       out->hi16[2 * index + half] = -8192 * sum;
@@ -588,7 +589,7 @@ int gemm_q16(int layout, const uint8_t* packed, const float* x, float* y, int64_
              int64_t y_stride, int num_threads) {
   if (!has_min(layout) && !(layout == LAYOUT_K6 && R == 8)) return -1;
   SplitRows split;
-  if (split_rows(x, m, cols, &split)) return -2;
+  if (split_rows(x, m, cols, layout == LAYOUT_K6, &split)) return -2;
   const int64_t nb = cols / BLOCK, groups = (rows + R - 1) / R, gbytes = group_bytes(layout, nb);
   #pragma omp parallel for schedule(static) num_threads(num_threads)
   for (int64_t g = 0; g < groups; g++) {

@@ -237,11 +237,7 @@ class CpuBackend(TorchBackend):
         few_rows = f"{kernel} over {formats} blocks" + (f" (in groups of {limit} rows)" if grouped > limit else "")
         if self._float_prefill:
             return self._float_copy_over_blocks(name, layer, parts, formats, few_rows, limit, grouped)
-        if gemm is not None and gemm is self.fma_gemm and not self._embedding_shares(parts):
-            # float32 prefill on the FMA GEMM serves every row count past the few-rows kernels, so a part it reads from
-            # the copy is read through the copy only (under bf16 products a decode batch past 16 rows runs float32
-            # tiles over the blocks: they stay there)
-            parts = self.decode_copies.release_read_by(gemm, parts, self._resident)
+        parts = self.decode_copies.release_planned(name, parts, self._resident)  # those plan() chose: _releases_blocks
         self._linears[name] = LinearPlan(prefill_over_blocks(formats, parts, math_note, gemm, self.decode_copies.copy_of),
                                          few_rows, grouped)
         in_layers = name.startswith("layers.")  # the LM head's logits leave the model: a fresh output each
@@ -300,9 +296,10 @@ class CpuBackend(TorchBackend):
         return into(out, self.gemm_q8(x, part))
 
     def _releases_blocks(self, embedding: list[BlockWeight], name: str, part: BlockWeight) -> bool:
-        """Whether _make_block_linear will hold this part of projection `name` as its decode copy alone (what
-        release_read_by does), decided before any is made: float32 prefill on the FMA GEMM, which reads its copy,
-        and not the embedding's table (its rows are looked up from the blocks)."""
+        """Whether this part of projection `name` is held as its decode copy alone (DecodeCopies.release_planned):
+        float32 prefill on the FMA GEMM serves every row count past the few-rows kernels and reads the copy, so
+        nothing reads the blocks; not the embedding's table (its rows are looked up from the blocks), nor under bf16
+        products (a decode batch past 16 rows runs float32 tiles over the blocks) or a float32 copy for prefill."""
         return (not self._float_prefill and self.fma_gemm is not None
                 and self.blocks_gemm(self._prefill_math_of(name)) is self.fma_gemm
                 and not any(part is table for table in embedding) and self.fma_gemm.reads_copy_of(part))

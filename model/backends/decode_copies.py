@@ -58,6 +58,7 @@ class DecodeCopies:
         self.kernels = kernels
         self.max_bytes = DECODE_COPY_MAX_BYTES if max_bytes is None else max_bytes
         self._formats: tuple[str, ...] = ()  # the formats copied, decided per model in plan()
+        self._releases: Callable[[str, BlockWeight], bool] = lambda name, part: False  # plan()'s `released`
         self._copies: dict[int, PackedBlocks] = {}  # id(a projection's BlockWeight) -> its copy
         self._bytes = 0
         self._beside = 0  # bytes of the copies whose parts' blocks are held too
@@ -69,7 +70,7 @@ class DecodeCopies:
         format the kernels read repacked, else Q4_1 / Q4_K alone, where the copies held beside their blocks fit in
         the budget (`released(name, part)`: whether the backend will release that part's blocks behind its copy);
         returns the reason for a format left on the blocks by the budget, for describe()'s fallbacks."""
-        self._formats = ()
+        self._formats, self._releases = (), released
         if self.kernels is None or not int16_decode:
             return None
 
@@ -110,14 +111,12 @@ class DecodeCopies:
             self._bytes += copy.packed.numel()
             self._beside += copy.packed.numel()
 
-    def release_read_by(self, gemm, parts: list[BlockWeight], resident: dict[str, int]) -> list:
-        """`parts`, those whose copy `gemm` (a prefill GEMM over blocks: model/backends/cpu_linear.py's BlocksGemm)
-        reads released (`release`), their bytes taken off `resident` (format -> bytes held as blocks). For a caller
-        every other product of whose parts reads the copy too."""
+    def release_planned(self, name: str, parts: list[BlockWeight], resident: dict[str, int]) -> list:
+        """`parts` of projection `name`, those with a copy that plan()'s `released` names released (`release`), their
+        bytes taken off `resident` (format -> bytes held as blocks)."""
         held = []
         for part in parts:
-            copy = self.copy_of(part)
-            if copy is not None and gemm.reads(copy) and gemm.supports(part):
+            if self.copy_of(part) is not None and self._releases(name, part):
                 resident[part.format] -= part.blocks.numel()
                 part = self.release(part)
             held.append(part)
