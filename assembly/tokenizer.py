@@ -10,9 +10,15 @@ no added-token string in it encodes the same either way.
 A long text is encoded through `encode_batch`, which releases the GIL (plain
 `encode` holds it: seconds for a megabyte), so a worker thread tokenizing a
 huge prompt does not stall the event loop.
+
+Parsing a tokenizer.json takes ~0.5 s (two instances of a 49k-entry vocabulary); a process parses
+each file once (`_parsed`, keyed by the file's path, size and modification time): the instances are
+never changed after parsing, and `tokenizers` encodes on one instance from many threads.
 """
 
+import functools
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
@@ -26,13 +32,11 @@ class Tokenizer:
         if not path.is_file():
             raise FileNotFoundError(f"{path}: missing")
         self.path = path
-        source = path.read_text()
-        self._tokenizer = HFTokenizer.from_str(source)
-        self._text_tokenizer = HFTokenizer.from_str(json.dumps({**json.loads(source), "added_tokens": []}))
+        stat = path.stat()
+        parsed = _parsed(path.resolve(), stat.st_size, stat.st_mtime_ns)
+        self._tokenizer, self._text_tokenizer = parsed.tokenizer, parsed.text_tokenizer
         self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
-        # A token covers at most this many characters of text (a byte-level token's string has one
-        # character per byte), unless a normalizer shrinks the text first (NFC composes up to 3 into 1).
-        self.max_token_chars = max(len(token) for token in self._tokenizer.get_vocab(with_added_tokens=True))
+        self.max_token_chars = parsed.max_token_chars
         self._shrink_margin = 1 if self._tokenizer.normalizer is None else 4
 
     def min_num_tokens(self, num_chars: int) -> int:
@@ -58,6 +62,25 @@ class Tokenizer:
     def added_tokens(self) -> list[str]:
         """The added tokens' strings (special or not): `encode` splits text at each of them first."""
         return [token.content for token in self._tokenizer.get_added_tokens_decoder().values()]
+
+
+@dataclass(frozen=True)
+class _ParsedTokenizer:
+    tokenizer: HFTokenizer  # reads added-token strings as their ids
+    text_tokenizer: HFTokenizer  # the same without added tokens
+    # A token covers at most this many characters of text (a byte-level token's string has one
+    # character per byte), unless a normalizer shrinks the text first (NFC composes up to 3 into 1).
+    max_token_chars: int
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(path: Path, size: int, mtime_ns: int) -> _ParsedTokenizer:
+    """tokenizer.json at `path` parsed; size and mtime_ns make a rewritten file a new entry."""
+    source = path.read_text()
+    tokenizer = HFTokenizer.from_str(source)
+    text_tokenizer = HFTokenizer.from_str(json.dumps({**json.loads(source), "added_tokens": []}))
+    max_token_chars = max(len(token) for token in tokenizer.get_vocab(with_added_tokens=True))
+    return _ParsedTokenizer(tokenizer, text_tokenizer, max_token_chars)
 
 
 def _encode(tokenizer: HFTokenizer, text: str) -> list[int]:
