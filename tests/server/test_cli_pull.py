@@ -12,6 +12,7 @@ import subprocess
 import sys
 import types
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -165,16 +166,33 @@ def test_chat_and_generate_subcommands_call_generate_text(monkeypatch, tmp_path,
     ]
 
 
-# --- the real command, in a subprocess ------------------------------------------------------
+# --- the command's entry point, in process (what `radixserve` runs; a subprocess would import torch
+# again, ~3 s a test); test_console_script and test_cli_generate_answers_paris run the real process ---
 
 
-def _run_cli(*args: str, home: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, RADIXSERVE_HOME=str(home))
-    return subprocess.run([sys.executable, "-m", "server.cli", *args], capture_output=True, text=True, env=env,
-                          timeout=300)
+@dataclass
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
 
 
-def _assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+@pytest.fixture
+def run_cli(monkeypatch, capsys):
+    """run_cli(*args, home) -> CliResult: `radixserve ARGS` through cli.main with $RADIXSERVE_HOME=home.
+    An exception other than the command's own errors fails the test, as a traceback would."""
+
+    def run(*args: str, home: Path) -> CliResult:
+        monkeypatch.setenv("RADIXSERVE_HOME", str(home))
+        capsys.readouterr()
+        returncode = cli.main(list(args))
+        captured = capsys.readouterr()
+        return CliResult(returncode, captured.out, captured.err)
+
+    return run
+
+
+def _assert_one_line_error(result, *fragments: str) -> None:
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
@@ -183,27 +201,27 @@ def _assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str)
         assert fragment in lines[0]
 
 
-def test_cli_missing_path(tmp_path):
-    result = _run_cli("pull", str(tmp_path / "absent.gguf"), home=tmp_path / "home")
+def test_cli_missing_path(tmp_path, run_cli):
+    result = run_cli("pull", str(tmp_path / "absent.gguf"), home=tmp_path / "home")
     _assert_one_line_error(result, str(tmp_path / "absent.gguf"), "no such file or directory")
 
 
-def test_cli_truncated_gguf(tmp_path, tiny_gguf):
+def test_cli_truncated_gguf(tmp_path, tiny_gguf, run_cli):
     path = tmp_path / "cut.gguf"
     tiny_gguf(path)
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    result = _run_cli("pull", str(path), home=tmp_path / "home")
+    result = run_cli("pull", str(path), home=tmp_path / "home")
     _assert_one_line_error(result, str(path), "truncated")
     assert _leftovers(tmp_path / "home") == []
 
 
-def test_cli_unknown_model(tmp_path):
-    _assert_one_line_error(_run_cli("pull", "no-such-model", home=tmp_path), "no-such-model", "unknown model")
+def test_cli_unknown_model(tmp_path, run_cli):
+    _assert_one_line_error(run_cli("pull", "no-such-model", home=tmp_path), "no-such-model", "unknown model")
 
 
-def test_cli_pull_prints_only_the_model_dir(tmp_path, tiny_gguf):
+def test_cli_pull_prints_only_the_model_dir(tmp_path, tiny_gguf, run_cli):
     tiny_gguf(tmp_path / "tiny.gguf")
-    result = _run_cli("pull", "--quiet", str(tmp_path / "tiny.gguf"), home=tmp_path / "home")
+    result = run_cli("pull", "--quiet", str(tmp_path / "tiny.gguf"), home=tmp_path / "home")
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"{tmp_path / 'home' / 'models' / 'tiny'}\n"
     assert json.loads((tmp_path / "home" / "models" / "tiny" / "config.json").read_text())["model_type"] == "llama"
@@ -218,27 +236,29 @@ def test_console_script(tmp_path):
     _assert_one_line_error(result, "no such file or directory")
 
 
-def test_cli_unsupported_gguf_architecture(tmp_path, unsupported_gguf):
+def test_cli_unsupported_gguf_architecture(tmp_path, unsupported_gguf, run_cli):
     path = unsupported_gguf
-    result = _run_cli("pull", str(path), home=tmp_path / "home")
+    result = run_cli("pull", str(path), home=tmp_path / "home")
     _assert_one_line_error(result, str(path), "'gptneox' is not supported")
     assert _leftovers(tmp_path / "home") == []
 
 
-def test_cli_truncated_safetensors(tmp_path, tiny_llama_dir):
+def test_cli_truncated_safetensors(tmp_path, tiny_llama_dir, run_cli):
     model_dir = tmp_path / "cut-model"
     shutil.copytree(tiny_llama_dir, model_dir)
     (model_dir / "tokenizer.json").write_text(_TINY_TOKENIZER_JSON)
     weights = model_dir / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    result = _run_cli("generate", "--raw", "--max-tokens", "2", "--model", str(model_dir), "hello", home=tmp_path / "home")
+    result = run_cli("generate", "--raw", "--max-tokens", "2", "--model", str(model_dir), "hello",
+                     home=tmp_path / "home")
     _assert_one_line_error(result, str(weights), "corrupt safetensors")
 
 
 @pytest.mark.model
 def test_cli_generate_answers_paris(smollm2_dir):
-    result = _run_cli("generate", "What is the capital of France?", "--max-tokens", "24",
-                      home=smollm2_dir.parent.parent)
+    env = dict(os.environ, RADIXSERVE_HOME=str(smollm2_dir.parent.parent))
+    result = subprocess.run([sys.executable, "-m", "server.cli", "generate", "What is the capital of France?",
+                             "--max-tokens", "24"], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "Paris" in result.stdout
 
