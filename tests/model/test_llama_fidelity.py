@@ -117,12 +117,25 @@ def test_tiny_bf16_close_to_fp32(tiny_model_dir):
     assert (bf16 - fp32).abs().max().item() <= 0.05 * (fp32.max() - fp32.min()).item()
 
 
-@pytest.mark.model
-def test_smollm2_logits_match_transformers(smollm2_dir, backend):
-    hf_model = hf_reference_model(smollm2_dir)
-    token_ids = torch.randint(0, 49152, (200,), generator=torch.Generator().manual_seed(2)).tolist()
+@pytest.fixture(scope="module")
+def smollm2_hf_model(smollm2_dir):
+    """transformers' model of the default model (~6 s to build: its weights dequantized), once for this module."""
+    return hf_reference_model(smollm2_dir)
+
+
+SMOLLM2_TOKEN_IDS = torch.randint(0, 49152, (200,), generator=torch.Generator().manual_seed(2)).tolist()
+
+
+@pytest.fixture(scope="module")
+def smollm2_hf_logits(smollm2_hf_model):
+    """transformers' logits of SMOLLM2_TOKEN_IDS, [200, vocab]: every backend is compared with the same ones."""
     with torch.no_grad():
-        expected = hf_model(torch.tensor([token_ids])).logits[0].float()
+        return smollm2_hf_model(torch.tensor([SMOLLM2_TOKEN_IDS])).logits[0].float()
+
+
+@pytest.mark.model
+def test_smollm2_logits_match_transformers(smollm2_dir, backend, smollm2_hf_logits):
+    token_ids, expected = SMOLLM2_TOKEN_IDS, smollm2_hf_logits
     ours = _our_logits(load(smollm2_dir, dtype="float32", device="cpu", backend=backend), token_ids, [200])
     assert (ours - expected).abs().max().item() <= 1e-3
 
@@ -136,13 +149,13 @@ CHAT_PROMPTS = [
 
 @pytest.mark.model
 @pytest.mark.parametrize("backend", DEFAULT_BACKEND_FIRST, indirect=True)
-def test_smollm2_greedy_matches_transformers(smollm2_dir, backend):
+def test_smollm2_greedy_matches_transformers(smollm2_dir, backend, smollm2_hf_model):
     from assembly.chat_template import ChatTemplate
     from assembly.tokenizer import Tokenizer
 
     template = ChatTemplate.from_model_dir(smollm2_dir)
     tokenizer = Tokenizer(smollm2_dir)
-    hf_model = hf_reference_model(smollm2_dir)
+    hf_model = smollm2_hf_model
     model = load(smollm2_dir, dtype="float32", device="cpu", backend=backend)
     for prompt in CHAT_PROMPTS:
         prompt_ids = tokenizer.encode(template.render([{"role": "user", "content": prompt}]))

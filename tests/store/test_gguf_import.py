@@ -17,6 +17,7 @@ from tests.model.hf_reference import dequantized_state_dict
 
 transformers = pytest.importorskip("transformers")
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint  # noqa: E402
+from gguf import GGUFReader as _GGUF_READER  # noqa: E402
 
 
 @functools.cache
@@ -24,6 +25,29 @@ def _reference_config(gguf_path: str) -> dict:
     """transformers' config of a GGUF file (read once a file: the default model's takes seconds, its vocabulary
     parsed too)."""
     return load_gguf_checkpoint(gguf_path)["config"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _parse_once():
+    """What transformers parses again and again, parsed once in this module: a file's GGUFReader (the
+    default model's vocabulary takes ~6 s to read into fields; readers only read) and gguf's tensor-name
+    map (transformers builds the same one for each of ~400 submodules it walks)."""
+    import gguf
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map))
+        patch.setattr(gguf, "GGUFReader", _reader)  # transformers imports it from gguf when it loads a file
+        yield
+
+
+def _reader(path):
+    stat = os.stat(path)
+    return _parsed_reader(str(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.cache
+def _parsed_reader(path: str, size: int, mtime_ns: int):
+    return _GGUF_READER(path)
 
 
 def _reference_state_dict(gguf_path) -> dict[str, torch.Tensor]:
@@ -75,10 +99,8 @@ def test_smollm2_config(smollm2_dir, smollm2_gguf):
 
 @pytest.mark.model
 def test_smollm2_tokenizer_config_has_chat_template(smollm2_dir, smollm2_gguf):
-    from gguf import GGUFReader
-
     tokenizer_config = json.loads((smollm2_dir / "tokenizer_config.json").read_text())
-    template = GGUFReader(smollm2_gguf).fields["tokenizer.chat_template"].contents()
+    template = _reader(smollm2_gguf).fields["tokenizer.chat_template"].contents()
     assert tokenizer_config["chat_template"] == template
     assert "<|im_start|>" in template
     assert tokenizer_config["bos_token"] == "<|im_start|>"
