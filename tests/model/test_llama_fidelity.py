@@ -135,9 +135,8 @@ def smollm2_hf_logits(smollm2_hf_model):
 
 @pytest.mark.model
 def test_smollm2_logits_match_transformers(smollm2_dir, backend, smollm2_hf_logits):
-    token_ids, expected = SMOLLM2_TOKEN_IDS, smollm2_hf_logits
-    ours = _our_logits(load(smollm2_dir, dtype="float32", device="cpu", backend=backend), token_ids, [200])
-    assert (ours - expected).abs().max().item() <= 1e-3
+    ours = _our_logits(load(smollm2_dir, dtype="float32", device="cpu", backend=backend), SMOLLM2_TOKEN_IDS, [200])
+    assert (ours - smollm2_hf_logits).abs().max().item() <= 1e-3
 
 
 CHAT_PROMPTS = [
@@ -155,12 +154,11 @@ def test_smollm2_greedy_matches_transformers(smollm2_dir, backend, smollm2_hf_mo
 
     template = ChatTemplate.from_model_dir(smollm2_dir)
     tokenizer = Tokenizer(smollm2_dir)
-    hf_model = smollm2_hf_model
     model = load(smollm2_dir, dtype="float32", device="cpu", backend=backend)
     for prompt in CHAT_PROMPTS:
         prompt_ids = tokenizer.encode(template.render([{"role": "user", "content": prompt}]))
         with torch.no_grad():
-            hf_out = hf_model.generate(
+            hf_out = smollm2_hf_model.generate(
                 torch.tensor([prompt_ids]), max_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0
             )[0, len(prompt_ids) :].tolist()
         ours = greedy_generate(model, prompt_ids, 32)

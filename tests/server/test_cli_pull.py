@@ -12,7 +12,6 @@ import subprocess
 import sys
 import types
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -170,29 +169,22 @@ def test_chat_and_generate_subcommands_call_generate_text(monkeypatch, tmp_path,
 # again, ~3 s a test); test_console_script and test_cli_generate_answers_paris run the real process ---
 
 
-@dataclass
-class CliResult:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
 @pytest.fixture
 def run_cli(monkeypatch, capsys):
-    """run_cli(*args, home) -> CliResult: `radixserve ARGS` through cli.main with $RADIXSERVE_HOME=home.
+    """run_cli(*args, home) -> CompletedProcess: `radixserve ARGS` through cli.main with $RADIXSERVE_HOME=home.
     An exception other than the command's own errors fails the test, as a traceback would."""
 
-    def run(*args: str, home: Path) -> CliResult:
+    def run(*args: str, home: Path) -> subprocess.CompletedProcess:
         monkeypatch.setenv("RADIXSERVE_HOME", str(home))
         capsys.readouterr()
         returncode = cli.main(list(args))
         captured = capsys.readouterr()
-        return CliResult(returncode, captured.out, captured.err)
+        return subprocess.CompletedProcess(["radixserve", *args], returncode, captured.out, captured.err)
 
     return run
 
 
-def _assert_one_line_error(result, *fragments: str) -> None:
+def _assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
