@@ -10,16 +10,17 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Protocol, runtime_checkable
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from engine.errors import RequestError
+
+if TYPE_CHECKING:  # not imported at run time: server/generation_defaults.py checks its values here for --help
+    from torch import Tensor
 
 # (generated token ids so far, logits (V,) float32) -> logits (V,). Used for
 # grammar token masks. Must not modify the token list; may modify the logits
 # in place and return them.
-LogitsProcessor = Callable[[list[int], Tensor], Tensor]
+LogitsProcessor = Callable[[list[int], "Tensor"], "Tensor"]
 
 
 @runtime_checkable

@@ -66,7 +66,7 @@ class GenerationDefaults:
 
     def __post_init__(self):
         """ValueError naming the field for a value no request could have either."""
-        from engine.sampling_params import SamplingParams  # torch: only when values are checked, not for --help
+        from engine.sampling_params import SamplingParams
         from engine.errors import RequestError
 
         if self.max_tokens is not None and (isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int)

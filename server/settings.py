@@ -1,12 +1,17 @@
 """The HTTP server's settings, validated once; the one place its environment variables are read."""
 
+from __future__ import annotations
+
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from engine.engine_config import EngineConfig
 from engine.pin_config import PinConfig
 from server.generation_defaults import GenerationDefaults
+
+if TYPE_CHECKING:  # torch: the command line reads this file's defaults before anything loads a model
+    from engine.engine_config import EngineConfig
 
 API_KEY_ENV_VAR = "RADIXSERVE_API_KEY"
 

@@ -165,8 +165,8 @@ def test_chat_and_generate_subcommands_call_generate_text(monkeypatch, tmp_path,
     ]
 
 
-# --- the command's entry point, in process (what `radixserve` runs; a subprocess would import torch
-# again, ~3 s a test); test_console_script and test_cli_generate_answers_paris run the real process ---
+# --- the command's entry point, in process (what `radixserve` runs); test_console_script,
+# test_errors_before_a_model_loads_do_not_import_torch and test_cli_generate_answers_paris run the real process ---
 
 
 @pytest.fixture
@@ -226,6 +226,21 @@ def test_console_script(tmp_path):
     result = subprocess.run([str(script), "pull", str(tmp_path / "absent")], capture_output=True, text=True,
                             env=dict(os.environ, RADIXSERVE_HOME=str(tmp_path)), timeout=120)
     _assert_one_line_error(result, "no such file or directory")
+
+
+def test_errors_before_a_model_loads_do_not_import_torch(tmp_path):
+    """The parser (every subcommand's flags and help) and `pull`'s errors answer without torch: importing it
+    took ~2.5 s of a one-line error."""
+    code = ("import contextlib, io, sys\nfrom server import cli\n"
+            "for command in ('pull', 'generate', 'chat', 'serve', 'ingest'):\n"
+            "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+            "        cli.main([command, '--help'])\n"
+            f"code = cli.main(['pull', {str(tmp_path / 'absent')!r}])\n"
+            "print(code, 'torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env=dict(os.environ, RADIXSERVE_HOME=str(tmp_path)))
+    assert result.stdout.split() == ["1", "False"], result.stdout + result.stderr
+    _assert_one_line_error(subprocess.CompletedProcess([], 1, "", result.stderr), "no such file or directory")
 
 
 def test_cli_unsupported_gguf_architecture(tmp_path, unsupported_gguf, run_cli):
