@@ -284,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.perf_counter()
     torch.set_num_threads(args.threads)
+    args.log_dir.mkdir(parents=True, exist_ok=True)
     lengths = [int(v) for v in args.lengths.split(",")]
     ours, missing = radixserve_rows(list(filter(None, args.paths.split(","))))
     binary = find_or_build_llama_server()
