@@ -19,6 +19,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from engine.errors import RequestError
+from engine.sampling_params import SamplingParams
 from engine.setting import setting
 from server.config_flags import add_config_flags, config_from_args
 
@@ -66,9 +68,6 @@ class GenerationDefaults:
 
     def __post_init__(self):
         """ValueError naming the field for a value no request could have either."""
-        from engine.sampling_params import SamplingParams
-        from engine.errors import RequestError
-
         if self.max_tokens is not None and (isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int)
                                             or self.max_tokens < 1):
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
